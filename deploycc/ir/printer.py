@@ -1,0 +1,238 @@
+"""One text form for the whole module, both levels. Stable: tests compare against expected text.
+
+Names are made unique per function (a second variable called `n` prints as `n_1`), so the text
+identifies objects the way the IR does, by identity.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import annotation as A
+from . import sym
+from .expr import (Binding, BindingBlock, Call, CallDPSLibrary, CallFunc, CallTIR, Constant, Expr, Function, If,
+                   MatchCast, SeqExpr, ShapeExpr, Tuple, TupleGetItem, Var)
+from .module import ExternFunc, IRModule
+from .tir import Alloc, Barrier, Block, For, IfThenElse, Seq, Store, TensorProgram, V
+
+BIN_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+           "eq": "==", "ne": "!=", "and": "and", "or": "or"}
+
+
+class Namer:
+    def __init__(self):
+        self.names: dict[int, str] = {}
+        self.used: set[str] = set()
+
+    def __call__(self, obj, hint: str) -> str:
+        key = id(obj)
+        if key not in self.names:
+            name, i = hint, 1
+            while name in self.used:
+                name, i = f"{hint}_{i}", i + 1
+            self.used.add(name)
+            self.names[key] = name
+        return self.names[key]
+
+
+class _Printer:
+    def __init__(self):
+        self.namer = Namer()
+
+    # ---- symbolic + annotations -----------------------------------------------------------
+    def sv(self, v: sym.SymVar) -> str:
+        return self.namer(v, v.name)
+
+    def s(self, e) -> str:
+        return sym.to_python(e, self.sv)
+
+    def ann(self, a: A.Annotation) -> str:
+        if isinstance(a, A.TensorAnn):
+            dt = f'"{a.dtype}"'
+            if a.shape is not None:
+                dims = ", ".join(self.s(d) for d in a.shape) + ("," if len(a.shape) == 1 else "")
+                return f"Tensor(({dims}), {dt})"
+            return f"Tensor(ndim={a.ndim}, dtype={dt})"
+        if isinstance(a, A.ShapeAnn):
+            if a.values is not None:
+                return f"Shape([{', '.join(self.s(d) for d in a.values)}])"
+            return f"Shape(ndim={a.ndim})"
+        if isinstance(a, A.TupleAnn):
+            return f"Tuple[{', '.join(self.ann(f) for f in a.fields)}]"
+        return A.to_text(a)
+
+    # ---- graph level ----------------------------------------------------------------------
+    def var(self, v: Var) -> str:
+        return self.namer(v, v.name.replace(".", "_"))
+
+    def expr(self, e: Expr) -> str:
+        if isinstance(e, Var):
+            return self.var(e)
+        if isinstance(e, Constant):
+            if e.value.size <= 4:
+                return f"const({np.array2string(e.value, separator=', ')}, \"{e.value.dtype}\")"
+            return f"const(<{e.value.dtype}{list(e.value.shape)}>)"
+        if isinstance(e, ShapeExpr):
+            return f"shape([{', '.join(self.s(v) for v in e.values)}])"
+        if isinstance(e, Tuple):
+            return f"({', '.join(self.expr(f) for f in e.fields)}{',' if len(e.fields) == 1 else ''})"
+        if isinstance(e, TupleGetItem):
+            return f"{self.expr(e.tuple_value)}[{e.index}]"
+        if isinstance(e, Call):
+            args = [self.expr(a) for a in e.args] + [f"{k}={self.attr(v)}" for k, v in sorted(e.attrs.items())]
+            return f"{e.op}({', '.join(args)})"
+        if isinstance(e, CallTIR):
+            extra = f", sym_args=[{', '.join(self.s(s) for s in e.sym_args)}]" if e.sym_args else ""
+            return (f"call_tir({e.program}, [{', '.join(self.expr(a) for a in e.args)}], "
+                    f"{self.ann(e.out_ann)}{extra})")
+        if isinstance(e, CallDPSLibrary):
+            return f'call_dps_library("{e.name}", [{", ".join(self.expr(a) for a in e.args)}], {self.ann(e.out_ann)})'
+        if isinstance(e, CallFunc):
+            return f"{e.func}({', '.join(self.expr(a) for a in e.args)})"
+        if isinstance(e, If):
+            return f"if_({self.expr(e.cond)})"
+        raise TypeError(f"cannot print {type(e).__name__}")
+
+    def attr(self, v) -> str:
+        if isinstance(v, sym.Expr):
+            return self.s(v)
+        if isinstance(v, float):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "(" + ", ".join(self.attr(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+        if isinstance(v, str):
+            return f'"{v}"'
+        return repr(v)
+
+    def seq(self, body: SeqExpr, indent: str) -> list[str]:
+        lines: list[str] = []
+        for block in body.blocks:
+            lines += self.block(block, indent)
+        if isinstance(body.result, If):
+            lines += self.if_(body.result, indent)
+        else:
+            lines.append(f"{indent}return {self.expr(body.result)}")
+        return lines
+
+    def block(self, block: BindingBlock, indent: str) -> list[str]:
+        inner = indent + "    " if block.dataflow else indent
+        lines = [f"{indent}with dataflow():"] if block.dataflow else []
+        for b in block.bindings:
+            if isinstance(b, MatchCast):
+                lines.append(f"{inner}{self.var(b.var)} = match_cast({self.expr(b.value)}, {self.ann(b.ann)})")
+            elif isinstance(b.value, If):
+                lines += self.if_(b.value, inner, target=b.var)
+            else:
+                lines.append(f"{inner}{self.var(b.var)}: {self.ann(b.var.ann)} = {self.expr(b.value)}")
+        return lines
+
+    def if_(self, e: If, indent: str, target: Var | None = None) -> list[str]:
+        lines = [f"{indent}{self.var(target) + ' = ' if target else ''}if {self.expr(e.cond)}:"]
+        lines += self.seq(e.then_branch, indent + "    ")
+        lines.append(f"{indent}else:")
+        lines += self.seq(e.else_branch, indent + "    ")
+        return lines
+
+    def function(self, name: str, fn: Function) -> list[str]:
+        params = ", ".join(f"{self.var(p)}: {self.ann(p.ann)}" for p in fn.params)
+        lines = ["@graph"]
+        attrs = {k: v for k, v in fn.attrs.items() if not k.startswith("_")}
+        if attrs:
+            lines.append(f"@attrs({', '.join(f'{k}={self.attr(v)}' for k, v in sorted(attrs.items()))})")
+        bounds = [f"{self.sv(v)} <= {self.s(hi)}" for v, hi in fn.bounds.upper.items()]
+        if bounds:
+            lines.append(f"@bounds({', '.join(bounds)})")
+        lines.append(f"def {name}({params}) -> {self.ann(fn.ret_ann)}:")
+        lines += self.seq(fn.body, "    ")
+        return lines
+
+    # ---- loop level -----------------------------------------------------------------------
+    def buf(self, b) -> str:
+        return self.namer(b, b.name)
+
+    def value(self, v: V) -> str:
+        if v.op == "const":
+            return repr(v.arg) if v.dtype in ("float32", "bool") or isinstance(v.arg, int) else f"{v.dtype}({v.arg!r})"
+        if v.op == "index":
+            return self.s(v.arg)
+        if v.op == "load":
+            buf, idx = v.arg
+            return f"{self.buf(buf)}[{', '.join(self.idx(i) for i in idx)}]"
+        if v.op == "cast":
+            return f"{v.dtype}({self.value(v.src[0])})"
+        if v.op == "select":
+            return f"select({', '.join(self.value(s) for s in v.src)})"
+        if v.op in BIN_SYM:
+            return f"({self.value(v.src[0])} {BIN_SYM[v.op]} {self.value(v.src[1])})"
+        return f"{v.op}({', '.join(self.value(s) for s in v.src)})"
+
+    def idx(self, i) -> str:
+        return self.value(i) if isinstance(i, V) else self.s(i)
+
+    def store(self, s: Store) -> str:
+        return f"{self.buf(s.buffer)}[{', '.join(self.idx(i) for i in s.indices)}] = {self.value(s.value)}"
+
+    def stmt(self, st, indent: str) -> list[str]:
+        if isinstance(st, Seq):
+            return [line for s in st.stmts for line in self.stmt(s, indent)]
+        if isinstance(st, Store):
+            return [indent + self.store(st)]
+        if isinstance(st, For):
+            kind = f", {st.kind}" + (f' "{st.thread}"' if st.thread else "") if st.kind != "serial" else ""
+            return [f"{indent}for {self.sv(st.var)} in range({self.s(st.extent)}{kind}):"] + self.stmt(st.body, indent + "    ")
+        if isinstance(st, Block):
+            its = []
+            for it in st.iters:
+                k = "S" if it.kind == "spatial" else "R"
+                bind = f" = {self.s(it.binding)}" if it.binding is not None else ""
+                its.append(f"{self.sv(it.var)}: {k}[{self.s(it.extent)}]{bind}")
+            lines = [f"{indent}block {st.name}({', '.join(its)}):"]
+            if st.init is not None:
+                lines.append(f"{indent}    init: {self.store(st.init)}")
+            lines.append(f"{indent}    {self.store(st.body)}")
+            return lines
+        if isinstance(st, Alloc):
+            b = st.buffer
+            return ([f"{indent}{self.buf(b)} = alloc(({', '.join(self.s(d) for d in b.shape)}{',' if len(b.shape) == 1 else ''}), "
+                     f'"{b.dtype}", "{b.scope}")'] + self.stmt(st.body, indent))
+        if isinstance(st, IfThenElse):
+            lines = [f"{indent}if {self.value(st.cond)}:"] + self.stmt(st.then_body, indent + "    ")
+            if st.else_body is not None:
+                lines += [f"{indent}else:"] + self.stmt(st.else_body, indent + "    ")
+            return lines
+        if isinstance(st, Barrier):
+            return [f"{indent}barrier(\"{st.scope}\")"]
+        raise TypeError(f"cannot print {type(st).__name__}")
+
+    def program(self, name: str, p: TensorProgram) -> list[str]:
+        params = ", ".join(
+            f"{self.buf(b)}: Buffer(({', '.join(self.s(d) for d in b.shape)}{',' if len(b.shape) == 1 else ''}), \"{b.dtype}\")"
+            for b in p.params)
+        head = ["@tensor_program" + (f"(num_outputs={p.num_outputs})" if p.num_outputs != 1 else "")]
+        attrs = {k: v for k, v in p.attrs.items() if not k.startswith("_")}
+        if attrs:
+            head.append(f"@attrs({', '.join(f'{k}={self.attr(v)}' for k, v in sorted(attrs.items()))})")
+        sp = "".join(f", {self.sv(v)}: int" for v in p.sym_params)
+        return head + [f"def {name}({params}{sp}):"] + self.stmt(p.body, "    ")
+
+
+def module_text(mod: IRModule) -> str:
+    chunks = []
+    for name, f in mod.functions.items():
+        pr = _Printer()
+        if isinstance(f, Function):
+            chunks.append("\n".join(pr.function(name, f)))
+        elif isinstance(f, TensorProgram):
+            chunks.append("\n".join(pr.program(name, f)))
+        elif isinstance(f, ExternFunc):
+            chunks.append(f'extern("{f.name}")')
+        else:
+            chunks.append(f"# {name}: {type(f).__name__}")
+    return "\n\n".join(chunks) + "\n"
+
+
+def function_text(fn: Function) -> str:
+    return "\n".join(_Printer().function(fn.name, fn)) + "\n"
+
+
+def program_text(p: TensorProgram, name: str | None = None) -> str:
+    return "\n".join(_Printer().program(name or p.name, p)) + "\n"

@@ -1,0 +1,243 @@
+"""The model-building API: PyTorch-like modules whose forward methods build IR as they run.
+
+A `Tensor` wraps a graph variable and the tracer that is building the current function, so
+`x + y` or `self.q_proj(x)` emit bindings without any global state. `Module.export(spec)` traces
+the named methods with spec inputs whose dimensions may be strings (symbolic variables).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .. import op as _ops  # noqa: F401  (registers the ops the tracer emits)
+from ..ir import annotation as A
+from ..ir import sym
+from ..ir.builder import BlockBuilder
+from ..ir.expr import Constant, Expr, ShapeExpr, TupleGetItem, Var
+from ..ir.module import IRModule
+
+
+class Tracer:
+    """The state of one function being traced: its builder and its symbolic variables by name."""
+
+    def __init__(self, bb: BlockBuilder):
+        self.bb = bb
+        self.symbols: dict[str, sym.Expr] = {}
+
+    def sym(self, name: str) -> sym.Expr:
+        if name not in self.symbols:
+            self.symbols[name] = sym.var(name)
+        return self.symbols[name]
+
+    def dim(self, d: int | str | sym.Expr) -> sym.Expr:
+        return self.sym(d) if isinstance(d, str) else sym.as_expr(d)
+
+    def emit(self, value: Expr, name: str) -> "Tensor":
+        return Tensor(self.bb.emit(value, name), self)
+
+
+class Tensor:
+    def __init__(self, var: Expr, tracer: Tracer):
+        self.var = var
+        self.tracer = tracer
+
+    @property
+    def ann(self) -> A.Annotation:
+        return self.var.ann
+
+    @property
+    def shape(self) -> tuple[sym.Expr, ...]:
+        return self.var.ann.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.var.ann.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.var.ann.ndim
+
+    def _op(self, name: str, *others, **attrs) -> "Tensor":
+        from . import op
+
+        return op.call(name, self, *others, **attrs)
+
+    def __add__(self, o):
+        return self._op("add", o)
+
+    def __sub__(self, o):
+        return self._op("subtract", o)
+
+    def __mul__(self, o):
+        return self._op("multiply", o)
+
+    def __truediv__(self, o):
+        return self._op("divide", o)
+
+    def reshape(self, *shape) -> "Tensor":
+        from . import op
+
+        return op.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def permute(self, *axes) -> "Tensor":
+        return self._op("permute_dims", axes=tuple(axes))
+
+    def astype(self, dtype: str) -> "Tensor":
+        return self._op("astype", dtype=dtype)
+
+    def __getitem__(self, i: int) -> "Tensor":
+        return self.tracer.emit(TupleGetItem(self.var, i), "item")
+
+    def __repr__(self):
+        return f"Tensor({A.to_text(self.ann)})"
+
+
+class Parameter:
+    """A weight. While a function is traced, `tensor` is the function parameter bound to it."""
+
+    def __init__(self, shape: Sequence[int], dtype: str = "float32"):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.tensor: Tensor | None = None
+
+    def __repr__(self):
+        return f"Parameter({self.shape}, {self.dtype})"
+
+
+class Module:
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        for name, value in vars(self).items():
+            full = f"{prefix}{name}"
+            if isinstance(value, Parameter):
+                yield full, value
+            elif isinstance(value, Module):
+                yield from value.named_parameters(full + ".")
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def export(self, spec: dict[str, dict[str, "Spec"]], bounds: dict[str, int | str] | None = None,
+               module: IRModule | None = None) -> tuple[IRModule, list[tuple[str, Parameter]]]:
+        """Trace each method named in `spec` into a graph function of one IRModule.
+
+        Each function takes the spec inputs followed by every parameter (Relax's "params as inputs"),
+        so weights are data, not constants. `bounds` declares upper bounds of symbolic variables by
+        name (`{"total_len": 2048}`), which proofs and memory planning use.
+        """
+        mod = module if module is not None else IRModule()
+        bb = BlockBuilder(mod)
+        named = list(self.named_parameters())
+        for fname, inputs in spec.items():
+            tracer = Tracer(bb)
+            in_vars = [Var(name, s.annotation(tracer)) for name, s in inputs.items()]
+            p_vars = [Var(name, A.Tensor(p.shape, p.dtype)) for name, p in named]
+            for (_, p), v in zip(named, p_vars):
+                p.tensor = Tensor(v, tracer)
+            # Variables named in `bounds` that the trace may create later (total_len) are made now.
+            bnd = sym.Bounds()
+            for name, hi in (bounds or {}).items():
+                bnd.declare(tracer.sym(name), lo=1, hi=tracer.dim(hi))
+            try:
+                with bb.function(fname, in_vars + p_vars, {"num_inputs": len(in_vars)}, bnd, auto_dataflow=True):
+                    args = [Cache(v, tracer) if isinstance(s, ObjectSpec) else Tensor(v, tracer)
+                            for v, s in zip(in_vars, inputs.values())]
+                    out = getattr(self, fname)(*args)
+                    bb.finish(_as_expr(out))
+            finally:
+                for _, p in named:
+                    p.tensor = None
+        return mod, named
+
+
+def _as_expr(out) -> Expr:
+    if isinstance(out, Tensor):
+        return out.var
+    if isinstance(out, (tuple, list)):
+        from ..ir.expr import Tuple
+
+        return Tuple(tuple(_as_expr(o) for o in out))
+    raise TypeError(f"a traced method must return tensors, got {type(out).__name__}")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A traced input: a tensor whose dimensions are ints or names of symbolic variables."""
+
+    shape: tuple
+    dtype: str = "float32"
+
+    def annotation(self, tracer: Tracer) -> A.Annotation:
+        return A.Tensor(tuple(tracer.dim(d) for d in self.shape), self.dtype)
+
+
+@dataclass(frozen=True)
+class ObjectSpec(Spec):
+    shape: tuple = ()
+
+    def annotation(self, tracer: Tracer) -> A.Annotation:
+        return A.Object
+
+
+def spec(shape: Sequence[int | str], dtype: str = "float32") -> Spec:
+    return Spec(tuple(shape), dtype)
+
+
+def kv_cache_spec() -> ObjectSpec:
+    return ObjectSpec()
+
+
+class Cache:
+    """The KV cache as seen by model code (a runtime object threaded through the function)."""
+
+    def __init__(self, var: Var, tracer: Tracer):
+        self.var = var
+        self.tracer = tracer
+        self.total_len: sym.Expr | None = None
+
+    def begin(self, seq_len: sym.Expr) -> sym.Expr:
+        """Reserve `seq_len` positions; returns the symbolic total length after them (`total_len`)."""
+        from ..ir.expr import Call
+
+        bb = self.tracer.bb
+        shape = bb.emit(Call("kv.begin", (self.var, ShapeExpr((seq_len,)))), "kv_len")
+        total = self.tracer.sym("total_len")
+        bb.match_cast(shape, A.Shape([total]), "total")
+        self.total_len = total
+        return total
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> None:
+        from ..ir.expr import Call
+
+        self.var = self.tracer.bb.emit(Call("kv.append", (self.var, k.var, v.var), {"layer": layer}), "cache")
+
+    def view(self, layer: int, kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor]:
+        """This layer's cached keys and values, `[total_len, kv_heads, head_dim]` each."""
+        from ..ir.expr import Call
+
+        bb = self.tracer.bb
+        out = []
+        for which in ("keys", "values"):
+            raw = bb.emit(Call(f"kv.{which}", (self.var,), {"layer": layer}), f"{which[0]}_raw")
+            ann = A.Tensor((self.total_len, kv_heads, head_dim), "float32")
+            out.append(Tensor(bb.match_cast(raw, ann, f"{which[0]}_all"), self.tracer))
+        return out[0], out[1]
+
+
+def const(value: np.ndarray, tracer: Tracer) -> Tensor:
+    return Tensor(Constant(np.ascontiguousarray(value)), tracer)
+
+
+def as_tensor(x: Any) -> Tensor:
+    if isinstance(x, Parameter):
+        if x.tensor is None:
+            raise RuntimeError("a Parameter is used outside of Module.export")
+        return x.tensor
+    return x

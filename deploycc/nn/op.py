@@ -1,0 +1,93 @@
+"""Functional ops on nn Tensors; each emits one high-level op call into the function being traced."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..ir import sym
+from ..ir.expr import Call, ShapeExpr
+from .core import Parameter, Tensor, Tracer, as_tensor, const
+
+
+def _tracer(*xs) -> Tracer:
+    for x in xs:
+        x = as_tensor(x)
+        if isinstance(x, Tensor):
+            return x.tracer
+    raise TypeError("an op needs at least one traced tensor argument")
+
+
+def _operand(x, tracer: Tracer, dtype: str):
+    x = as_tensor(x)
+    if isinstance(x, Tensor):
+        return x.var
+    if isinstance(x, (int, float)):
+        return const(np.asarray(x, dtype=dtype), tracer).var
+    if isinstance(x, ShapeExpr):
+        return x
+    raise TypeError(f"cannot use {type(x).__name__} as an op argument")
+
+
+def call(op: str, *args, **attrs) -> Tensor:
+    tracer = _tracer(*args)
+    dtype = next((as_tensor(a).dtype for a in args if isinstance(as_tensor(a), Tensor)), "float32")
+    return tracer.emit(Call(op, tuple(_operand(a, tracer, dtype) for a in args), attrs), op.split(".")[-1])
+
+
+def shape(*values) -> ShapeExpr:
+    return ShapeExpr(tuple(sym.as_expr(v) for v in values))
+
+
+def add(a, b): return call("add", a, b)
+def subtract(a, b): return call("subtract", a, b)
+def multiply(a, b): return call("multiply", a, b)
+def divide(a, b): return call("divide", a, b)
+def silu(x): return call("silu", x)
+def gelu_tanh(x): return call("gelu_tanh", x)
+def softmax(x, axis: int = -1): return call("softmax", x, axis=axis)
+def take(table, ids): return call("take", table, ids)
+def matmul(a, b): return call("matmul", a, b)
+def rms_norm(x, weight, eps: float): return call("rms_norm", x, weight, eps=float(eps))
+def layer_norm(x, weight, bias, eps: float): return call("layer_norm", x, weight, bias, eps=float(eps))
+def permute_dims(x, axes: Sequence[int]): return call("permute_dims", x, axes=tuple(axes))
+
+
+def linear(x, weight, bias=None):
+    return call("linear", x, weight) if bias is None else call("linear", x, weight, bias)
+
+
+def reshape(x, new_shape: Sequence) -> Tensor:
+    return call("reshape", x, shape(*new_shape))
+
+
+def concat(xs: Sequence, axis: int = 0) -> Tensor:
+    return call("concat", *xs, axis=axis)
+
+
+def split(x, sizes: Sequence[int], axis: int = 0) -> list[Tensor]:
+    t = call("split", x, sizes=tuple(int(s) for s in sizes), axis=axis)
+    return [t[i] for i in range(len(sizes))]
+
+
+def strided_slice(x, begin, end, axis: int = 0) -> Tensor:
+    return call("strided_slice", x, shape(begin, end), axis=axis)
+
+
+def arange(tracer_of: Tensor, start, end, dtype: str = "int32") -> Tensor:
+    tracer = _tracer(tracer_of)
+    return tracer.emit(Call("arange", (shape(start, end),), {"dtype": dtype}), "arange")
+
+
+def rope(x, inv_freq: np.ndarray, offset) -> Tensor:
+    tracer = _tracer(x)
+    return call("rope", x, const(np.asarray(inv_freq, np.float32), tracer), shape(offset))
+
+
+def attention(q, k, v, scale: float) -> Tensor:
+    return call("attention", q, k, v, scale=float(scale))
+
+
+__all__ = ["Parameter", "add", "subtract", "multiply", "divide", "silu", "gelu_tanh", "softmax", "take", "matmul",
+           "rms_norm", "layer_norm", "permute_dims", "linear", "reshape", "concat", "split", "strided_slice",
+           "arange", "rope", "attention", "shape", "call"]

@@ -1,0 +1,193 @@
+"""Rotary embedding, causal attention with grouped-query heads, and the KV-cache builtins.
+
+The KV cache is a runtime object. `kv.begin(cache, shape([n]))` reserves n positions and returns the
+new total length, which the model binds with match_cast to the symbolic `total_len`; `kv.append`
+writes a layer's new keys and values into the reserved positions; `kv.keys` / `kv.values` return the
+layer's cache as `[total_len, kv_heads, head_dim]`. Attention itself is a pure op on tensors, so it
+legalizes like any other (query i sees keys j <= i + total_len - seq_len).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import annotation as A
+from ..ir import sym, tir
+from ..ir.op import register
+from ..ir.tir import Alloc, Block, Buffer, Seq, Store
+from ._common import OpError, ShapeMap, emit_tir, known_shape, same, shape_values
+
+
+# ---- rotary embedding (rotate-half form, HF Llama/Qwen2) --------------------------------------
+
+def _rope_infer(args, attrs):
+    x = known_shape(args[0], "rope", "x")
+    f = known_shape(args[1], "rope", "inv_freq")
+    shape_values(args[2], "rope")
+    if len(x) < 3:
+        raise OpError("rope: x must be [..., seq, heads, head_dim]")
+    if len(f) != 1 or not same(f[0] * 2, x[-1]):
+        raise OpError(f"rope: inv_freq must be [head_dim / 2] = [{sym.to_python(x[-1] // 2)}]")
+    return args[0].ann
+
+
+def rope_reference(x, inv_freq, offset):
+    n, d = x.shape[-3], x.shape[-1]
+    pos = np.arange(offset[0], offset[0] + n, dtype=np.float32)
+    ang = np.outer(pos, inv_freq).astype(np.float32)  # [n, d/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _rope_legalize(call, module):
+    smap = ShapeMap()
+    X, F = smap.buffer("x", call.args[0].ann), smap.buffer("inv_freq", call.args[1].ann)
+    Y = smap.buffer("y", call.ann)
+    off = smap.dim(shape_values(call.args[2], "rope")[0])
+    half = F.shape[0]
+    nd = len(X.shape)
+    blocks = []
+    for part in ("lo", "hi"):
+        its = tir.iters(" ".join(f"i{k}" for k in range(nd)), X.shape[:-1] + (half,))
+        idx = tuple(tir.v(it) for it in its)
+        lo, hi = idx[:-1] + (idx[-1],), idx[:-1] + (idx[-1] + half,)
+        ang = tir.cast("float32", tir.index(idx[-3] + off)) * F[idx[-1]]
+        c, s = tir.unary("cos", ang), tir.unary("sin", ang)
+        if part == "lo":
+            blocks.append(Block("rope_lo", its, Store(Y, lo, X[lo] * c - X[hi] * s)))
+        else:
+            blocks.append(Block("rope_hi", its, Store(Y, hi, X[hi] * c + X[lo] * s)))
+    return emit_tir(module, "rope", smap, (X, F), (Y,), Seq(tuple(blocks)), call.args[:2], call.ann)
+
+
+register("rope", _rope_infer, lambda x, f, off: rope_reference(x, f, off), _rope_legalize)
+
+
+# ---- causal attention ----------------------------------------------------------------------
+
+def _attn_infer(args, attrs):
+    q = known_shape(args[0], "attention", "q")
+    k = known_shape(args[1], "attention", "k")
+    v = known_shape(args[2], "attention", "v")
+    if len(q) != 3 or len(k) != 3 or len(v) != 3:
+        raise OpError("attention: q, k, v must be [seq, heads, head_dim]")
+    if not (same(k[0], v[0]) and same(k[1], v[1]) and same(q[2], k[2]) and same(k[2], v[2])):
+        raise OpError("attention: k and v must be [total_len, kv_heads, head_dim] matching q's head_dim")
+    if q[1].is_const and k[1].is_const and q[1].value % k[1].value:
+        raise OpError(f"attention: {q[1].value} query heads are not a multiple of {k[1].value} kv heads")
+    return A.Tensor(q, args[0].ann.dtype)
+
+
+def attention_reference(q, k, v, scale):
+    n, h, d = q.shape
+    t, kvh, _ = k.shape
+    g = h // kvh
+    kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)  # [t, h, d]
+    s = np.einsum("nhd,thd->hnt", q, kk).astype(np.float32) * np.float32(scale)
+    mask = np.arange(t)[None, :] <= np.arange(n)[:, None] + (t - n)
+    s = np.where(mask[None], s, -np.inf)
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p = p / p.sum(-1, keepdims=True)
+    return np.einsum("hnt,thd->nhd", p, vv).astype(q.dtype)
+
+
+def _attn_legalize(call, module):
+    smap = ShapeMap()
+    Q, K, Vb = (smap.buffer(n, a.ann) for n, a in zip(("q", "k", "v"), call.args))
+    O = smap.buffer("o", call.ann)
+    n, h, d = Q.shape
+    t, kvh, _ = K.shape
+    group = h // kvh
+    scale = float(call.attrs["scale"])
+    S = Buffer("scores", (h, n, t), "float32", "local")
+    M = Buffer("row_max", (h, n), "float32", "local")
+    L = Buffer("row_sum", (h, n), "float32", "local")
+
+    its = tir.iters("h i j k", (h, n, t, d), "SSSR")
+    hh, i, j, k = (tir.v(x) for x in its)
+    scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * K[j, hh // group, k]),
+                   init=Store(S, (hh, i, j), tir.const(0.0)))
+
+    def visible(i_, j_):
+        return tir.index(j_).cmp("le", tir.index(i_ + t - n))
+
+    its = tir.iters("h i j", (h, n, t), "SSR")
+    hh, i, j = (tir.v(x) for x in its)
+    mx = Block("max", its, Store(M, (hh, i), tir.vmax(M[hh, i], tir.select(visible(i, j), S[hh, i, j] * scale, -np.inf))),
+               init=Store(M, (hh, i), tir.const(-np.inf)))
+    its = tir.iters("h i j", (h, n, t), "SSR")
+    hh, i, j = (tir.v(x) for x in its)
+    p = tir.select(visible(i, j), tir.unary("exp", S[hh, i, j] * scale - M[hh, i]), 0.0)
+    sm = Block("sum_exp", its, Store(L, (hh, i), L[hh, i] + p), init=Store(L, (hh, i), tir.const(0.0)))
+    its = tir.iters("i h c j", (n, h, d, t), "SSSR")
+    i, hh, c, j = (tir.v(x) for x in its)
+    p = tir.select(visible(i, j), tir.unary("exp", S[hh, i, j] * scale - M[hh, i]) / L[hh, i], 0.0)
+    out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * Vb[j, hh // group, c]),
+                init=Store(O, (i, hh, c), tir.const(0.0)))
+    body = Alloc(S, Alloc(M, Alloc(L, Seq((scores, mx, sm, out)))))
+    return emit_tir(module, "attention", smap, (Q, K, Vb), (O,), body, call.args, call.ann, {"scale": scale})
+
+
+register("attention", _attn_infer, attention_reference, _attn_legalize)
+
+
+# ---- KV-cache builtins (runtime objects; no tensor program) ----------------------------------
+
+class ContextOverflow(ValueError):
+    pass
+
+
+class RefKVCache:
+    """The reference KV cache: per layer, keys and values of shape [capacity, kv_heads, head_dim]."""
+
+    def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, dtype=np.float32):
+        self.capacity = capacity
+        self.k = [np.zeros((capacity, kv_heads, head_dim), dtype) for _ in range(layers)]
+        self.v = [np.zeros((capacity, kv_heads, head_dim), dtype) for _ in range(layers)]
+        self.length = 0
+
+    def begin(self, n: int) -> int:
+        if self.length + n > self.capacity:
+            raise ContextOverflow(f"{self.length} cached + {n} new tokens exceed the context window of "
+                                  f"{self.capacity}; reset the session or raise --context-window")
+        self.length += n
+        return self.length
+
+    def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        n = k.shape[0]
+        self.k[layer][self.length - n: self.length] = k
+        self.v[layer][self.length - n: self.length] = v
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+def _object(e, op):
+    if not isinstance(e.ann, A.ObjectAnn):
+        raise OpError(f"{op}: first argument must be the KV cache object")
+
+
+def _begin_infer(args, attrs):
+    _object(args[0], "kv.begin")
+    shape_values(args[1], "kv.begin")
+    return A.Shape(ndim=1)
+
+
+def _append_infer(args, attrs):
+    _object(args[0], "kv.append")
+    k, v = known_shape(args[1], "kv.append", "k"), known_shape(args[2], "kv.append", "v")
+    if len(k) != 3 or len(v) != 3 or not all(same(a, b) for a, b in zip(k, v)):
+        raise OpError("kv.append: k and v must both be [seq, kv_heads, head_dim]")
+    return A.Object
+
+
+def _view_infer(args, attrs):
+    _object(args[0], "kv.view")
+    return A.Tensor(None, "float32", 3)
+
+
+register("kv.begin", _begin_infer, lambda cache, n: (cache.begin(n[0]),), pure=False)
+register("kv.append", _append_infer, lambda cache, k, v, layer: (cache.append(layer, k, v), cache)[1], pure=False)
+register("kv.keys", _view_infer, lambda cache, layer: cache.k[layer][: cache.length], pure=False)
+register("kv.values", _view_infer, lambda cache, layer: cache.v[layer][: cache.length], pure=False)

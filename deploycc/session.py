@@ -1,0 +1,79 @@
+"""The reference session: a model's exported module run by the numpy reference interpreter.
+
+It has the same contract as the runtime engine of later stages, so every compiled package can be
+checked against it: `prefill(ids, all_logits)`, `decode(token)`, `reset()`.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import nn
+from .errors import DeployError
+from .hub import LoadedModel
+from .interp import Interpreter
+from .ir.module import IRModule
+from .op.attention import ContextOverflow, RefKVCache
+
+STAGES = ("exported", "legalized")
+
+
+def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
+    """The graph-level module: `prefill` (input ids [1, seq_len]) and `decode` (one token)."""
+    cfg = model.config
+    ctx = context_window or cfg.context_window
+    spec = {
+        "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec()},
+        "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec()},
+    }
+    mod, _ = model.build().export(spec, bounds={"total_len": ctx, "seq_len": ctx})
+    mod.attrs.update(context_window=ctx, model=model.architecture)
+    return mod
+
+
+def lower(mod: IRModule, stage: str) -> IRModule:
+    from .transform import legalize
+
+    if stage not in STAGES:
+        raise DeployError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
+    return mod if stage == "exported" else legalize(mod)
+
+
+class ReferenceSession:
+    def __init__(self, model: LoadedModel, stage: str = "exported", context_window: int | None = None):
+        self.model = model
+        self.module = lower(export(model, context_window), stage)
+        self.context_window = self.module.attrs["context_window"]
+        self.params = [np.ascontiguousarray(a, dtype=np.float32) for _, a in model.params()]
+        self.interp = Interpreter(self.module)
+        cfg = model.config
+        self.cache = RefKVCache(cfg.num_hidden_layers, self.context_window, cfg.num_key_value_heads, cfg.head_dim)
+
+    def _run(self, fn: str, ids: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(ids, dtype=np.int32).reshape(1, -1)
+        if arr.size == 0:
+            raise DeployError("prefill needs at least one token")
+        try:
+            return self.interp.run(fn, arr, self.cache, *self.params)
+        except ContextOverflow as e:
+            raise DeployError(str(e)) from None
+
+    def prefill(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        logits = self._run("prefill", ids)[0]
+        return logits if all_logits else logits[-1]
+
+    def decode(self, token_id: int) -> np.ndarray:
+        return self._run("decode", [int(token_id)])[0, -1]
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+
+def reference_session(model: LoadedModel | str, stage: str = "exported", context_window: int | None = None
+                      ) -> ReferenceSession:
+    if isinstance(model, str):
+        from .hub import load_model
+
+        model = load_model(model)
+    return ReferenceSession(model, stage, context_window)

@@ -1,0 +1,1 @@
+"""The VM runtime copied into every package; it imports nothing from the compiler (next issues)."""

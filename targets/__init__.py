@@ -1,0 +1,1 @@
+"""Kernel languages (CUDA C, OpenCL C, WGSL): target descriptions and renderers (next issue)."""
