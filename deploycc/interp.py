@@ -55,6 +55,17 @@ def match(ann: A.Annotation, value: Any, env: dict, what: str) -> None:
             match(f, v, env, f"{what}[{i}]")
 
 
+def _bind_vars(ann: A.Annotation, value: Any, env: dict) -> None:
+    dims = ann.shape if isinstance(ann, A.TensorAnn) else ann.values if isinstance(ann, A.ShapeAnn) else None
+    actual = value.shape if isinstance(value, np.ndarray) else value if isinstance(value, tuple) else None
+    if dims is None or actual is None or len(dims) != len(actual):
+        return
+    for d, n in zip(dims, actual):
+        v = d.as_var
+        if v is not None and v not in env:
+            env[v] = int(n)
+
+
 def _match_dims(dims: Sequence[sym.Expr], actual: Sequence[int], env: dict, what: str) -> None:
     # First bind the dims that are a bare new variable, then check every dim (including expressions).
     for d, n in zip(dims, actual):
@@ -87,6 +98,10 @@ class Interpreter:
             raise TypeError(f"{fn.name} takes {len(fn.params)} arguments, got {len(args)}")
         env: dict = {}
         values: dict[Var, Any] = {}
+        # Parameters are matched together: a variable may be defined by a later parameter (the
+        # extra shape parameter) and used in an expression of an earlier one.
+        for p, a in zip(fn.params, args):
+            _bind_vars(p.ann, a, env)
         for p, a in zip(fn.params, args):
             match(p.ann, a, env, f"{fn.name}: argument {p.name}")
             values[p] = a

@@ -8,6 +8,7 @@ rope scaling, 2-3 layers.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 TINY = {
@@ -60,9 +61,13 @@ def make_tiny(name: str, seed: int = 0) -> Path:
         for pname, p in model.named_parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
-    tmp = out.with_name(out.name + ".tmp")
+    # Parallel test workers may race to write the same fixture: write privately, then rename.
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
-    tmp.rename(out) if not out.exists() else None
+    try:
+        tmp.rename(out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

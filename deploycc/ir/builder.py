@@ -76,6 +76,7 @@ class BlockBuilder:
                  bounds: sym.Bounds | None = None, auto_dataflow: bool = False):
         self._blocks, self._current, self._names = [], [], {}
         self._auto, self._dataflow = auto_dataflow, False
+        params = with_shape_param(params)
         self._fn = (name, tuple(params), attrs or {}, bounds or sym.Bounds())
         self.defined_syms = set()
         for p in params:
@@ -165,6 +166,23 @@ def is_pure(value: Expr, module: IRModule | None = None) -> bool:
     if isinstance(value, CallFunc) and module is not None and value.func in module:
         return module[value.func].attrs.get("pure", True)
     return True
+
+
+def with_shape_param(params: Sequence[Var]) -> list[Var]:
+    """Relax's rule for functions whose parameter annotations use expressions (`Tensor((2*n,))`):
+    a variable that no parameter dimension defines by itself is passed in an extra `Shape([...])`
+    parameter, so the function can bind it at entry (as fused subgraph functions need)."""
+    defined: set[sym.SymVar] = set()
+    used: list[sym.SymVar] = []
+    for p in params:
+        defined |= _param_defined_syms(p.ann)
+        for v in sorted(p.ann.free_vars(), key=lambda v: v.name):
+            if v not in used:
+                used.append(v)
+    missing = [v for v in used if v not in defined]
+    if not missing:
+        return list(params)
+    return list(params) + [Var("shape_args", A.Shape([sym.as_expr(v) for v in missing]))]
 
 
 def _param_defined_syms(ann: A.Annotation) -> set[sym.SymVar]:

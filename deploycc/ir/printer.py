@@ -133,7 +133,9 @@ class _Printer:
         return lines
 
     def function(self, name: str, fn: Function) -> list[str]:
-        params = ", ".join(f"{self.var(p)}: {self.ann(p.ann)}" for p in fn.params)
+        items = [f"{self.var(p)}: {self.ann(p.ann)}" for p in fn.params]
+        # Models have hundreds of weight params: print one per line past a handful.
+        params = ", ".join(items) if len(items) <= 4 else "\n" + "".join(f"    {i},\n" for i in items)
         lines = ["@graph"]
         attrs = {k: v for k, v in fn.attrs.items() if not k.startswith("_")}
         if attrs:
