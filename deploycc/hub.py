@@ -13,10 +13,10 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
 
 import numpy as np
 
@@ -51,8 +51,9 @@ def resolve(source: str, revision: str | None = None, progress: bool = False) ->
     except RevisionNotFoundError:
         raise DeployError(f"revision {revision} of {source} was not found") from None
     except LocalEntryNotFoundError:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0")
         raise DeployError(f"{source} is not in the local Hugging Face cache and the Hub cannot be reached "
-                          f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}); download it first or give a local directory") from None
+                          f"(HF_HUB_OFFLINE={offline}); download it first or give a local directory") from None
     except Exception as e:  # network errors come in many types; keep the message to one line
         raise DeployError(f"could not download {source}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     return Path(local)

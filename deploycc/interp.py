@@ -5,15 +5,30 @@ loop-level interpreter (deploycc.ir.tir_interp). It is the oracle for every pass
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .ir import annotation as A
 from .ir import op as op_registry
 from .ir import sym
-from .ir.expr import (Binding, CallDPSLibrary, CallFunc, CallTIR, Call, Constant, Expr, Function, If, MatchCast,
-                      SeqExpr, ShapeExpr, Tuple, TupleGetItem, Var)
+from .ir.expr import (
+    Call,
+    CallDPSLibrary,
+    CallFunc,
+    CallTIR,
+    Constant,
+    Expr,
+    Function,
+    If,
+    MatchCast,
+    SeqExpr,
+    ShapeExpr,
+    Tuple,
+    TupleGetItem,
+    Var,
+)
 from .ir.module import IRModule
 from .ir.tir_interp import NP_DTYPES, run_program
 

@@ -5,7 +5,7 @@ checked against it: `prefill(ids, all_logits)`, `decode(token)`, `reset()`.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -23,7 +23,7 @@ class GPT2Config:
     context_window: int = 0
 
     @classmethod
-    def from_hf(cls, hf: dict, **overrides) -> "GPT2Config":
+    def from_hf(cls, hf: dict, **overrides) -> GPT2Config:
         cfg = cls(vocab_size=hf["vocab_size"], n_embd=hf["n_embd"], n_layer=hf["n_layer"], n_head=hf["n_head"],
                   n_inner=hf.get("n_inner") or 4 * hf["n_embd"], n_positions=hf["n_positions"],
                   layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5))

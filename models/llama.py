@@ -33,7 +33,7 @@ class LlamaConfig:
     context_window: int = 0
 
     @classmethod
-    def from_hf(cls, hf: dict, **overrides) -> "LlamaConfig":
+    def from_hf(cls, hf: dict, **overrides) -> LlamaConfig:
         heads = hf["num_attention_heads"]
         theta, scaling = rope_parameters(hf)
         bias = bool(hf.get("attention_bias", False))

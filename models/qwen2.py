@@ -9,7 +9,7 @@ from .llama import LlamaConfig, LlamaForCausalLM, weight_map  # noqa: F401
 @dataclass
 class Qwen2Config(LlamaConfig):
     @classmethod
-    def from_hf(cls, hf: dict, **overrides) -> "Qwen2Config":
+    def from_hf(cls, hf: dict, **overrides) -> Qwen2Config:
         cfg = super().from_hf(hf, **overrides)
         cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias = True, False, False
         return cfg

@@ -58,7 +58,7 @@ def make_tiny(name: str, seed: int = 0) -> Path:
     model = model_cls(cfg).eval()
     # Random init of norms is all-ones and biases zeros; perturb them so that they are tested.
     with torch.no_grad():
-        for pname, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     # Parallel test workers may race to write the same fixture: write privately, then rename.

@@ -2,8 +2,23 @@
 from . import annotation, sym, tir
 from .annotation import Object, Shape, Tensor
 from .builder import BlockBuilder
-from .expr import (Binding, BindingBlock, Call, CallDPSLibrary, CallFunc, CallTIR, Constant, Function, If,
-                   MatchCast, SeqExpr, ShapeExpr, Tuple, TupleGetItem, Var)
+from .expr import (
+                   Binding,
+                   BindingBlock,
+                   Call,
+                   CallDPSLibrary,
+                   CallFunc,
+                   CallTIR,
+                   Constant,
+                   Function,
+                   If,
+                   MatchCast,
+                   SeqExpr,
+                   ShapeExpr,
+                   Tuple,
+                   TupleGetItem,
+                   Var,
+)
 from .module import ExternFunc, IRModule
 from .tir import TensorProgram
 

@@ -1,8 +1,8 @@
 """Annotations (Relax's struct info): what is known statically about a graph-level value."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from . import sym
 from .sym import Expr, IntLike

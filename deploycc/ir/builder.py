@@ -1,14 +1,25 @@
 """BlockBuilder: builds graph functions binding by binding, deducing every annotation forward."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import Sequence
 
 from . import annotation as A
 from . import op as op_registry
 from . import sym
-from .expr import (Binding, BindingBlock, Call, CallFunc, Expr, Function, MatchCast, SeqExpr, ShapeExpr,
-                   TupleGetItem, Var)
+from .expr import (
+    Binding,
+    BindingBlock,
+    Call,
+    CallFunc,
+    Expr,
+    Function,
+    MatchCast,
+    SeqExpr,
+    ShapeExpr,
+    TupleGetItem,
+    Var,
+)
 from .module import IRModule
 
 

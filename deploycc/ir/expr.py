@@ -5,8 +5,9 @@ its annotation, deduced forward when it is built (see builder.py and the op regi
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,7 @@ class CallFunc(Expr):
 
 @dataclass(frozen=True, eq=False)
 class SeqExpr(Expr):
-    blocks: tuple["BindingBlock", ...]
+    blocks: tuple[BindingBlock, ...]
     result: Expr
     ann: A.Annotation = None
 

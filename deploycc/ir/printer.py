@@ -9,8 +9,23 @@ import numpy as np
 
 from . import annotation as A
 from . import sym
-from .expr import (Binding, BindingBlock, Call, CallDPSLibrary, CallFunc, CallTIR, Constant, Expr, Function, If,
-                   MatchCast, SeqExpr, ShapeExpr, Tuple, TupleGetItem, Var)
+from .expr import (
+    BindingBlock,
+    Call,
+    CallDPSLibrary,
+    CallFunc,
+    CallTIR,
+    Constant,
+    Expr,
+    Function,
+    If,
+    MatchCast,
+    SeqExpr,
+    ShapeExpr,
+    Tuple,
+    TupleGetItem,
+    Var,
+)
 from .module import ExternFunc, IRModule
 from .tir import Alloc, Barrier, Block, For, IfThenElse, Seq, Store, TensorProgram, V
 

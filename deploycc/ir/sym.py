@@ -10,8 +10,9 @@ non-negative, and a declared bound such as `total_len <= context_window` is an u
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Union
+from typing import Union
 
 IntLike = Union[int, "Expr"]
 
@@ -32,7 +33,7 @@ class Atom:
 
     op: str  # "var" | "floordiv" | "mod" | "min" | "max"
     var: SymVar | None = None
-    args: tuple["Expr", ...] = ()
+    args: tuple[Expr, ...] = ()
 
     def sort_key(self) -> tuple:
         if self.op == "var":
@@ -52,7 +53,7 @@ class Expr:
 
     # ---- construction -------------------------------------------------------------------
     @staticmethod
-    def _make(d: Mapping[tuple[Atom, ...], int]) -> "Expr":
+    def _make(d: Mapping[tuple[Atom, ...], int]) -> Expr:
         items = sorted(((m, c) for m, c in d.items() if c != 0), key=lambda mc: _mono_key(mc[0]))
         return Expr(tuple(items))
 
@@ -93,7 +94,7 @@ class Expr:
         return sum(c for m, c in self.terms if len(m) == 0)
 
     # ---- arithmetic -----------------------------------------------------------------------
-    def __add__(self, other: IntLike) -> "Expr":
+    def __add__(self, other: IntLike) -> Expr:
         other = as_expr(other)
         d = dict(self.terms)
         for m, c in other.terms:
@@ -102,16 +103,16 @@ class Expr:
 
     __radd__ = __add__
 
-    def __neg__(self) -> "Expr":
+    def __neg__(self) -> Expr:
         return Expr._make({m: -c for m, c in self.terms})
 
-    def __sub__(self, other: IntLike) -> "Expr":
+    def __sub__(self, other: IntLike) -> Expr:
         return self + (-as_expr(other))
 
-    def __rsub__(self, other: IntLike) -> "Expr":
+    def __rsub__(self, other: IntLike) -> Expr:
         return as_expr(other) - self
 
-    def __mul__(self, other: IntLike) -> "Expr":
+    def __mul__(self, other: IntLike) -> Expr:
         other = as_expr(other)
         d: dict[tuple[Atom, ...], int] = {}
         for m1, c1 in self.terms:
@@ -122,16 +123,16 @@ class Expr:
 
     __rmul__ = __mul__
 
-    def __floordiv__(self, other: IntLike) -> "Expr":
+    def __floordiv__(self, other: IntLike) -> Expr:
         return floordiv(self, other)
 
-    def __rfloordiv__(self, other: IntLike) -> "Expr":
+    def __rfloordiv__(self, other: IntLike) -> Expr:
         return floordiv(other, self)
 
-    def __mod__(self, other: IntLike) -> "Expr":
+    def __mod__(self, other: IntLike) -> Expr:
         return mod(self, other)
 
-    def __rmod__(self, other: IntLike) -> "Expr":
+    def __rmod__(self, other: IntLike) -> Expr:
         return mod(other, self)
 
     def __repr__(self) -> str:
@@ -223,7 +224,7 @@ def mod(a: IntLike, b: IntLike) -> Expr:
     return _atom_expr(Atom("mod", args=(a, b)))
 
 
-def smin(a: IntLike, b: IntLike, bounds: "Bounds | None" = None) -> Expr:
+def smin(a: IntLike, b: IntLike, bounds: Bounds | None = None) -> Expr:
     a, b = as_expr(a), as_expr(b)
     if a == b:
         return a
@@ -238,7 +239,7 @@ def smin(a: IntLike, b: IntLike, bounds: "Bounds | None" = None) -> Expr:
     return _atom_expr(Atom("min", args=(x, y)))
 
 
-def smax(a: IntLike, b: IntLike, bounds: "Bounds | None" = None) -> Expr:
+def smax(a: IntLike, b: IntLike, bounds: Bounds | None = None) -> Expr:
     a, b = as_expr(a), as_expr(b)
     if a == b:
         return a
@@ -269,7 +270,7 @@ class Bounds:
     lower: dict[SymVar, int] = field(default_factory=dict)
     upper: dict[SymVar, Expr] = field(default_factory=dict)
 
-    def declare(self, v: IntLike | SymVar, lo: int | None = None, hi: IntLike | None = None) -> "Bounds":
+    def declare(self, v: IntLike | SymVar, lo: int | None = None, hi: IntLike | None = None) -> Bounds:
         sv = v if isinstance(v, SymVar) else as_expr(v).as_var
         if sv is None:
             raise ValueError(f"bounds are declared on variables, not on {v}")
@@ -318,11 +319,16 @@ class Bounds:
         return -INF, INF
 
     def substitute_upper(self, e: Expr) -> Expr:
-        """Replace variables with positive coefficients by their upper-bound expressions (once)."""
-        for v, hi in self.upper.items():
-            if hi.free_vars() and v in e.free_vars():
-                e2 = substitute(e, {v: hi}) if _coeff_sign(e, v) > 0 else e
-                e = e2
+        """Replace variables with positive coefficients by their upper-bound expressions, repeatedly,
+        so that a chain `seq_len <= total_len <= context_window` is followed whatever its declaration order."""
+        for _ in range(8):
+            before = e
+            for v, hi in self.upper.items():
+                if hi.free_vars() and v in e.free_vars():
+                    e2 = substitute(e, {v: hi}) if _coeff_sign(e, v) > 0 else e
+                    e = e2
+            if e == before:
+                break
         return e
 
     def prove_le(self, a: IntLike, b: IntLike) -> bool:
@@ -426,7 +432,11 @@ def _render(e: Expr, name: Callable[[SymVar], str], binop: Callable[[str, str, s
                 factors.append(name(atom.var))
             else:
                 a, b = (_render(x, name, binop) for x in atom.args)
-                factors.append(binop(atom.op, a, b))
+                text = binop(atom.op, a, b)
+                # `2 * (n // 4)` must not print as `2 * n // 4` (which Python reads as `(2 * n) // 4`).
+                if atom.op in ("floordiv", "mod") and (len(mono) > 1 or c != 1) and not _grouped(text):
+                    text = f"({text})"
+                factors.append(text)
         parts.append((c, " * ".join(factors)))
     out = ""
     for i, (c, body) in enumerate(parts):
@@ -437,6 +447,16 @@ def _render(e: Expr, name: Callable[[SymVar], str], binop: Callable[[str, str, s
         else:
             out += (" - " if c < 0 else " + ") + text
     return out
+
+
+def _grouped(s: str) -> bool:
+    """Whether `s` is one parenthesised group, `(...)`."""
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(s) - 1:
+            return False
+    return s.startswith("(")
 
 
 def _wrap(s: str) -> str:

@@ -13,11 +13,12 @@ pattern analysis possible.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence, Union
 
 from . import sym
-from .sym import Expr as SExpr, IntLike
+from .sym import Expr as SExpr
+from .sym import IntLike
 
 # ---- buffers ---------------------------------------------------------------------------------
 
@@ -32,7 +33,7 @@ class Buffer:
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(sym.as_expr(s) for s in self.shape))
 
-    def __getitem__(self, idx) -> "V":
+    def __getitem__(self, idx) -> V:
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != len(self.shape):
             raise IndexError(f"buffer {self.name} has {len(self.shape)} dims, indexed with {len(idx)}")
@@ -62,7 +63,7 @@ class V:
 
     op: str
     dtype: str
-    src: tuple["V", ...] = ()
+    src: tuple[V, ...] = ()
     arg: object = None
 
     def _bin(self, op, other, rev=False):
@@ -80,7 +81,7 @@ class V:
     __rtruediv__ = lambda s, o: s._bin("div", o, True)
     __neg__ = lambda s: V("neg", s.dtype, (s,))
 
-    def cmp(self, op: str, other) -> "V":
+    def cmp(self, op: str, other) -> V:
         return V(op, "bool", (self, lift(other, self.dtype)))
 
 
@@ -256,7 +257,7 @@ def v(it: IterVar) -> SExpr:
     return sym.as_expr(it.var)
 
 
-def seq(*stmts: Union[Stmt, Sequence[Stmt]]) -> Stmt:
+def seq(*stmts: Stmt | Sequence[Stmt]) -> Stmt:
     flat: list[Stmt] = []
     for s in stmts:
         if isinstance(s, Seq):

@@ -8,7 +8,7 @@ generated program is an error here rather than a silent wrong answer.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

@@ -6,8 +6,9 @@ the named methods with spec inputs whose dimensions may be strings (symbolic var
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class Tracer:
     def dim(self, d: int | str | sym.Expr) -> sym.Expr:
         return self.sym(d) if isinstance(d, str) else sym.as_expr(d)
 
-    def emit(self, value: Expr, name: str) -> "Tensor":
+    def emit(self, value: Expr, name: str) -> Tensor:
         return Tensor(self.bb.emit(value, name), self)
 
 
@@ -59,7 +60,7 @@ class Tensor:
     def ndim(self) -> int:
         return self.var.ann.ndim
 
-    def _op(self, name: str, *others, **attrs) -> "Tensor":
+    def _op(self, name: str, *others, **attrs) -> Tensor:
         from . import op
 
         return op.call(name, self, *others, **attrs)
@@ -76,18 +77,18 @@ class Tensor:
     def __truediv__(self, o):
         return self._op("divide", o)
 
-    def reshape(self, *shape) -> "Tensor":
+    def reshape(self, *shape) -> Tensor:
         from . import op
 
         return op.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
-    def permute(self, *axes) -> "Tensor":
+    def permute(self, *axes) -> Tensor:
         return self._op("permute_dims", axes=tuple(axes))
 
-    def astype(self, dtype: str) -> "Tensor":
+    def astype(self, dtype: str) -> Tensor:
         return self._op("astype", dtype=dtype)
 
-    def __getitem__(self, i: int) -> "Tensor":
+    def __getitem__(self, i: int) -> Tensor:
         return self.tracer.emit(TupleGetItem(self.var, i), "item")
 
     def __repr__(self):
@@ -124,7 +125,7 @@ class Module:
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__}.forward")
 
-    def export(self, spec: dict[str, dict[str, "Spec"]], bounds: dict[str, int | str] | None = None,
+    def export(self, spec: dict[str, dict[str, Spec]], bounds: dict[str, int | str] | None = None,
                module: IRModule | None = None) -> tuple[IRModule, list[tuple[str, Parameter]]]:
         """Trace each method named in `spec` into a graph function of one IRModule.
 

@@ -1,7 +1,7 @@
 """Layers with the parameter names and layouts of their PyTorch counterparts."""
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from . import op
 from .core import Module, Parameter, Tensor

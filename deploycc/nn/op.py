@@ -1,7 +1,7 @@
 """Functional ops on nn Tensors; each emits one high-level op call into the function being traced."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

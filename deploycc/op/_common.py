@@ -6,7 +6,7 @@ every sequence length (and identical programs are shared through `IRModule.add_p
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..ir import annotation as A
 from ..ir import sym

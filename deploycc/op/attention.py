@@ -16,7 +16,6 @@ from ..ir.op import register
 from ..ir.tir import Alloc, Block, Buffer, Seq, Store
 from ._common import OpError, ShapeMap, emit_tir, known_shape, same, shape_values
 
-
 # ---- rotary embedding (rotate-half form, HF Llama/Qwen2) --------------------------------------
 
 def _rope_infer(args, attrs):

@@ -9,7 +9,6 @@ from ..ir.op import register
 from ..ir.tir import Block, Seq, Store
 from ._common import OpError, ShapeMap, emit_tir, known_shape, same, tensor
 
-
 # ---- take: out[*idx, :] = table[ids[*idx], :] -----------------------------------------------
 
 def _take_infer(args, attrs):

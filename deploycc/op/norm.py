@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import annotation as A
 from ..ir import sym, tir
 from ..ir.op import register
 from ..ir.tir import Alloc, Block, Buffer, Seq, Store
