@@ -41,6 +41,29 @@ def fetch_gguf(dest: Path) -> Path:
     return gguf
 
 
+# llama.cpp's `tokenizer.ggml.pre` names -> the Hugging Face pre-tokenizer they stand for.
+# transformers' GGUF converter does not read this key and writes plain byte-level, which splits
+# numbers differently ("2024" as one piece instead of four digits) and so changes token ids.
+PRE_TOKENIZERS = {
+    "smollm": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ]},
+}
+
+
+def restore_pretokenizer(gguf: Path, tokenizer_json: Path) -> None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.ggml.pre")
+    pre = field.contents() if field is not None else None
+    if pre not in PRE_TOKENIZERS:
+        raise SystemExit(f"error: {gguf.name} names pre-tokenizer {pre!r}, which this script does not know")
+    data = json.loads(tokenizer_json.read_text())
+    data["pre_tokenizer"] = PRE_TOKENIZERS[pre]
+    tokenizer_json.write_text(json.dumps(data, ensure_ascii=False, indent=2))
+
+
 def check_pretokenizer(tokenizer_json: Path) -> None:
     """SmolLM2 splits digits one by one, then applies byte-level pre-tokenization."""
     pre = json.loads(tokenizer_json.read_text())["pre_tokenizer"]
@@ -77,6 +100,7 @@ def convert(gguf: Path, out: Path) -> Path:
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        restore_pretokenizer(gguf, tmp / "tokenizer.json")
         check_pretokenizer(tmp / "tokenizer.json")
         if out.exists():
             shutil.rmtree(out)
