@@ -45,7 +45,7 @@ def resolve(source: str, revision: str | None = None, progress: bool = False) ->
         raise DeployError("huggingface-hub is not installed; pip install huggingface-hub") from None
     try:
         local = snapshot_download(source, revision=revision, allow_patterns=ALLOW_PATTERNS,
-                                  tqdm_class=None if progress else _Quiet)
+                                  tqdm_class=None if progress else _quiet_tqdm())
     except RepositoryNotFoundError:
         raise DeployError(f"Hugging Face repo {source} was not found (check the id, or log in for a gated repo)") from None
     except RevisionNotFoundError:
@@ -59,42 +59,18 @@ def resolve(source: str, revision: str | None = None, progress: bool = False) ->
     return Path(local)
 
 
-class _Quiet:
-    """A tqdm stand-in that shows nothing (progress bars come from the CLI when asked)."""
+def _quiet_tqdm() -> type:
+    """A tqdm that shows nothing (progress bars come from the CLI when asked). A real tqdm subclass,
+    disabled, rather than a stand-in: snapshot_download calls much of tqdm's API on it (total, n,
+    refresh, set_postfix_str, format_dict, locks), and that set grows between releases."""
+    from tqdm import tqdm
 
-    def __init__(self, *a, **k):
-        self.n = 0
+    class Quiet(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.pop("name", None)
+            super().__init__(*args, **{**kwargs, "disable": True})
 
-    def update(self, n=1):
-        self.n += n
-
-    def close(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        pass
-
-    def __iter__(self):
-        return iter(())
-
-    def set_description(self, *a, **k):
-        pass
-
-    def refresh(self, *a, **k):
-        pass
-
-    @classmethod
-    def get_lock(cls):
-        import threading
-
-        return threading.RLock()
-
-    @classmethod
-    def set_lock(cls, lock):
-        pass
+    return Quiet
 
 
 def read_config(path: Path) -> dict:
@@ -139,13 +115,16 @@ class SafetensorsFile:
                 header = json.loads(f.read(n))
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise DeployError(f"{path} is corrupted: its header is not valid JSON; re-download it") from None
+            if not isinstance(header, dict):
+                raise DeployError(f"{path} is corrupted: its header is not a JSON object; re-download it")
         self.data_start = 8 + n
         self.entries: dict[str, _Entry] = {}
         for name, info in header.items():
             if name == "__metadata__":
                 continue
             try:
-                dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+                dtype, shape, (start, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+                start, end = int(start), int(end)
             except (KeyError, TypeError, ValueError):
                 raise DeployError(f"{path} is corrupted: bad header entry for {name}; re-download it") from None
             if dtype not in _ST_DTYPES:
@@ -231,21 +210,31 @@ class LoadedModel:
             self._module = self.arch.Model(self.config)
         return self._module
 
-    def params(self) -> Iterator[tuple[str, np.ndarray]]:
-        """(our name, array) for every parameter, in export order, checked against the model's shapes."""
+    def _sources(self) -> Iterator[tuple[str, str, str | None]]:
+        """(our name, checkpoint name, transform) for every parameter, in export order, each checked
+        against the safetensors headers: present, and of the shape the config implies (stored layout)."""
         wmap = self.arch.weight_map(self.config)
         for name, p in self.build().named_parameters():
             hf_name, transform = wmap.get(name, (name, None))
             if hf_name not in self.weights:
                 raise DeployError(f"checkpoint {self.path} is missing tensor {hf_name} (needed for {name}); "
                                   f"is it a complete {self.architecture} checkpoint?")
+            want = tuple(p.shape)[::-1] if transform == "transpose" else tuple(p.shape)
+            if tuple(self.weights.shape(hf_name)) != want:
+                raise DeployError(f"tensor {hf_name} has shape {list(self.weights.shape(hf_name))}, but the config "
+                                  f"implies {list(want)}; config.json and the weights disagree")
+            yield name, hf_name, transform
+
+    def check(self) -> None:
+        """Raise DeployError unless every parameter is in the checkpoint with the right shape (headers only)."""
+        for _ in self._sources():
+            pass
+
+    def params(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(our name, array) for every parameter, in export order, checked against the model's shapes."""
+        for name, hf_name, transform in self._sources():
             arr = self.weights.read(hf_name)
-            if transform == "transpose":
-                arr = arr.T
-            if tuple(arr.shape) != p.shape:
-                raise DeployError(f"tensor {hf_name} has shape {list(arr.shape)}, but the config implies "
-                                  f"{list(p.shape)}; config.json and the weights disagree")
-            yield name, arr
+            yield name, arr.T if transform == "transpose" else arr
 
 
 def load_model(source: str, revision: str | None = None, **overrides) -> LoadedModel:
@@ -263,4 +252,6 @@ def load_model(source: str, revision: str | None = None, **overrides) -> LoadedM
         raise DeployError(f"{path / 'config.json'} lacks {e.args[0]!r}, which {arch.__name__.split('.')[-1]} needs") from None
     except ValueError as e:
         raise DeployError(f"{path / 'config.json'}: {e}") from None
-    return LoadedModel(path, hf, arch, config, Weights(path), source)
+    model = LoadedModel(path, hf, arch, config, Weights(path), source)
+    model.check()  # a missing or misshapen tensor is reported now, not halfway through a compile
+    return model
