@@ -33,8 +33,24 @@ from dataclasses import dataclass, field
 from . import annotation as A
 from . import sym
 from .builder import _param_defined_syms, deduce, is_pure
-from .expr import (Binding, BindingBlock, Call, CallDPSLibrary, CallFunc, CallTIR, Constant, Expr, Function, If,
-                   MatchCast, SeqExpr, ShapeExpr, Tuple, TupleGetItem, Var)
+from .expr import (
+    Binding,
+    BindingBlock,
+    Call,
+    CallDPSLibrary,
+    CallFunc,
+    CallTIR,
+    Constant,
+    Expr,
+    Function,
+    If,
+    MatchCast,
+    SeqExpr,
+    ShapeExpr,
+    Tuple,
+    TupleGetItem,
+    Var,
+)
 from .module import ExternFunc, IRModule
 from .tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Store, TensorProgram, V
 from .tir_interp import ProgramError, reduction_parts
@@ -79,7 +95,7 @@ class _Scope:
     vars: set[Var] = field(default_factory=set)
     syms: set[sym.SymVar] = field(default_factory=set)
 
-    def copy(self) -> "_Scope":
+    def copy(self) -> _Scope:
         return _Scope(set(self.vars), set(self.syms))
 
 
@@ -261,7 +277,7 @@ class _ProgramChecker:
         self.name, self.prog = name, prog
         self.out: list[str] = []
         self.stored: set[Buffer] = set()
-        self.reported: set[sym.SymVar] = set()
+        self.reported: set = set()  # each stray variable / buffer is reported at its first use only
 
     def report(self, msg: str) -> None:
         self.out.append(f"program {self.name}: {msg}")
@@ -326,11 +342,10 @@ class _ProgramChecker:
             reduction_parts(blk)
         except ProgramError as e:
             self.report(str(e))
-        for st in stores:
-            used = set().union(*(i.free_vars() for i in st.indices if isinstance(i, sym.Expr))) & reduce
-            if used:
-                names = ", ".join(sorted(v.name for v in used))
-                self.report(f"block {blk.name} stores {st.buffer.name} indexed by reduce iterator(s) {names}")
+        used = set().union(*(i.free_vars() for st in stores for i in st.indices if isinstance(i, sym.Expr))) & reduce
+        if used:
+            names = ", ".join(sorted(v.name for v in used))
+            self.report(f"block {blk.name} stores {blk.body.buffer.name} indexed by reduce iterator(s) {names}")
 
     def store(self, st: Store, syms: frozenset, bufs: frozenset) -> None:
         self.stored.add(st.buffer)
@@ -338,7 +353,8 @@ class _ProgramChecker:
         self.value(st.value, syms, bufs)
 
     def access(self, buf: Buffer, indices, syms: frozenset, bufs: frozenset, verb: str) -> None:
-        if buf not in bufs:
+        if buf not in bufs and buf not in self.reported:
+            self.reported.add(buf)
             self.report(f"buffer {buf.name} is {verb} but is neither a param nor allocated by an enclosing alloc")
         if len(indices) != len(buf.shape):
             self.report(f"buffer {buf.name} has {len(buf.shape)} dims but is {verb} with {len(indices)} indices")

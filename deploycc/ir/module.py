@@ -31,7 +31,7 @@ class IRModule:
     def programs(self) -> dict[str, TensorProgram]:
         return {k: f for k, f in self.functions.items() if isinstance(f, TensorProgram)}
 
-    def with_functions(self, functions: dict) -> "IRModule":
+    def with_functions(self, functions: dict) -> IRModule:
         return IRModule(dict(functions), dict(self.attrs))
 
     def add_program(self, prog: TensorProgram) -> str:

@@ -2,8 +2,8 @@
 and legalization to a tensor program (deploycc/op registers them; the IR only holds the table)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from . import annotation as A
 

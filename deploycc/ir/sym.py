@@ -310,8 +310,8 @@ class Bounds:
             return min(alo, blo), min(ahi, bhi)
         if atom.op == "max":
             return max(alo, blo), max(ahi, bhi)
-        if atom.op == "mod":
-            return 0.0, max(bhi - 1, 0.0) if alo >= 0 else INF
+        if atom.op == "mod":  # floor semantics: a % b lies in [0, b - 1] for b > 0, whatever the sign of a
+            return (0.0, bhi - 1) if blo > 0 else (-INF, INF)
         if atom.op == "floordiv":
             if alo >= 0 and blo > 0:
                 return math.floor(alo / bhi) if not math.isinf(bhi) else 0.0, ahi / blo if not math.isinf(ahi) else INF

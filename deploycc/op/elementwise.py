@@ -7,7 +7,7 @@ from ..ir import annotation as A
 from ..ir import sym, tir
 from ..ir.op import register
 from ..ir.tir import Block, Store
-from ._common import OpError, ShapeMap, emit_tir, known_shape, tensor
+from ._common import OpError, ShapeMap, emit_tir, tensor
 
 NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "int64": np.int64, "bool": np.bool_}
 
@@ -27,10 +27,16 @@ def broadcast_shapes(a, b, op: str):
     return tuple(reversed(out))
 
 
-def _bcast_index(shape, out_idx):
-    """Index into a broadcast operand from the output iterators (right-aligned)."""
+def _bcast_index(shape, out_shape, out_idx):
+    """Index into a broadcast operand from the output iterators (right-aligned): a dimension of 1
+    against a larger output dimension reads index 0."""
     off = len(out_idx) - len(shape)
-    return tuple(sym.as_expr(0) if (d.is_const and d.value == 1) else out_idx[off + k] for k, d in enumerate(shape))
+
+    def one(d):
+        return d.is_const and d.value == 1
+
+    return tuple(sym.as_expr(0) if one(d) and not one(out_shape[off + k]) else out_idx[off + k]
+                 for k, d in enumerate(shape))
 
 
 # ---- binary ---------------------------------------------------------------------------------
@@ -61,7 +67,7 @@ def _binary_legalize(name, vop):
         C = smap.buffer("C", out)
         its = tir.iters(" ".join(f"i{k}" for k in range(len(C.shape))), C.shape)
         idx = tuple(tir.v(it) for it in its)
-        val = tir.V(vop, out.dtype, (A_[_bcast_index(A_.shape, idx)], B_[_bcast_index(B_.shape, idx)]))
+        val = tir.V(vop, out.dtype, (A_[_bcast_index(A_.shape, C.shape, idx)], B_[_bcast_index(B_.shape, C.shape, idx)]))
         body = Block(name, its, Store(C, idx, val))
         return emit_tir(module, name, smap, (A_, B_), (C,), body, call.args, out)
     return legalize
@@ -137,6 +143,3 @@ def _astype_infer(args, attrs):
 register("astype", _astype_infer, lambda x, dtype: x.astype(NP[dtype]),
          lambda call, module: _map_legalize("astype", lambda v: tir.cast(call.attrs["dtype"], v))(call, module))
 
-
-def scalar_shape(e) -> tuple:
-    return known_shape(e, "scalar")
