@@ -24,7 +24,7 @@ from .errors import DeployError
 
 ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                  "vocab.json", "merges.txt"]
+                  "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import deploycc
+from deploycc.ir.checker import check
 from fixtures import load_hf
 
 TOL = 1e-4
@@ -27,6 +28,7 @@ def test_logits_match_transformers(hf_and_model, stage, prompt_len):
     rng = np.random.default_rng(prompt_len)
     prompt = [int(t) for t in rng.integers(0, vocab, prompt_len)]
     session = deploycc.reference_session(model, stage=stage)
+    check(session.module)  # well-formed before and after legalization
     ours = [session.prefill(prompt, all_logits=True)]
     tokens = list(prompt)
     for _ in range(8):

@@ -1,0 +1,120 @@
+"""The generation loop: template, encode, prefill, then sample and decode one token at a time, streaming text.
+
+It drives any model session with the runtime contract (`prefill(ids) -> logits [vocab]`,
+`decode(token) -> logits [vocab]`, `reset()`, `context_window`): the numpy reference session of the
+compiler, or a compiled package's engine.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from numbers import Integral
+
+from .sampler import Sampler
+from .tokenizer import Tokenizer
+
+
+class ContextWindowError(ValueError):
+    """The prompt does not leave room for one generated token in the session's context window."""
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
+    """Prompt ids: a message list always goes through the chat template; a string does when `chat` and the model has one."""
+    if isinstance(prompt, str):
+        if not (chat and tokenizer.chat_template):
+            return tokenizer.encode(prompt, add_special_tokens=True)
+        prompt = [{"role": "user", "content": prompt}]
+    # The rendered template already holds the special tokens (bos, role markers) it wants.
+    return tokenizer.encode(tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True),
+                            add_special_tokens=False)
+
+
+def _stops(stop: str | Sequence[str]) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"stop must be a string or a list of non-empty strings, got {stop!r}")
+    return stops
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that could still grow into a stop string."""
+    for n in range(min(len(text), max(map(len, stops), default=1) - 1), 0, -1):
+        if any(s.startswith(text[-n:]) for s in stops):
+            return n
+    return 0
+
+
+def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[dict], max_tokens: int = 64,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
+             seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None
+             ) -> Iterator[str]:
+    """Stream the model's reply as text pieces.
+
+    Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
+    a full context window. The arguments are checked, and the prompt encoded and measured against
+    the context window, when this is called; the model runs as the iterator is consumed. `stats`, if
+    given, is filled when the iterator finishes or is closed: prompt_tokens, generated (ids, eos
+    included), finish_reason (eos | stop | length | context | cancelled), prefill_seconds,
+    decode_seconds, and prefill_tok_s / decode_tok_s (session time only, without sampling and
+    detokenization).
+    """
+    sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed)
+    stops = _stops(stop)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    ids = encode_prompt(tokenizer, prompt_or_messages, chat)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; give some text")
+    window = int(session.context_window)
+    if len(ids) + 1 > window:
+        raise ContextWindowError(f"the prompt is {len(ids)} tokens, but the context window is {window} and must also "
+                                 f"hold at least one generated token; shorten the prompt or compile with a larger "
+                                 f"context window")
+    return _run(session, tokenizer, ids, sampler, min(int(max_tokens), window - len(ids)), int(max_tokens), stops, stats)
+
+
+def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget: int, max_tokens: int,
+         stops: tuple[str, ...], stats: dict | None) -> Iterator[str]:
+    eos = set(tokenizer.eos_token_ids)
+    detok = tokenizer.stream_decoder(skip_special_tokens=True)
+    history = list(ids)  # the repetition penalty covers the prompt too, as in transformers
+    generated: list[int] = []
+    pending = ""  # decoded text not yet yielded: its end may be the start of a stop string
+    reason = None
+    t_prefill = t_decode = 0.0
+    decodes = 0
+    try:
+        session.reset()
+        t0 = time.perf_counter()
+        logits = session.prefill(ids)
+        t_prefill = time.perf_counter() - t0
+        while reason is None:
+            token = sampler.sample(logits, history)
+            generated.append(token)
+            history.append(token)
+            if token in eos:
+                reason = "eos"
+            else:
+                pending += detok.put(token)
+                if len(generated) == budget:
+                    reason = "length" if budget == max_tokens else "context"
+            if reason:
+                pending += detok.flush()
+            hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+            if hits:
+                reason, pending = "stop", pending[:min(hits)]
+            keep = 0 if reason else _held_back(pending, stops)
+            if len(pending) > keep:
+                yield pending[:len(pending) - keep]
+                pending = pending[len(pending) - keep:]
+            if reason is None:
+                t0 = time.perf_counter()
+                logits = session.decode(token)
+                t_decode += time.perf_counter() - t0
+                decodes += 1
+    finally:
+        if stats is not None:
+            stats.update(prompt_tokens=len(ids), generated=generated, finish_reason=reason or "cancelled",
+                         prefill_seconds=t_prefill, decode_seconds=t_decode,
+                         prefill_tok_s=len(ids) / t_prefill if t_prefill else 0.0,
+                         decode_tok_s=decodes / t_decode if t_decode else 0.0)

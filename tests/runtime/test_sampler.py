@@ -1,0 +1,120 @@
+"""The sampler: greedy, seeded reproducibility, top-k / top-p filtering, repetition penalty, argument checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deploycc.runtime.sampler import Sampler
+
+
+def logits(seed: int = 0, vocab: int = 1000) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(vocab) * 3).astype(np.float32)
+
+
+def draws(sampler: Sampler, x: np.ndarray, n: int = 200) -> list[int]:
+    return [sampler.sample(x) for _ in range(n)]
+
+
+def test_greedy_is_argmax():
+    for seed in range(5):
+        x = logits(seed)
+        assert Sampler().sample(x) == int(np.argmax(x))
+        assert Sampler(temperature=0.0, top_p=0.5, top_k=3, seed=seed).sample(x) == int(np.argmax(x))
+
+
+def test_seed_reproducible_and_seeds_differ():
+    x = logits(1)
+    a = draws(Sampler(temperature=1.0, seed=7), x)
+    assert a == draws(Sampler(temperature=1.0, seed=7), x)
+    assert a != draws(Sampler(temperature=1.0, seed=8), x)
+    assert len(set(a)) > 20  # a flat-ish distribution: sampling really samples
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    for seed in range(5):
+        x = logits(seed)
+        best = int(np.argmax(x))
+        assert set(draws(Sampler(temperature=1.5, top_k=1, seed=seed), x, 50)) == {best}
+        assert set(draws(Sampler(temperature=1.5, top_p=1e-6, seed=seed), x, 50)) == {best}
+
+
+def test_top_k_keeps_the_k_largest():
+    x = logits(2)
+    top5 = set(np.argsort(-x)[:5].tolist())
+    got = set(draws(Sampler(temperature=5.0, top_k=5, seed=0), x, 500))
+    assert got == top5
+
+
+def test_top_p_keeps_the_nucleus():
+    x = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    assert set(draws(Sampler(temperature=1.0, top_p=0.75, seed=0), x, 500)) == {0, 1}
+    assert set(draws(Sampler(temperature=1.0, top_p=0.85, seed=0), x, 500)) == {0, 1, 2}
+    assert set(draws(Sampler(temperature=1.0, top_p=1.0, seed=0), x, 2000)) == {0, 1, 2, 3}
+
+
+def test_sampling_follows_the_distribution():
+    p = np.array([0.6, 0.3, 0.1])
+    counts = np.bincount(draws(Sampler(temperature=1.0, seed=3), np.log(p), 5000), minlength=3) / 5000
+    np.testing.assert_allclose(counts, p, atol=0.03)
+
+
+def test_repetition_penalty_as_in_transformers():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    x = logits(4, 50)
+    history = [3, 7, 7, 11, int(np.argmax(x)), int(np.argmin(x))]
+    proc = transformers.RepetitionPenaltyLogitsProcessor(1.7)
+    expected = proc(torch.tensor([history]), torch.tensor(x[None])).numpy()[0]
+    # Greedy after the penalty is argmax of the penalized logits; the top token was penalized away.
+    got = Sampler(repetition_penalty=1.7).sample(x, history)
+    assert got == int(np.argmax(expected)) != int(np.argmax(x))
+
+
+def test_repetition_penalty_effect():
+    x = np.array([2.0, 1.9, -1.0, -1.05])
+    assert Sampler().sample(x, [0]) == 0
+    assert Sampler(repetition_penalty=1.2).sample(x, [0]) == 1  # 2.0 / 1.2 < 1.9
+    y = np.array([-1.0, -1.05, -3.0])
+    assert Sampler(repetition_penalty=1.2).sample(y, [0]) == 1  # -1.0 * 1.2 < -1.05
+    assert Sampler(repetition_penalty=0.5).sample(np.array([1.0, 1.5]), [0]) == 0  # < 1 rewards repeats
+
+
+def test_input_not_modified_and_float32_ok():
+    x = logits(5)
+    before = x.copy()
+    Sampler(temperature=0.7, top_k=10, top_p=0.9, repetition_penalty=1.3).sample(x, [1, 2, 3])
+    np.testing.assert_array_equal(x, before)
+
+
+def test_masked_logits():
+    x = np.full(10, -np.inf, dtype=np.float32)
+    x[4] = 0.0
+    assert set(draws(Sampler(temperature=1.0, seed=0), x, 20)) == {4}
+    with pytest.raises(ValueError, match="NaN"):
+        Sampler().sample(np.array([0.0, np.nan]))
+    with pytest.raises(ValueError, match="no finite maximum"):
+        Sampler(temperature=1.0).sample(np.full(3, -np.inf))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (dict(temperature="hot"), "temperature must be"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-1), "top_k must be an integer >= 0"),
+    (dict(top_k=2.5), "top_k must be an integer >= 0"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty must be"),
+    (dict(seed=-1), "seed must be an integer >= 0"),
+    (dict(seed=1.5), "seed must be an integer >= 0"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message) as e:
+        Sampler(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_numpy_scalars_accepted():
+    s = Sampler(temperature=np.float32(0.5), top_p=np.float64(0.9), top_k=np.int64(4), seed=np.int32(1))
+    assert (s.temperature, s.top_k) == (0.5, 4)
