@@ -39,8 +39,9 @@ def inspect(model, stage, revision, context_window):
 @click.option("--top-k", type=int, default=0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--no-chat", is_flag=True, help="Feed the prompt as raw text, without the chat template.")
+@click.option("--context-window", type=int, default=None, help="Upper bound of total_len (default: from the config).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-def run(model, prompt, max_tokens, temperature, top_p, top_k, seed, no_chat, as_json):
+def run(model, prompt, max_tokens, temperature, top_p, top_k, seed, no_chat, context_window, as_json):
     """Generate a reply to PROMPT with MODEL on the numpy reference interpreter, streaming to stdout.
 
     Compiled packages (kernels on OpenCL, WebGPU, CUDA) come with the runtime; until then this runs
@@ -54,18 +55,18 @@ def run(model, prompt, max_tokens, temperature, top_p, top_k, seed, no_chat, as_
     from .session import reference_session
 
     loaded = load_model(model)
-    tok = Tokenizer.from_dir(loaded.path)
-    session = reference_session(loaded)
     stats: dict = {}
     t0 = time.perf_counter()
     pieces = []
     try:
+        tok = Tokenizer.from_dir(loaded.path)
+        session = reference_session(loaded, context_window=context_window)
         for piece in generate(session, tok, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               top_k=top_k, seed=seed, chat=not no_chat, stats=stats):
             pieces.append(piece)
             if not as_json:
                 click.echo(piece, nl=False)
-    except ValueError as e:  # context window, sampler arguments, missing chat template
+    except ValueError as e:  # tokenizer files, context window, sampler arguments, missing chat template
         raise DeployError(str(e)) from None
     if as_json:
         click.echo(json.dumps({"model": model, "prompt": prompt, "text": "".join(pieces),

