@@ -7,7 +7,6 @@ SmolLM2's tokenizer joins in where its checkpoint is already built.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -91,19 +90,10 @@ def write_tiny_tokenizer(path: Path, kind: str = "bytelevel", chat_template: str
     return path
 
 
-def smollm2_dir() -> Path | None:
-    home = Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc"))
-    path = home / "models" / "SmolLM2-135M-Instruct"
-    return path if (path / "tokenizer.json").exists() else None
-
-
 @pytest.fixture(scope="module", params=["bytelevel", "sentencepiece", "smollm2"])
 def tokenizer(request, tmp_path_factory):
     if request.param == "smollm2":
-        path = smollm2_dir()
-        if path is None:
-            pytest.skip("SmolLM2 checkpoint not built (python scripts/fetch_smollm2.py)")
-        return Tokenizer.from_dir(path)
+        return Tokenizer.from_dir(request.getfixturevalue("smollm2_path"))
     return Tokenizer.from_dir(write_tiny_tokenizer(tmp_path_factory.mktemp(request.param), request.param))
 
 
