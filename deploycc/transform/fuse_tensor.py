@@ -1,0 +1,142 @@
+"""fuse_tensor: merge each primitive function made by fuse_ops into one tensor program.
+
+The members' programs are instantiated in order with their buffers bound to the function's
+parameters, fresh intermediates, or the result, and their symbolic variables bound to the
+function's (from the argument shapes and sym_args). Then every intermediate written by a spatial
+block at exactly its iterators is inlined into its readers (compute_inline), so an injective
+prologue or an elementwise chain leaves no buffer and no pass over memory behind. What remains,
+e.g. a matmul block and its epilogue block, is one program the schedule turns into one kernel.
+The call sites become call_tir, and the primitive functions are removed.
+"""
+from __future__ import annotations
+
+from ..ir import annotation as A
+from ..ir import sym
+from ..ir.expr import Binding, BindingBlock, CallFunc, CallTIR, Function, SeqExpr, ShapeExpr, with_body
+from ..ir.module import IRModule
+from ..ir.tir import Alloc, Block, Buffer, Seq, Stmt, Store, TensorProgram, loads, walk
+from ..ir.tir_rewrite import Substitute, inline_value, replace_loads
+from .annotate_patterns import analyze
+from .dce import dead_code_elimination
+
+
+def fuse_tensor(mod: IRModule) -> IRModule:
+    out = mod.with_functions(mod.functions)
+    out.attrs.pop("_program_text", None)
+    merged: dict[str, str] = {}
+    for name, fn in mod.graph_functions().items():
+        if fn.attrs.get("primitive"):
+            prog = merge_function(fn, mod)
+            merged[name] = out.add_program(prog)
+    for name, fn in mod.graph_functions().items():
+        if not fn.attrs.get("primitive"):
+            out.functions[name] = _replace_calls(fn, mod, merged)
+    return dead_code_elimination(out)
+
+
+def _replace_calls(fn: Function, mod: IRModule, merged: dict[str, str]) -> Function:
+    blocks = []
+    for block in fn.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            v = b.value
+            if isinstance(b, Binding) and isinstance(v, CallFunc) and v.func in merged:
+                # The extra shape argument, if any, becomes the program's sym_args.
+                tensors = tuple(a for a in v.args if not isinstance(a, ShapeExpr))
+                shape = next((a for a in v.args if isinstance(a, ShapeExpr)), None)
+                sym_args = tuple(shape.values) if shape is not None else ()
+                b = Binding(b.var, CallTIR(merged[v.func], tensors, b.var.ann, sym_args))
+            bindings.append(b)
+        blocks.append(BindingBlock(tuple(bindings), block.dataflow))
+    return with_body(fn, SeqExpr(tuple(blocks), fn.body.result))
+
+
+def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
+    tensor_params = [p for p in fn.params if isinstance(p.ann, A.TensorAnn)]
+    shape_param = next((p for p in fn.params if isinstance(p.ann, A.ShapeAnn)), None)
+    bufs = {p: Buffer(p.name, p.ann.shape, p.ann.dtype) for p in tensor_params}
+    result = fn.body.result
+    out_buf = Buffer("out", result.ann.shape, result.ann.dtype)
+    stmts: list[Stmt] = []
+    intermediates: list[Buffer] = []
+    bindings = [b for blk in fn.body.blocks for b in blk.bindings]
+    for b in bindings:
+        call: CallTIR = b.value
+        prog: TensorProgram = mod[call.program]
+        arg_bufs = [bufs[a] for a in call.args]
+        if b.var is result:
+            dst = out_buf
+        else:
+            dst = Buffer(b.var.name, b.var.ann.shape, b.var.ann.dtype)
+            intermediates.append(dst)
+        bufs[b.var] = dst
+        if prog.num_outputs != 1:
+            raise ValueError(f"fuse_tensor: {prog.name} has {prog.num_outputs} outputs; fuse_ops groups single-output programs")
+        syms: dict[sym.SymVar, sym.Expr] = {}
+        for pb, ab in zip(prog.params, arg_bufs + [dst]):
+            for d, ad in zip(pb.shape, ab.shape):
+                v = d.as_var
+                if v is not None and v not in syms:
+                    syms[v] = ad
+        for v, e in zip(prog.sym_params, call.sym_args):
+            syms[v] = e
+        sub = Substitute(dict(zip(prog.params, arg_bufs + [dst])), syms)
+        stmts.append(sub.stmt(prog.body))
+    body = _inline(Seq(tuple(stmts)), intermediates)
+    for buf in intermediates:
+        if any(_touches(s, buf) for s in walk(body)):
+            body = Alloc(buf, body)
+    sym_params = tuple(v.as_var for v in shape_param.ann.values) if shape_param is not None else ()
+    params = tuple(bufs[p] for p in tensor_params) + (out_buf,)
+    name = fn.name.removeprefix("fused_")
+    prog = TensorProgram("fused_" + name, params, body, sym_params, 1, {"fused_from": fn.name})
+    return TensorProgram(prog.name, prog.params, prog.body, prog.sym_params, 1,
+                         {**prog.attrs, "pattern": analyze(prog).name})
+
+
+def _touches(st, buf: Buffer) -> bool:
+    if isinstance(st, Store):
+        return st.buffer is buf or any(ld.arg[0] is buf for ld in loads(st.value))
+    return False
+
+
+def _inline(body: Stmt, intermediates: list[Buffer]) -> Stmt:
+    """compute_inline every intermediate written once, by a spatial block at its own iterators,
+    and read only through symbolic indices."""
+    changed = True
+    while changed:
+        changed = False
+        stmts = list(body.stmts) if isinstance(body, Seq) else [body]
+        flat = _flatten(stmts)
+        for buf in intermediates:
+            writers = [s for s in flat if isinstance(s, Block) and s.body.buffer is buf]
+            if len(writers) != 1 or not _inlinable(writers[0]):
+                continue
+            if any(isinstance(s, Store) and s.buffer is buf for st in flat for s in walk(st) if s is not writers[0].body):
+                continue
+            if not all(all(isinstance(i, sym.Expr) for i in ld.arg[1])
+                       for st in flat for s in walk(st) if isinstance(s, Store) for ld in loads(s.value)
+                       if ld.arg[0] is buf):
+                continue
+            producer = writers[0]
+            rest = [s for s in flat if s is not producer]
+            body = Seq(tuple(replace_loads(s, buf, lambda idx: inline_value(producer, idx)) for s in rest))
+            changed = True
+            break
+    return body
+
+
+def _flatten(stmts: list[Stmt]) -> list[Stmt]:
+    out = []
+    for s in stmts:
+        out += _flatten(list(s.stmts)) if isinstance(s, Seq) else [s]
+    return out
+
+
+def _inlinable(b: Block) -> bool:
+    if b.reduce or b.init is not None:
+        return False
+    idx = b.body.indices
+    return len(idx) == len(b.iters) and all(isinstance(i, sym.Expr) and i.as_var is it.var
+                                             for i, it in zip(idx, b.iters))
+
