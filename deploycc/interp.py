@@ -98,9 +98,13 @@ def _match_dims(dims: Sequence[sym.Expr], actual: Sequence[int], env: dict, what
 
 
 class Interpreter:
-    def __init__(self, module: IRModule, library: Mapping[str, Callable] | None = None):
+    def __init__(self, module: IRModule, library: Mapping[str, Callable] | None = None,
+                 run_program: Callable = run_program):
+        """`run_program(prog, arrays, sym_args)` runs one tensor program in place: the loop-level
+        interpreter by default, or compiled kernels on a device (deploycc.execute.KernelRunner)."""
         self.module = module
         self.library = dict(LIBRARY, **(library or {}))
+        self.run_program = run_program
 
     def run(self, name: str, *args: Any) -> Any:
         fn = self.module[name]
@@ -150,7 +154,7 @@ class Interpreter:
             ins = [self.eval(a, values, env) for a in e.args if not isinstance(a.ann, A.ShapeAnn)]
             outs = self.alloc(e.out_ann, env)
             out_list = list(outs) if isinstance(outs, tuple) else [outs]
-            run_program(prog, ins + out_list, [int(sym.evaluate(s, env)) for s in e.sym_args])
+            self.run_program(prog, ins + out_list, [int(sym.evaluate(s, env)) for s in e.sym_args])
             return outs
         if isinstance(e, CallDPSLibrary):
             if e.name not in self.library:

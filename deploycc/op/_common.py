@@ -84,11 +84,12 @@ def emit_tir(module: IRModule, name: str, smap: ShapeMap, inputs: Sequence[Buffe
     Program variables that no buffer dimension binds by itself become explicit symbolic params,
     passed from the caller as `sym_args` (Relax's extra shape arguments)."""
     params = tuple(inputs) + tuple(outputs)
-    prog = TensorProgram(name, params, body, (), len(outputs), attrs or {})
+    attrs = {"op": name, **(attrs or {})}  # the op it came from: schedules may have a rule for it
+    prog = TensorProgram(name, params, body, (), len(outputs), attrs)
     bound = set(prog.shape_vars())
     extra = [(v, caller) for v, caller in smap.vars if v not in bound]
     if extra:
-        prog = TensorProgram(name, params, body, tuple(v for v, _ in extra), len(outputs), attrs or {})
+        prog = TensorProgram(name, params, body, tuple(v for v, _ in extra), len(outputs), attrs)
     gname = module.add_program(prog)
     return CallTIR(gname, tuple(args), out_ann, tuple(c for _, c in extra))
 

@@ -1,0 +1,88 @@
+"""Run scheduled tensor programs on a real device (OpenCL, WebGPU, CUDA) from numpy arrays.
+
+This is the bridge the kernel tests use: the reference interpreter runs the graph, and each
+call_tir runs the program's kernels on the device (`Interpreter(mod, run_program=KernelRunner(...))`).
+The VM runtime does the same without numpy round trips.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import sym
+from .ir.kernel import Kernel, scheduled
+from .ir.module import IRModule
+from .ir.tir import TensorProgram
+from .ir.tir_interp import NP_DTYPES, bind_shapes
+
+
+def render(kernels: list[Kernel], target) -> str:
+    if target.kind == "opencl":
+        from .targets import opencl as r
+    elif target.kind == "webgpu":
+        from .targets import wgsl as r
+    elif target.kind == "cuda":
+        from .targets import cuda as r
+    else:
+        raise ValueError(f"no renderer for {target.kind}")
+    return r.render(kernels, target)
+
+
+def launch_grid(groups: int, max_grid: int) -> tuple[int, int, int]:
+    """Linear group count -> a grid within each dimension's limit (kernels recombine the index)."""
+    if groups <= max_grid:
+        return (max(groups, 1), 1, 1)
+    y = -(-groups // max_grid)
+    return (max_grid, y, 1)
+
+
+class KernelRunner:
+    """Builds each program's kernels once per device and runs them on numpy inputs."""
+
+    def __init__(self, device, target, module: IRModule | None = None):
+        self.device = device
+        self.target = target
+        self.built: dict[int, dict] = {}
+        self.sources: dict[str, str] = {}
+        self.launches = 0
+
+    def build(self, prog: TensorProgram) -> dict:
+        key = id(prog)
+        if key not in self.built:
+            kernels = list(scheduled(prog).kernels)
+            if self.target.kind == "webgpu":  # one shader module per entry point keeps bindings simple
+                self.built[key] = {}
+                for k in kernels:
+                    src = render([k], self.target)
+                    self.sources[k.name] = src
+                    self.built[key].update(self.device.build(src, [_entry(k)]))
+            else:
+                src = render(kernels, self.target)
+                self.sources[prog.name] = src
+                self.built[key] = self.device.build(src, [_entry(k) for k in kernels])
+        return self.built[key]
+
+    def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:
+        """Run `prog` with numpy arrays (outputs last), writing the outputs in place."""
+        sched = scheduled(prog)
+        handles = self.build(prog)
+        env = bind_shapes(prog, arrays, sym_args)
+        dev = self.device
+        bufs = {b: dev.upload(np.ascontiguousarray(a)) for b, a in zip(prog.params, arrays)}
+        for w in sched.workspace:
+            shape = tuple(int(sym.evaluate(d, env)) for d in w.shape)
+            bufs[w] = dev.alloc(int(np.prod(shape)) * np.dtype(NP_DTYPES[w.dtype]).itemsize)
+        for k in sched.kernels:
+            groups = int(sym.evaluate(k.groups, env))
+            if groups == 0:
+                continue
+            args = [bufs[b] for b in k.buffers] + [int(sym.evaluate(sym.as_expr(v), env)) for v in k.scalars]
+            dev.launch(handles[_entry(k)], args, launch_grid(groups, self.target.max_grid), (k.threads, 1, 1))
+            self.launches += 1
+        for b, a in zip(prog.outputs, arrays[len(prog.inputs):]):
+            a[...] = dev.download(bufs[b], a.shape, a.dtype)
+
+
+def _entry(k: Kernel) -> str:
+    from .targets.cstyle import _ident
+
+    return _ident(k.name)

@@ -1,0 +1,126 @@
+"""Kernels: what a scheduled tensor program launches.
+
+A kernel body is loop-level IR with two thread loops at the top: `For(g, groups, thread="group")`
+(the linear work-group index; runtimes launch a 2-D grid when it exceeds a dimension's limit) and
+`For(t, threads, thread="local")`. Inside: serial loops, guards, thread-local arrays and stores,
+with block iterators already replaced by their values, so renderers see plain C-like code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import sym
+from .tir import Alloc, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram, V, loads, walk
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    name: str
+    buffers: tuple[Buffer, ...]  # global buffers, in argument order
+    scalars: tuple[sym.SymVar, ...]  # int32 arguments after the buffers
+    body: Stmt
+    groups: sym.Expr  # number of work-groups (symbolic)
+    threads: int  # threads per work-group
+    written: frozenset = frozenset()  # buffers the kernel stores to (the rest are read-only)
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """The kernels of one program, in launch order, and the global intermediates they share."""
+
+    kernels: tuple[Kernel, ...]
+    workspace: tuple[Buffer, ...] = ()
+    rule: str = ""
+
+
+def scheduled(prog: TensorProgram) -> Schedule | None:
+    return prog.attrs.get("schedule")
+
+
+def blocks_of(stmt: Stmt) -> list[Block]:
+    return [s for s in walk(stmt) if isinstance(s, Block)]
+
+
+def allocs_of(stmt: Stmt) -> list[Buffer]:
+    return [s.buffer for s in walk(stmt) if isinstance(s, Alloc)]
+
+
+def strip_allocs(stmt: Stmt) -> list[Stmt]:
+    """The program's statements with Alloc wrappers removed (in order)."""
+    if isinstance(stmt, Alloc):
+        return strip_allocs(stmt.body)
+    if isinstance(stmt, Seq):
+        return [x for s in stmt.stmts for x in strip_allocs(s)]
+    return [stmt]
+
+
+def free_syms(stmt: Stmt) -> list[sym.SymVar]:
+    """Symbolic variables a kernel body uses but does not bind with its own loops (its int args)."""
+    bound: set[sym.SymVar] = set()
+    used: list[sym.SymVar] = []
+
+    def add(e):
+        if isinstance(e, V):
+            for x in _value_syms(e):
+                add(x)
+            return
+        for v in sorted(sym.as_expr(e).free_vars(), key=lambda v: v.name):
+            if v not in bound and v not in used:
+                used.append(v)
+
+    def visit(st):
+        if isinstance(st, For):
+            add(st.extent)
+            bound.add(st.var)
+            visit(st.body)
+        elif isinstance(st, Seq):
+            for s in st.stmts:
+                visit(s)
+        elif isinstance(st, Alloc):
+            for d in st.buffer.shape:
+                add(d)
+            visit(st.body)
+        elif isinstance(st, IfThenElse):
+            add(st.cond)
+            visit(st.then_body)
+            if st.else_body is not None:
+                visit(st.else_body)
+        elif isinstance(st, Store):
+            for d in st.buffer.shape:
+                add(d)
+            for i in st.indices:
+                add(i)
+            add(st.value)
+    visit(stmt)
+    return used
+
+
+def _value_syms(v: V):
+    if v.op == "index":
+        yield v.arg
+    if v.op == "load":
+        buf, idx = v.arg
+        yield from buf.shape
+        for i in idx:
+            yield i
+    for s in v.src:
+        yield from _value_syms(s)
+
+
+def global_buffers(stmt: Stmt, order: list[Buffer]) -> tuple[tuple[Buffer, ...], frozenset]:
+    """Global buffers a kernel body touches, in the program's parameter order, and those it writes."""
+    used, written = set(), set()
+    for s in walk(stmt):
+        if isinstance(s, Store):
+            if s.buffer.scope == "global":
+                used.add(s.buffer)
+                written.add(s.buffer)
+            for ld in loads(s.value):
+                used.add(ld.arg[0])
+            for i in s.indices:
+                if isinstance(i, V):
+                    used |= {ld.arg[0] for ld in loads(i)}
+        elif isinstance(s, IfThenElse):
+            used |= {ld.arg[0] for ld in loads(s.cond)}
+    bufs = tuple(b for b in order if b in used and b.scope == "global")
+    return bufs, frozenset(written)

@@ -1,0 +1,32 @@
+"""schedule: turn every tensor program into kernels for a target, by an ordered list of rules.
+
+Each rule looks at a (fused) program and returns a Schedule or None; the first that applies wins
+(TVM dlight's `_apply_rules`). The fallback always applies.
+"""
+from __future__ import annotations
+
+from ..ir.kernel import Kernel, Schedule, scheduled
+from ..ir.module import IRModule
+from ..ir.tir import TensorProgram
+from . import attention, fallback, row
+
+RULES = (attention.rule, row.rule, fallback.rule)
+
+
+def schedule_program(prog: TensorProgram, target, rules=RULES) -> TensorProgram:
+    for r in rules:
+        s = r(prog, target)
+        if s is not None:
+            return TensorProgram(prog.name, prog.params, prog.body, prog.sym_params, prog.num_outputs,
+                                 {**prog.attrs, "schedule": s})
+    raise ValueError(f"no schedule rule applies to {prog.name}")
+
+
+def schedule(mod: IRModule, target) -> IRModule:
+    out = mod.with_functions(mod.functions)
+    for name, prog in mod.programs().items():
+        out.functions[name] = schedule_program(prog, target)
+    return out
+
+
+__all__ = ["RULES", "Kernel", "Schedule", "schedule", "schedule_program", "scheduled"]

@@ -1,0 +1,31 @@
+"""CUDA C (compiled with NVRTC/nvcc): the C-style base with CUDA's spellings."""
+from __future__ import annotations
+
+from .cstyle import CStyleRenderer
+
+
+class CUDARenderer(CStyleRenderer):
+    types = {**CStyleRenderer.types, "float16": "half", "uint32": "unsigned int", "uint8": "unsigned char",
+             "int8": "signed char", "int64": "long long"}
+    unary = {**CStyleRenderer.unary, "rsqrt": "rsqrtf", "abs": "fabsf", "exp": "expf", "log": "logf",
+             "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf", "cos": "cosf", "erf": "erff"}
+    float_max, float_min = "fmaxf", "fminf"
+    kernel_prefix = 'extern "C" __global__ void'
+    group_id = "(int)(blockIdx.y * gridDim.x + blockIdx.x)"
+    local_id = "(int)threadIdx.x"
+    preamble = "#include <cuda_fp16.h>\n#include <math_constants.h>\n#define INFINITY CUDART_INF_F\n\n"
+
+    def buffer_param(self, buf, written: bool) -> str:
+        const = "" if written else "const "
+        return f"{const}{self.ctype(buf.dtype)}* __restrict__ {self.name(buf, buf.name)}"
+
+    def sigmoid(self, x: str) -> str:
+        return f"(1.0f / (1.0f + expf(-({x}))))"
+
+    def kernel(self, k) -> str:
+        text = super().kernel(k)
+        return text.replace(" {\n", f" {{\n  // launch: {k.threads} threads per block\n", 1)
+
+
+def render(kernels, target=None) -> str:
+    return CUDARenderer().module(kernels)
