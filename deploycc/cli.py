@@ -1,12 +1,13 @@
 """The command line: parse, call an importable function, render. Errors are one line, no traceback."""
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
 from .errors import DeployError
-from .session import STAGES
+from .pipeline import STAGES as PIPELINE_STAGES
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,17 +18,51 @@ def cli():
 
 @cli.command()
 @click.argument("model")
-@click.option("--stage", type=click.Choice(STAGES), default="exported", show_default=True,
+@click.option("--stage", type=click.Choice(PIPELINE_STAGES), default="exported", show_default=True,
               help="Pipeline stage whose IR to print.")
+@click.option("--device", "device", default=None, help="Device preset name or YAML path (needed for scheduled/kernels).")
+@click.option("--kernels", is_flag=True, help="List every kernel and the kernel launches per decode step.")
+@click.option("--json", "as_json", is_flag=True, help="With --kernels: print one JSON object.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
 @click.option("--context-window", type=int, default=None, help="Upper bound of total_len (default: from the config).")
-def inspect(model, stage, revision, context_window):
-    """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage."""
+def inspect(model, stage, device, kernels, as_json, revision, context_window):
+    """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
+    or its kernel list with --kernels."""
+    from . import pipeline, presets
     from .hub import load_model
-    from .session import export, lower
+    from .session import export
 
+    preset = presets.load(device) if device else None
+    target = preset.target if preset else None
+    if (kernels or stage == "scheduled") and preset is None:
+        raise DeployError("--kernels and --stage scheduled need --device PRESET (e.g. cpu-opencl)")
     loaded = load_model(model, revision)
-    click.echo(str(lower(export(loaded, context_window), stage)), nl=False)
+    exported = export(loaded, context_window or (preset.context_window if preset else None))
+    if kernels:
+        report = pipeline.kernel_report(exported, target)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+            return
+        _print_kernels(report, preset.name)
+        return
+    click.echo(str(pipeline.run(exported, target, stage)), nl=False)
+
+
+def _print_kernels(report: dict, device: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kernels for {device}")
+    for col in ("kernel", "pattern", "rule", "launches / decode step"):
+        table.add_column(col)
+    for k in report["kernels"]:
+        table.add_row(k["name"], k["pattern"], k["rule"], str(k["launches_per_decode"]))
+    console = Console()
+    console.print(table)
+    layers = report.get("layers") or 1
+    console.print(f"decode kernel launches per step: {report['decode_launches']} fused, "
+                  f"{report['decode_launches_unfused']} unfused ({layers} layers: "
+                  f"{report['decode_launches'] / layers:.1f} vs {report['decode_launches_unfused'] / layers:.1f} per layer)")
 
 
 @cli.command()
@@ -46,7 +81,6 @@ def run(model, prompt, max_tokens, temperature, top_p, top_k, seed, no_chat, con
 
     Compiled packages (kernels on OpenCL, WebGPU, CUDA) come with the runtime; until then this runs
     the reference, which is exact but slow."""
-    import json
     import time
 
     from .hub import load_model

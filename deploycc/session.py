@@ -16,7 +16,7 @@ from .interp import Interpreter
 from .ir.module import IRModule
 from .op.attention import ContextOverflow, RefKVCache
 
-STAGES = ("exported", "legalized")
+STAGES = ("exported", "legalized", "fused")  # stages the reference interpreter runs
 
 
 def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
@@ -28,16 +28,14 @@ def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
         "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec()},
     }
     mod, _ = model.build().export(spec, bounds={"total_len": ctx, "seq_len": ctx})
-    mod.attrs.update(context_window=ctx, model=model.architecture)
+    mod.attrs.update(context_window=ctx, model=model.architecture, num_layers=cfg.num_hidden_layers)
     return mod
 
 
-def lower(mod: IRModule, stage: str) -> IRModule:
-    from .transform import legalize
+def lower(mod: IRModule, stage: str, target=None) -> IRModule:
+    from . import pipeline
 
-    if stage not in STAGES:
-        raise DeployError(f"unknown stage {stage!r}; choose one of {', '.join(STAGES)}")
-    return mod if stage == "exported" else legalize(mod)
+    return pipeline.run(mod, target, stage)
 
 
 class ReferenceSession:

@@ -54,7 +54,8 @@ def _replace_calls(fn: Function, mod: IRModule, merged: dict[str, str]) -> Funct
 def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
     tensor_params = [p for p in fn.params if isinstance(p.ann, A.TensorAnn)]
     shape_param = next((p for p in fn.params if isinstance(p.ann, A.ShapeAnn)), None)
-    bufs = {p: Buffer(p.name, p.ann.shape, p.ann.dtype) for p in tensor_params}
+    # Positional names, so that the same group in every layer prints alike and is shared.
+    bufs = {p: Buffer(f"a{i}", p.ann.shape, p.ann.dtype) for i, p in enumerate(tensor_params)}
     result = fn.body.result
     out_buf = Buffer("out", result.ann.shape, result.ann.dtype)
     stmts: list[Stmt] = []
@@ -67,7 +68,7 @@ def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
         if b.var is result:
             dst = out_buf
         else:
-            dst = Buffer(b.var.name, b.var.ann.shape, b.var.ann.dtype)
+            dst = Buffer(f"t{len(intermediates)}", b.var.ann.shape, b.var.ann.dtype)
             intermediates.append(dst)
         bufs[b.var] = dst
         if prog.num_outputs != 1:
@@ -89,7 +90,7 @@ def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
     sym_params = tuple(v.as_var for v in shape_param.ann.values) if shape_param is not None else ()
     params = tuple(bufs[p] for p in tensor_params) + (out_buf,)
     name = fn.name.removeprefix("fused_")
-    prog = TensorProgram("fused_" + name, params, body, sym_params, 1, {"fused_from": fn.name})
+    prog = TensorProgram("fused_" + name, params, body, sym_params, 1, {})
     return TensorProgram(prog.name, prog.params, prog.body, prog.sym_params, 1,
                          {**prog.attrs, "pattern": analyze(prog).name})
 

@@ -1,0 +1,1 @@
+"""Device presets (YAML), installed as package data of deploycc.configs."""

@@ -1,0 +1,103 @@
+"""Device presets: YAML files in configs/ (or a path), validated against a schema.
+
+A preset names the target kind and its parameters (deploycc.targets.base.Target), the runtime
+backend, the default quantization, the context window and the prefill chunk. Unknown keys are
+errors that name the key and the nearest valid one.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from .errors import DeployError
+from .targets.base import Target
+
+TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk"}
+RUNTIME_KEYS = {"backend"}
+BACKENDS = ("opencl", "webgpu", "cuda", "host")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    target: Target
+    backend: str
+    quantization: str
+    context_window: int
+    prefill_chunk: int
+    source: str = ""
+
+
+def names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("deploycc.configs").iterdir() if p.name.endswith(".yaml"))
+
+
+def _unknown(key: str, valid, where: str) -> DeployError:
+    near = difflib.get_close_matches(key, sorted(valid), n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys: {', '.join(sorted(valid))}"
+    return DeployError(f"{where}: unknown key '{key}'{hint}")
+
+
+def load(name_or_path: str) -> Preset:
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.exists():
+        if not path.exists():
+            raise DeployError(f"preset file {name_or_path} does not exist")
+        text, where = path.read_text(), str(path)
+    else:
+        f = resources.files("deploycc.configs") / f"{name_or_path}.yaml"
+        if not f.is_file():
+            near = difflib.get_close_matches(name_or_path, names(), n=1)
+            hint = f"did you mean '{near[0]}'? " if near else ""
+            raise DeployError(f"unknown device preset '{name_or_path}'; {hint}available: {', '.join(names())}")
+        text, where = f.read_text(), f"preset {name_or_path}"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise DeployError(f"{where} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise DeployError(f"{where} must be a YAML mapping of preset keys")
+    return from_dict(data, where)
+
+
+def from_dict(data: dict, where: str = "preset") -> Preset:
+    for k in data:
+        if k not in TOP_KEYS:
+            raise _unknown(k, TOP_KEYS, where)
+    for k in ("name", "target"):
+        if k not in data:
+            raise DeployError(f"{where}: missing required key '{k}'")
+    tdata = data["target"]
+    if not isinstance(tdata, dict):
+        raise DeployError(f"{where}: 'target' must be a mapping")
+    from dataclasses import fields
+
+    tkeys = {f.name for f in fields(Target)}
+    for k in tdata:
+        if k not in tkeys:
+            raise _unknown(k, tkeys, f"{where}: target")
+    try:
+        target = Target(**tdata)
+    except (TypeError, ValueError) as e:
+        raise DeployError(f"{where}: target: {e}") from None
+    runtime = data.get("runtime") or {}
+    for k in runtime:
+        if k not in RUNTIME_KEYS:
+            raise _unknown(k, RUNTIME_KEYS, f"{where}: runtime")
+    backend = runtime.get("backend", target.kind)
+    if backend not in BACKENDS:
+        raise DeployError(f"{where}: runtime backend '{backend}' is not one of {', '.join(BACKENDS)}")
+    for k in ("context_window", "prefill_chunk"):
+        v = data.get(k, 0)
+        if not isinstance(v, int) or v < 0:
+            raise DeployError(f"{where}: '{k}' must be a non-negative integer, got {v!r}")
+    return Preset(str(data["name"]), str(data.get("description", "")), target, backend,
+                  str(data.get("quantization", "q0f32")), int(data.get("context_window", 4096)),
+                  int(data.get("prefill_chunk", 512)), where)

@@ -1,0 +1,105 @@
+"""WGSL for WebGPU: the C-style renderer with WGSL's spellings.
+
+ABI: buffer i is `@group(0) @binding(i) var<storage, read|read_write>`; the kernel's int arguments
+are the fields of a uniform struct at binding N (N = number of buffers). Indices are i32. f16 is
+used only when the device has the `shader-f16` feature (`enable f16;`); the fp32 path never needs it.
+"""
+from __future__ import annotations
+
+import math
+
+from deploycc.ir.printer import Namer
+from deploycc.ir.tir import Buffer, V
+
+from .cstyle import CStyleRenderer
+
+
+class WGSLRenderer(CStyleRenderer):
+    types = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
+    unary = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "inverseSqrt", "tanh": "tanh", "sin": "sin",
+             "cos": "cos", "abs": "abs"}
+    float_max = float_min = int_max = int_min = ""
+    indent = "  "
+
+    def __init__(self, threads: int = 256):
+        super().__init__()
+        self.threads = threads
+
+    def literal(self, v: V) -> str:
+        x = v.arg
+        if v.dtype == "bool":
+            return "true" if x else "false"
+        if v.dtype.startswith("int"):
+            return f"{int(x)}i"
+        if v.dtype.startswith("uint"):
+            return f"{int(x)}u"
+        x = float(x)
+        if math.isinf(x):
+            return "bitcast<f32>(0x7f800000u)" if x > 0 else "bitcast<f32>(0xff800000u)"
+        return f"{x!r}" if v.dtype == "float32" else f"{x!r}h"
+
+    def cast(self, dtype: str, inner: str) -> str:
+        return f"{self.ctype(dtype)}({inner})"
+
+    def select(self, c: str, a: str, b: str) -> str:
+        return f"select({b}, {a}, {c})"
+
+    def sigmoid(self, x: str) -> str:
+        return f"(1.0 / (1.0 + exp(-({x}))))"
+
+    def value(self, v: V) -> str:
+        if v.op in ("max", "min"):
+            return f"{v.op}({self.value(v.src[0])}, {self.value(v.src[1])})"
+        if v.op == "erf":
+            raise NotImplementedError("WGSL has no erf; use gelu_tanh")
+        return super().value(v)
+
+    def local_decl(self, buf: Buffer) -> str:
+        size = 1
+        for d in buf.shape:
+            size *= d.value
+        return f"var {self.name(buf, buf.name)}: array<{self.ctype(buf.dtype)}, {size}>;"
+
+    def for_loop(self, var: str, extent: str) -> str:
+        return f"for (var {var}: i32 = 0; {var} < {extent}; {var}++) {{"
+
+    def thread_var(self, st) -> str:
+        expr = "i32(wid.y * nwg.x + wid.x)" if st.thread == "group" else "i32(lid.x)"
+        return f"let {self.sv(st.var)} = {expr};"
+
+    def store(self, st) -> str:
+        return f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = {self.value(st.value)};"
+
+    def flat_index(self, buf, indices) -> str:
+        # Data-dependent indices are loaded values: make sure they are i32.
+        return super().flat_index(buf, tuple(i if not isinstance(i, V) or i.dtype == "int32" else
+                                             V("cast", "int32", (i,)) for i in indices))
+
+    def kernel(self, k) -> str:
+        self.names = Namer()
+        entry = self.name(k, k.name)  # first, so the entry point keeps the kernel's name
+        decls = []
+        for i, b in enumerate(k.buffers):
+            access = "read_write" if b in k.written else "read"
+            decls.append(f"@group(0) @binding({i}) var<storage, {access}> {self.name(b, b.name)}: "
+                         f"array<{self.ctype(b.dtype)}>;")
+        for v in k.scalars:
+            self.sv(v)
+        if k.scalars:
+            fields = "".join(f"  {self.sv(v)}: i32,\n" for v in k.scalars)
+            decls.append(f"struct Params {{\n{fields}}}")
+            decls.append(f"@group(0) @binding({len(k.buffers)}) var<uniform> params: Params;")
+        unpack = [f"  let {self.sv(v)} = params.{self.sv(v)};" for v in k.scalars]
+        head = (f"@compute @workgroup_size({k.threads})\n"
+                f"fn {entry}(@builtin(workgroup_id) wid: vec3<u32>, "
+                f"@builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{")
+        body = self.stmt(k.body, 1)
+        return "\n".join(decls + [head] + unpack + body + ["}"]) + "\n"
+
+    def module(self, kernels) -> str:
+        needs_f16 = any(b.dtype == "float16" for k in kernels for b in k.buffers)
+        return ("enable f16;\n" if needs_f16 else "") + "\n".join(self.kernel(k) for k in kernels)
+
+
+def render(kernels, target=None) -> str:
+    return WGSLRenderer().module(kernels)
