@@ -73,7 +73,7 @@ def kernel_report(exported: IRModule, target) -> dict:
     fused = run(exported, target, "scheduled")
     unfused = run(exported, target, "scheduled", fuse=False)
     per_program: dict[str, int] = {}
-    for prog, n in launches(fused):
+    for prog, _n in launches(fused):
         per_program[prog] = per_program.get(prog, 0) + 1
     kernels = []
     for name, prog in fused.programs().items():

@@ -101,8 +101,7 @@ def _value_syms(v: V):
     if v.op == "load":
         buf, idx = v.arg
         yield from buf.shape
-        for i in idx:
-            yield i
+        yield from idx
     for s in v.src:
         yield from _value_syms(s)
 

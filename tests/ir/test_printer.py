@@ -46,21 +46,25 @@ def main(x: Tensor((n, 4), "float32")) -> Tensor((n,), "float32"):
     return tail
 
 @tensor_program
+@attrs(op="silu")
 def silu(X: Buffer((n, 4), "float32"), Y: Buffer((n, 4), "float32")):
     block silu(i0: S[n], i1: S[4]):
         Y[i0, i1] = (X[i0, i1] * sigmoid(X[i0, i1]))
 
 @tensor_program
+@attrs(op="reshape")
 def reshape(x: Buffer((n, 4), "float32"), y: Buffer((d1,), "float32")):
     block reshape(i0: S[d1]):
         y[i0] = x[(i0 // 4) % n, i0 % 4]
 
 @tensor_program
+@attrs(op="exp")
 def exp(X: Buffer((m,), "float32"), Y: Buffer((m,), "float32")):
     block exp(i0: S[m]):
         Y[i0] = exp(X[i0])
 
 @tensor_program
+@attrs(op="strided_slice")
 def strided_slice(x: Buffer((m,), "float32"), y: Buffer((n,), "float32"), d2: int):
     block strided_slice(i0: S[n]):
         y[i0] = x[i0 + d2]
