@@ -7,14 +7,29 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo model lint clean
+# Debian packages for the device backends: PoCL 3.1 (faster than pip's PoCL 3.0) and the Vulkan lavapipe
+# adapter for WebGPU (without it wgpu finds only the OpenGL adapter: no shader-f16, no subgroups).
+SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1
 
-$(STAMP): pyproject.toml
+.PHONY: install system-deps test test-fast demo model lint clean
+
+# order-only: checked on every install (dpkg -s is cheap) without forcing the pip step to rerun
+$(STAMP): pyproject.toml | system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,opencl,webgpu]"
 	touch $(STAMP)
+
+system-deps:
+	@command -v apt-get >/dev/null 2>&1 || exit 0; \
+	missing=""; for p in $(SYSTEM_DEPS); do dpkg -s $$p 2>/dev/null | grep -q "^Status: install ok installed" || missing="$$missing $$p"; done; \
+	[ -n "$$missing" ] || exit 0; \
+	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	echo "apt-get install$$missing"; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends $$missing \
+	|| echo "warning: could not install$$missing; OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter"
 
 install: $(STAMP)
 

@@ -1,0 +1,201 @@
+"""OpenCL backend (pyopencl), aimed at PoCL on CPUs and at any OpenCL 1.2 GPU.
+
+Kernels are OpenCL C 1.2: `__kernel void NAME(__global T* b0, ..., int s0, ...)`. A launch runs
+grid[i] * block[i] work-items per dimension in work-groups of `block`. One in-order queue per device,
+so a download sees every earlier launch without extra events.
+
+Platform choice: a GPU platform first, then PoCL >= 3.1 (Debian's, LLVM 15, faster half loads) before
+older PoCL (pip's pocl-binary-distribution 3.0), then the newest version string.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import warnings
+
+import numpy as np
+
+from .base import Buffer, Device, DeviceError, Kernel, first_lines
+
+INSTALL_HINT = ("pip install 'pyopencl[pocl]' (the deploycc[opencl] extra); for PoCL 3.1 also "
+                "apt-get install pocl-opencl-icd ocl-icd-libopencl1")
+
+_CONTEXTS: dict[tuple[int, int], object] = {}  # (platform ptr, device ptr) -> cl.Context, shared per process
+_PROGRAMS: dict[tuple[int, str, tuple[str, ...]], object] = {}  # (context ptr, source sha256, options) -> built Program
+_POCL = re.compile(r"PoCL\s+(\d+)\.(\d+)", re.I)
+
+
+def _cl():
+    try:
+        import pyopencl as cl
+    except ImportError as e:
+        raise DeviceError(f"the OpenCL backend needs pyopencl ({e}): {INSTALL_HINT}") from None
+    return cl
+
+
+def _pocl_version(platform) -> tuple[int, int] | None:
+    m = _POCL.search(platform.version)
+    return (int(m[1]), int(m[2])) if m and "portable computing language" in platform.name.lower() else None
+
+
+def _rank(cl, platform, devices) -> tuple:
+    gpu = any(d.type & cl.device_type.GPU for d in devices)
+    pocl = _pocl_version(platform)
+    return (gpu, pocl is not None and pocl >= (3, 1), pocl or (0, 0))
+
+
+def _platforms(cl) -> list[tuple[object, list]]:
+    """(platform, devices) for every platform with at least one device, best first."""
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:  # no ICD loaded at all
+        return []
+    found = []
+    for p in platforms:
+        try:
+            devs = p.get_devices()
+        except cl.Error:
+            continue
+        if devs:
+            found.append((p, devs))
+    return sorted(found, key=lambda pd: _rank(cl, *pd), reverse=True)
+
+
+def enumerate_devices() -> list[dict]:
+    cl = _cl()
+    out = []
+    for i, (p, devs) in enumerate(_platforms(cl)):
+        for j, d in enumerate(devs):
+            out.append({"kind": "opencl", "name": d.name, "details": {
+                "platform": p.name, "platform_version": p.version.strip(), "device_index": j,
+                "device_version": d.version.strip(), "type": cl.device_type.to_string(d.type),
+                "default": i == 0 and j == 0, **_limits(d)}})
+    return out
+
+
+def _limits(d) -> dict:
+    return {"compute_units": d.max_compute_units, "max_work_group_size": d.max_work_group_size,
+            "local_mem_size": d.local_mem_size, "max_mem_alloc_size": d.max_mem_alloc_size,
+            "global_mem_size": d.global_mem_size, "has_fp16": "cl_khr_fp16" in d.extensions}
+
+
+class OpenCLDevice(Device):
+    kind = "opencl"
+
+    def __init__(self, platform: str | None = None, device: int = 0):
+        cl = self._cl = _cl()
+        found = _platforms(cl)
+        if not found:
+            raise DeviceError(f"no OpenCL platform with a device found: {INSTALL_HINT}")
+        if platform is not None:
+            names = [f"{p.name} ({p.version.strip()})" for p, _ in found]
+            found = [(p, d) for p, d in found if platform.lower() in f"{p.name} {p.version} {p.vendor}".lower()]
+            if not found:
+                raise DeviceError(f"no OpenCL platform matches {platform!r}; found: {'; '.join(names)}")
+        self.platform, devices = found[0]
+        if not 0 <= device < len(devices):
+            raise DeviceError(f"OpenCL platform {self.platform.name!r} has {len(devices)} device(s), no index {device}")
+        self.cl_device = devices[device]
+        key = (self.platform.int_ptr, self.cl_device.int_ptr)
+        if key not in _CONTEXTS:
+            _CONTEXTS[key] = cl.Context([self.cl_device])
+        self.context = _CONTEXTS[key]
+        self.queue = cl.CommandQueue(self.context, self.cl_device)
+        pocl = _pocl_version(self.platform)
+        self.name = f"{self.cl_device.name} ({f'PoCL {pocl[0]}.{pocl[1]}' if pocl else self.platform.name.strip()})"
+        self.limits = _limits(self.cl_device)
+        self.has_f16 = self.limits["has_fp16"]
+
+    # -- memory ----------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        nbytes = self._check_alloc(nbytes)
+        cl = self._cl
+        size = max(4, -(-nbytes // 4) * 4)
+        try:
+            h = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, size=size)
+            cl.enqueue_fill_buffer(self.queue, h, np.zeros(1, np.uint32), 0, size)
+        except cl.Error as e:
+            raise DeviceError(f"OpenCL allocation of {nbytes} bytes failed: {first_lines(e, 1)}") from None
+        return Buffer(h, nbytes, self)
+
+    def upload(self, array: np.ndarray) -> Buffer:
+        array = np.ascontiguousarray(array)
+        if array.nbytes == 0:
+            return self.alloc(0)
+        cl = self._cl
+        try:
+            h = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=array)
+        except cl.Error as e:
+            raise DeviceError(f"OpenCL upload of {array.nbytes} bytes failed: {first_lines(e, 1)}") from None
+        return Buffer(h, array.nbytes, self)
+
+    def write(self, buf: Buffer, array: np.ndarray) -> None:
+        array = self._host_bytes(buf, array)
+        if array.nbytes:
+            self._cl.enqueue_copy(self.queue, buf.handle, array, is_blocking=True)
+
+    def download(self, buf: Buffer, shape, dtype) -> np.ndarray:
+        n = self._read_size(buf, shape, dtype)
+        out = np.empty(shape, dtype)
+        if n:
+            self._cl.enqueue_copy(self.queue, out, buf.handle, is_blocking=True)
+        return out
+
+    # -- kernels ---------------------------------------------------------------------------------------
+    def build(self, source: str, names: list[str], options: dict | None = None) -> dict[str, Kernel]:
+        cl = self._cl
+        options = dict(options or {})
+        flags = ("-cl-fast-relaxed-math",) if options.pop("fast_math", False) else ()
+        if options:
+            raise DeviceError(f"unknown OpenCL build option(s): {', '.join(sorted(options))} (known: fast_math)")
+        key = (self.context.int_ptr, hashlib.sha256(source.encode()).hexdigest(), flags)
+        program = _PROGRAMS.get(key)
+        if program is None:
+            program = cl.Program(self.context, source)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", cl.CompilerWarning)
+                    program.build(options=list(flags))
+            except cl.Error as e:
+                try:
+                    log = program.get_build_info(self.cl_device, cl.program_build_info.LOG)
+                except cl.Error:
+                    log = str(e)
+                log = re.sub(r"\S*tempfile_\w+\.cl", "<source>", log)
+                raise DeviceError(f"OpenCL build failed on {self.cl_device.name}: {first_lines(log)}") from None
+            _PROGRAMS[key] = program
+        kernels = {}
+        for name in names:
+            try:
+                k = cl.Kernel(program, name)
+            except cl.Error:
+                raise DeviceError(f"OpenCL program has no kernel {name!r}") from None
+            kernels[name] = Kernel(name, k, self, {"num_args": k.num_args})
+        return kernels
+
+    def launch(self, kernel: Kernel, args: list, grid, block) -> None:
+        bufs, ints = self._split_args(kernel, args)
+        grid, block = self._dims(kernel, grid, block)
+        if len(args) != kernel.meta["num_args"]:
+            raise DeviceError(f"{kernel.name} takes {kernel.meta['num_args']} arguments, got {len(args)}")
+        if 0 in grid:
+            return
+        if block[0] * block[1] * block[2] > self.limits["max_work_group_size"]:
+            raise DeviceError(f"{kernel.name}: work-group {block} exceeds max_work_group_size "
+                              f"{self.limits['max_work_group_size']}")
+        k = kernel.handle
+        for i, b in enumerate(bufs):
+            k.set_arg(i, b.handle)
+        for j, v in enumerate(ints, len(bufs)):
+            k.set_arg(j, np.int32(v))
+        dims = 3 if grid[2] * block[2] > 1 else 2 if grid[1] * block[1] > 1 else 1
+        gsize = tuple(g * b for g, b in zip(grid, block))[:dims]
+        try:
+            self._cl.enqueue_nd_range_kernel(self.queue, k, gsize, block[:dims])
+        except self._cl.Error as e:
+            raise DeviceError(f"OpenCL launch of {kernel.name} (grid {grid}, block {block}) failed: "
+                              f"{first_lines(e, 1)}") from None
+
+    def synchronize(self) -> None:
+        self.queue.finish()
+

@@ -1,0 +1,334 @@
+"""WebGPU backend (wgpu-py), aimed at Mesa lavapipe on CPUs and at any Vulkan/Metal/D3D12 GPU.
+
+Kernel ABI in WGSL: buffer i is `@group(0) @binding(i) var<storage, read_write|read> bI: array<T>;`
+and, when the kernel has int scalars, binding N (= number of buffers) is `var<uniform> params: Params`
+with `struct Params { s0: i32, s1: i32, ... }`. `launch` dispatches `grid` workgroups; the workgroup
+size is written in the shader (`block` is checked against it when it is a literal).
+
+The bind-group layout is read from the shader's declarations, because wgpu rejects a read_write
+layout entry for a `read` binding and an "auto" layout drops bindings an entry point does not use.
+
+Launches are batched: consecutive launches are encoded into one compute pass (wgpu inserts the
+barriers between dispatches) and submitted on synchronize/download/write. Submitting per dispatch
+costs 150-550 us on lavapipe against 25-40 us batched (FACTS.md). A uniform buffer is immutable
+once made (one per distinct Params value), so batched launches with different scalars stay correct.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections import OrderedDict
+
+import numpy as np
+
+from .base import Buffer, Device, DeviceError, Kernel
+
+INSTALL_HINT = ("pip install wgpu (the deploycc[webgpu] extra); for a Vulkan adapter also "
+                "apt-get install mesa-vulkan-drivers libvulkan1")
+FEATURES = ("shader-f16", "subgroup")  # requested when the adapter has them
+_TYPE_RANK = {"DiscreteGPU": 3, "IntegratedGPU": 2, "CPU": 1}
+_BACKEND_RANK = {"Vulkan": 4, "Metal": 4, "D3D12": 3, "OpenGL": 1}
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_DECL = re.compile(r"((?:@\s*\w+\s*\(\s*\d+\s*\)\s*)+)var\s*<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>")
+_ATTR = re.compile(r"@\s*(group|binding)\s*\(\s*(\d+)\s*\)")
+_ENTRY = re.compile(r"@\s*workgroup_size\s*\(([^)]*)\)\s*(?:@\s*\w+\s*)*fn\s+(\w+)")
+_CACHE_SIZE = 1024
+
+
+def _ensure_runtime_dir() -> None:
+    """Mesa prints `XDG_RUNTIME_DIR is invalid` on every adapter query without one."""
+    d = os.environ.get("XDG_RUNTIME_DIR")
+    if not d or not os.path.isdir(d):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="deploycc-xdg-")
+
+
+def _wgpu():
+    _ensure_runtime_dir()
+    try:
+        import wgpu
+    except ImportError as e:
+        raise DeviceError(f"the WebGPU backend needs wgpu ({e}): {INSTALL_HINT}") from None
+    return wgpu
+
+
+def _info(adapter) -> dict:
+    info = getattr(adapter, "info", None)
+    if info is None:  # wgpu < 0.20
+        info = adapter.request_adapter_info()
+    return dict(info)
+
+
+def _adapters(wgpu) -> list:
+    """Every adapter, best first: GPUs before CPUs, Vulkan/Metal before D3D12 before OpenGL."""
+    enum = getattr(wgpu.gpu, "enumerate_adapters_sync", None) or wgpu.gpu.enumerate_adapters
+    adapters = list(enum())
+
+    def rank(a):
+        i = _info(a)
+        return (_TYPE_RANK.get(str(i.get("adapter_type")), 0), _BACKEND_RANK.get(str(i.get("backend_type")), 2))
+    return sorted(adapters, key=rank, reverse=True)
+
+
+def _norm_limits(limits) -> dict[str, int]:
+    return {k.replace("-", "_"): v for k, v in dict(limits).items()}
+
+
+def enumerate_devices() -> list[dict]:
+    wgpu = _wgpu()
+    out = []
+    for i, a in enumerate(_adapters(wgpu)):
+        info, lim = _info(a), _norm_limits(a.limits)
+        out.append({"kind": "webgpu", "name": info.get("device") or a.summary, "details": {
+            "backend": info.get("backend_type"), "adapter_type": info.get("adapter_type"),
+            "description": info.get("description"), "has_f16": "shader-f16" in a.features,
+            "has_subgroups": "subgroup" in a.features or "subgroups" in a.features, "default": i == 0,
+            **{k: lim.get(k) for k in ("max_storage_buffer_binding_size", "max_buffer_size",
+                                       "max_compute_invocations_per_workgroup", "max_compute_workgroup_storage_size")}}})
+    return out
+
+
+def parse_bindings(source: str) -> list[tuple[int, str]]:
+    """[(binding, layout buffer type)] of the group-0 declarations of a WGSL source, sorted by binding."""
+    found = {}
+    for attrs, space, access in _DECL.findall(_COMMENTS.sub("", source)):
+        a = {k: int(v) for k, v in _ATTR.findall(attrs)}
+        if "binding" not in a:
+            continue
+        if a.get("group", 0) != 0:
+            raise DeviceError(f"WGSL binding {a['binding']} is in group {a['group']}; the ABI uses group 0 only")
+        if space == "uniform":
+            found[a["binding"]] = "uniform"
+        elif space == "storage":
+            found[a["binding"]] = "storage" if access == "read_write" else "read-only-storage"
+        else:
+            raise DeviceError(f"WGSL binding {a['binding']} has address space {space!r}; expected storage or uniform")
+    return sorted(found.items())
+
+
+def _workgroup_sizes(source: str) -> dict[str, tuple[int, int, int]]:
+    sizes = {}
+    for dims, name in _ENTRY.findall(_COMMENTS.sub("", source)):
+        parts = [p.strip().rstrip("u").rstrip("i") for p in dims.split(",") if p.strip()]
+        if parts and all(p.isdigit() for p in parts):
+            sizes[name] = tuple(int(p) for p in parts) + (1,) * (3 - len(parts))
+    return sizes
+
+
+def _params_bytes(ints: list[int]) -> bytes:
+    """Params as little-endian int32, padded to a multiple of 16 bytes (the uniform buffer size rule)."""
+    data = np.asarray(ints, "<i4").tobytes()
+    return data + bytes(-len(data) % 16 if data else 16)
+
+
+def _error_text(e: Exception) -> str:
+    """wgpu's multi-line error as one line: from the first line naming an error, else the innermost cause."""
+    lines = [ln.strip(" │┌─^") for ln in str(e).splitlines()]
+    lines = [ln for ln in lines if ln and ln.lower() not in ("validation error", "caused by:")
+             and not re.fullmatch(r"In wgpu\w+", ln)]
+    first = next((i for i, ln in enumerate(lines) if "error" in ln.lower()), 0)
+    return " | ".join(lines[first:first + 3]) or type(e).__name__
+
+
+class WebGPUDevice(Device):
+    kind = "webgpu"
+
+    def __init__(self, adapter: str | None = None, backend: str | None = None):
+        wgpu = self._wgpu = _wgpu()
+        adapters = _adapters(wgpu)
+        summary = [a.summary for a in adapters]
+        if backend is not None:
+            adapters = [a for a in adapters if str(_info(a).get("backend_type", "")).lower() == backend.lower()]
+        if adapter is not None:
+            adapters = [a for a in adapters if adapter.lower() in a.summary.lower()]
+        if not adapters:
+            why = f"matching adapter={adapter!r} backend={backend!r}; found: {'; '.join(summary)}" if summary else INSTALL_HINT
+            raise DeviceError(f"no WebGPU adapter {why}")
+        self.adapter = adapters[0]
+        info = _info(self.adapter)
+        self.name = f"{info.get('device') or self.adapter.summary} ({info.get('backend_type')})"
+        features = [f for f in FEATURES if f in self.adapter.features]
+        self.device = self._request(features)
+        self.has_f16 = "shader-f16" in self.device.features
+        self.has_subgroups = "subgroup" in self.device.features
+        self.limits = _norm_limits(self.device.limits)
+        self.queue = self.device.queue
+        self._storage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        self._sync_buf = self.device.create_buffer(size=4, usage=self._storage)
+        self._modules: dict[str, tuple] = {}  # source sha256 -> (shader module, bind-group layout, pipeline layout, bindings)
+        self._uniforms: OrderedDict[bytes, object] = OrderedDict()
+        self._groups: OrderedDict[tuple, tuple] = OrderedDict()
+        self._encoder = self._pass = None
+        self.pending = 0  # launches encoded and not yet submitted
+
+    def _request(self, features):
+        a = self.adapter
+        wanted = dict(a.limits)
+        compute = {k: v for k, v in wanted.items() if "buffer" in k or "compute" in k or "storage" in k}
+        request = getattr(a, "request_device_sync", None) or a.request_device
+        err = None
+        for limits in (wanted, compute, None):  # the adapter's own limits; else the compute ones; else defaults
+            try:
+                return request(required_features=features, required_limits=limits)
+            except Exception as e:  # noqa: BLE001 - wgpu raises several error types for refused limits
+                err = e
+        raise DeviceError(f"WebGPU device request failed on {self.name}: {_error_text(err)}")
+
+    # -- memory ----------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        nbytes = self._check_alloc(nbytes)
+        if nbytes > self.limits.get("max_buffer_size", nbytes):
+            raise DeviceError(f"WebGPU buffer of {nbytes} bytes exceeds max_buffer_size {self.limits['max_buffer_size']}")
+        try:  # WebGPU zero-fills new buffers
+            h = self.device.create_buffer(size=max(4, -(-nbytes // 4) * 4), usage=self._storage)
+        except self._wgpu.GPUError as e:
+            raise DeviceError(f"WebGPU allocation of {nbytes} bytes failed: {_error_text(e)}") from None
+        return Buffer(h, nbytes, self)
+
+    def upload(self, array: np.ndarray) -> Buffer:
+        data = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        if data.nbytes == 0:
+            return self.alloc(0)
+        if data.nbytes > self.limits.get("max_buffer_size", data.nbytes):
+            raise DeviceError(f"WebGPU buffer of {data.nbytes} bytes exceeds max_buffer_size {self.limits['max_buffer_size']}")
+        padded = np.concatenate([data, np.zeros(-data.nbytes % 4, np.uint8)]) if data.nbytes % 4 else data
+        try:
+            h = self.device.create_buffer_with_data(data=padded, usage=self._storage)
+        except self._wgpu.GPUError as e:
+            raise DeviceError(f"WebGPU upload of {data.nbytes} bytes failed: {_error_text(e)}") from None
+        return Buffer(h, data.nbytes, self)
+
+    def write(self, buf: Buffer, array: np.ndarray) -> None:
+        """Writes are rounded up to 4 bytes (zeros), inside the buffer's own padding when it is full-size."""
+        data = self._host_bytes(buf, array).view(np.uint8).reshape(-1)
+        if data.nbytes == 0:
+            return
+        if data.nbytes % 4:
+            data = np.concatenate([data, np.zeros(-data.nbytes % 4, np.uint8)])
+        self.flush()  # queue.write_buffer runs before any later submit: pending launches must go first
+        self.queue.write_buffer(buf.handle, 0, data)
+
+    def download(self, buf: Buffer, shape, dtype) -> np.ndarray:
+        n = self._read_size(buf, shape, dtype)
+        if n == 0:
+            return np.empty(shape, dtype)
+        self.flush()
+        try:
+            mem = self.queue.read_buffer(buf.handle, 0, -(-n // 4) * 4)
+        except self._wgpu.GPUError as e:
+            raise DeviceError(f"WebGPU download failed: {_error_text(e)}") from None
+        return np.frombuffer(mem, np.uint8, n).view(dtype).reshape(shape).copy()
+
+    # -- kernels ---------------------------------------------------------------------------------------
+    def build(self, source: str, names: list[str], options: dict | None = None) -> dict[str, Kernel]:
+        options = dict(options or {})
+        options.pop("fast_math", None)  # WGSL has no fast-math switch
+        if options:
+            raise DeviceError(f"unknown WebGPU build option(s): {', '.join(sorted(options))} (known: fast_math)")
+        if re.search(r"\benable\s+f16\s*;", source) and not self.has_f16:
+            raise DeviceError(f"WGSL uses `enable f16;` but adapter {self.name} lacks shader-f16")
+        key = hashlib.sha256(source.encode()).hexdigest()
+        if key not in self._modules:
+            self._modules[key] = self._compile(source)
+        module, bgl, layout, bindings = self._modules[key]
+        sizes = _workgroup_sizes(source)
+        storage = [b for b, t in bindings if t != "uniform"]
+        uniform = [b for b, t in bindings if t == "uniform"]
+        if storage != list(range(len(storage))) or uniform not in ([], [len(storage)]):
+            raise DeviceError(f"WGSL bindings {bindings} do not follow the ABI: storage buffers 0..N-1, then "
+                              "one uniform Params at N")
+        kernels = {}
+        for name in names:
+            try:
+                pipeline = self.device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": name})
+            except self._wgpu.GPUError as e:
+                raise DeviceError(f"WGSL entry point {name!r} failed: {_error_text(e)}") from None
+            kernels[name] = Kernel(name, pipeline, self, {
+                "layout": bgl, "n_buffers": len(storage), "types": [t for _, t in bindings],
+                "has_params": bool(uniform), "workgroup_size": sizes.get(name)})
+        return kernels
+
+    def _compile(self, source: str) -> tuple:
+        wgpu = self._wgpu
+        bindings = parse_bindings(source)
+        try:
+            module = self.device.create_shader_module(code=source)
+        except wgpu.GPUError as e:
+            raise DeviceError(f"WGSL build failed on {self.name}: {_error_text(e)}") from None
+        entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": t}} for b, t in bindings]
+        bgl = self.device.create_bind_group_layout(entries=entries)
+        return module, bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]), bindings
+
+    def _bind_group(self, kernel: Kernel, bufs: list[Buffer], ints: list[int]):
+        handles = tuple(b.handle for b in bufs)
+        params = _params_bytes(ints) if kernel.meta["has_params"] else b""
+        key = (id(kernel.meta["layout"]), tuple(map(id, handles)), params)
+        hit = self._groups.get(key)
+        if hit is not None:
+            self._groups.move_to_end(key)
+            return hit[0]
+        types: dict[int, set[str]] = {}
+        for h, t in zip(handles, kernel.meta["types"]):
+            types.setdefault(id(h), set()).add(t)
+        if any(len(ts) > 1 for ts in types.values()):  # wgpu would fail the whole batch at submit
+            raise DeviceError(f"{kernel.name}: one buffer is bound both `read` and `read_write`; WebGPU forbids "
+                              "that within a dispatch (declare both bindings read_write)")
+        entries = [{"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}} for i, h in enumerate(handles)]
+        if params:
+            ubuf = self._uniforms.get(params)
+            if ubuf is None:
+                ubuf = self.device.create_buffer_with_data(data=params, usage=self._wgpu.BufferUsage.UNIFORM)
+                self._uniforms[params] = ubuf
+                if len(self._uniforms) > _CACHE_SIZE:
+                    self._uniforms.popitem(last=False)  # wgpu keeps it alive while a pending pass uses it
+            entries.append({"binding": len(handles), "resource": {"buffer": ubuf, "offset": 0, "size": len(params)}})
+        try:
+            group = self.device.create_bind_group(layout=kernel.meta["layout"], entries=entries)
+        except self._wgpu.GPUError as e:
+            raise DeviceError(f"{kernel.name}: WebGPU bind group failed: {_error_text(e)}") from None
+        self._groups[key] = (group, handles)  # holding the handles keeps their ids from being reused
+        if len(self._groups) > _CACHE_SIZE:
+            self._groups.popitem(last=False)
+        return group
+
+    def launch(self, kernel: Kernel, args: list, grid, block) -> None:
+        bufs, ints = self._split_args(kernel, args)
+        grid, block = self._dims(kernel, grid, block)
+        meta = kernel.meta
+        if len(bufs) != meta["n_buffers"] or bool(ints) != meta["has_params"]:
+            raise DeviceError(f"{kernel.name} declares {meta['n_buffers']} buffers and "
+                              f"{'a' if meta['has_params'] else 'no'} Params uniform; got {len(bufs)} buffers, {len(ints)} ints")
+        if meta["workgroup_size"] is not None and block != meta["workgroup_size"]:
+            raise DeviceError(f"{kernel.name}: block {block} differs from the shader's @workgroup_size{meta['workgroup_size']}")
+        if 0 in grid:
+            return
+        if max(grid) > self.limits.get("max_compute_workgroups_per_dimension", 65535):
+            raise DeviceError(f"{kernel.name}: grid {grid} exceeds max_compute_workgroups_per_dimension "
+                              f"{self.limits.get('max_compute_workgroups_per_dimension', 65535)}")
+        group = self._bind_group(kernel, bufs, ints)
+        if self._pass is None:
+            self._encoder = self.device.create_command_encoder()
+            self._pass = self._encoder.begin_compute_pass()
+        self._pass.set_pipeline(kernel.handle)
+        self._pass.set_bind_group(0, group)
+        self._pass.dispatch_workgroups(*grid)
+        self.pending += 1
+
+    def flush(self) -> None:
+        """Submit the launches encoded so far (does not wait for them)."""
+        if self._pass is None:
+            return
+        cpass, encoder = self._pass, self._encoder
+        self._pass = self._encoder = None
+        self.pending = 0
+        try:
+            cpass.end()
+            self.queue.submit([encoder.finish()])
+        except self._wgpu.GPUError as e:
+            raise DeviceError(f"WebGPU submit failed: {_error_text(e)}") from None
+
+    def synchronize(self) -> None:
+        # queue.on_submitted_work_done_sync raises TypeError in wgpu 0.32 (FACTS.md); a read waits for the queue
+        self.flush()
+        self.queue.read_buffer(self._sync_buf, 0, 4)
