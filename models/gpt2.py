@@ -37,6 +37,10 @@ class GPT2Config:
         return cfg
 
     @property
+    def max_context_window(self) -> int:
+        return self.n_positions
+
+    @property
     def num_hidden_layers(self) -> int:
         return self.n_layer
 
