@@ -1,0 +1,32 @@
+"""Every CUDA kernel emitted for the h100 (sm_90) and rtx4090 (sm_89) presets, for every tiny
+architecture, compiles with nvcc and assembles with ptxas (no GPU needed). Running them needs a GPU
+(the device tool), which CI does not have."""
+import shutil
+
+import pytest
+
+import deploycc
+from deploycc import presets
+from deploycc.execute import render
+from deploycc.ir.kernel import scheduled
+from deploycc.pipeline import run as run_pipeline
+from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
+from deploycc.session import export
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+@pytest.mark.parametrize("preset", ["h100", "rtx4090"])
+def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
+    p = presets.load(preset)
+    model = deploycc.load_model(str(tiny_path))
+    mod = run_pipeline(export(model, 64), p.target, "scheduled")
+    kernels = [k for prog in mod.programs().values() for k in scheduled(prog).kernels]
+    source = render(kernels, p.target)
+    ptx = compile_cuda(source, p.target.arch)
+    usage = ptxas_check(ptx, p.target.arch)
+    from deploycc.targets.cstyle import _ident
+
+    assert {_ident(k.name) for k in kernels} <= set(usage), "every kernel is in the PTX"
+    spills = {name: u for name, u in usage.items() if u["spill_stores"]}
+    assert not spills, f"register spills: {spills}"
