@@ -71,7 +71,7 @@ def block_pattern(b: Block) -> Pattern:
         # A matmul multiplies two different operands, both read along the reduce axis
         # (x[r, k] * x[r, k], a sum of squares, is a plain reduction).
         if (combine == "add" and rhs.op == "mul" and all(_load_uses(s, red) for s in rhs.src)
-                and rhs.src[0].arg != rhs.src[1].arg):
+                and rhs.src[0] != rhs.src[1]):
             return Pattern.OUTPUT_EWISE_FUSIBLE
         return Pattern.REDUCTION
     idx = store.indices
@@ -99,10 +99,8 @@ def _is_subsequence(sub, seq) -> bool:
 
 
 def _load_uses(v: V, red: set) -> bool:
-    if v.op != "load":
-        return False
-    _, idx = v.arg
-    return any(isinstance(i, sym.Expr) and (i.free_vars() & red) for i in idx)
+    """Some load in `v` reads along a reduce iterator (a factor may be a dequantized load)."""
+    return any(any(isinstance(i, sym.Expr) and (i.free_vars() & red) for i in ld.arg[1]) for ld in loads(v))
 
 
 def _reads_at_store(b: Block, buf: Buffer) -> bool:

@@ -21,7 +21,8 @@ from .dce import dead_code_elimination
 
 
 def fuse_tensor(mod: IRModule) -> IRModule:
-    out = mod.with_functions(mod.functions)
+    primitive = {n for n, f in mod.graph_functions().items() if f.attrs.get("primitive")}
+    out = mod.with_functions({n: f for n, f in mod.functions.items() if n not in primitive})
     out.attrs.pop("_program_text", None)
     merged: dict[str, str] = {}
     for name, fn in mod.graph_functions().items():
