@@ -19,6 +19,9 @@ class Target:
     max_storage_binding: int = 1 << 31  # bytes in one buffer binding (WebGPU: maxStorageBufferBindingSize)
     max_grid: int = 65535  # groups per grid dimension
     arch: str = ""  # CUDA: sm_90 ...
+    # Shared-memory tiles for prefill matmuls. Off for CPU OpenCL: PoCL runs work-group barriers
+    # slowly and its caches already serve one row per work-item well (FACTS.md).
+    tiled_matmul: bool = True
 
     def __post_init__(self):
         if self.kind not in ("opencl", "cuda", "webgpu"):

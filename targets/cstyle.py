@@ -10,7 +10,7 @@ import math
 from deploycc.ir import sym
 from deploycc.ir.kernel import Kernel
 from deploycc.ir.printer import Namer
-from deploycc.ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, V
+from deploycc.ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, V
 
 BINOPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
           "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
@@ -132,6 +132,13 @@ class CStyleRenderer:
             size *= d.value
         return f"{self.ctype(buf.dtype)} {self.name(buf, buf.name)}[{size}];"
 
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    shared_qualifier = "__local"
+
+    def shared_decl(self, buf: Buffer) -> str:
+        """Work-group memory (OpenCL requires it at kernel function scope: schedules put it there)."""
+        return f"{self.shared_qualifier} {self.local_decl(buf)}"
+
     def for_loop(self, var: str, extent: str) -> str:
         return f"for (int {var} = 0; {var} < {extent}; ++{var}) {{"
 
@@ -151,7 +158,10 @@ class CStyleRenderer:
             head = self.for_loop(self.sv(st.var), self.int_expr(st.extent))
             return [ind + head] + self.stmt(st.body, depth + 1) + [ind + "}"]
         if isinstance(st, Alloc):
-            return [ind + self.local_decl(st.buffer)] + self.stmt(st.body, depth)
+            decl = self.shared_decl(st.buffer) if st.buffer.scope == "shared" else self.local_decl(st.buffer)
+            return ([ind + decl] if decl else []) + self.stmt(st.body, depth)
+        if isinstance(st, Barrier):
+            return [ind + self.barrier]
         if isinstance(st, IfThenElse):
             lines = [f"{ind}if ({self.value(st.cond)}) {{"] + self.stmt(st.then_body, depth + 1)
             if st.else_body is not None:

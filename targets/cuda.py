@@ -11,6 +11,8 @@ class CUDARenderer(CStyleRenderer):
              "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf", "cos": "cosf", "erf": "erff"}
     float_max, float_min = "fmaxf", "fminf"
     kernel_prefix = 'extern "C" __global__ void'
+    barrier = "__syncthreads();"
+    shared_qualifier = "__shared__"
     group_id = "(int)(blockIdx.y * gridDim.x + blockIdx.x)"
     local_id = "(int)threadIdx.x"
     preamble = "#include <cuda_fp16.h>\n#include <math_constants.h>\n#define INFINITY CUDART_INF_F\n\n"

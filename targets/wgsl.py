@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from deploycc.ir.printer import Namer
-from deploycc.ir.tir import Buffer, V
+from deploycc.ir.tir import Alloc, Buffer, V, walk
 
 from .cstyle import CStyleRenderer
 
@@ -60,6 +60,11 @@ class WGSLRenderer(CStyleRenderer):
             size *= d.value
         return f"var {self.name(buf, buf.name)}: array<{self.ctype(buf.dtype)}, {size}>;"
 
+    barrier = "workgroupBarrier();"
+
+    def shared_decl(self, buf: Buffer) -> str:
+        return ""  # declared at module scope (WGSL's rule), see kernel()
+
     def for_loop(self, var: str, extent: str) -> str:
         return f"for (var {var}: i32 = 0; {var} < {extent}; {var}++) {{"
 
@@ -85,6 +90,13 @@ class WGSLRenderer(CStyleRenderer):
                          f"array<{self.ctype(b.dtype)}>;")
         for v in k.scalars:
             self.sv(v)
+        for st in walk(k.body):
+            if isinstance(st, Alloc) and st.buffer.scope == "shared":
+                b = st.buffer
+                size = 1
+                for d in b.shape:
+                    size *= d.value
+                decls.append(f"var<workgroup> {self.name(b, b.name)}: array<{self.ctype(b.dtype)}, {size}>;")
         if k.scalars:
             fields = "".join(f"  {self.sv(v)}: i32,\n" for v in k.scalars)
             decls.append(f"struct Params {{\n{fields}}}")
