@@ -25,7 +25,8 @@ def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
     ctx = context_window or cfg.context_window
     limit = getattr(cfg, "max_context_window", None)
     if limit is not None and ctx > limit:
-        raise DeployError(f"context window {ctx} exceeds this model's {limit} learned positions; use --context-window {limit} or less")
+        raise DeployError(f"context window {ctx} exceeds this model's {limit} learned positions; "
+                          f"use --context-window {limit} or less")
     spec = {
         "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec()},
         "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec()},
