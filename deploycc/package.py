@@ -1,0 +1,233 @@
+"""`deploycc compile`: a model and a device preset -> a self-contained package directory.
+
+    OUT/manifest.json      model config, quantization, target and preset, bounds, memory plan,
+                           storages, KV cache shape, params index, sha256 of every file, format version
+    OUT/bytecode.json      VM bytecode (runtime/vm.py)
+    OUT/kernels/           kernel sources for the backend (OpenCL C, WGSL, CUDA C)
+    OUT/params/            weights as safetensors shards, written one tensor at a time
+    OUT/tokenizer files    tokenizer.json, tokenizer_config.json, chat template, ...
+    OUT/runtime/           a copy of the runtime (it imports nothing from the compiler)
+    OUT/__main__.py        `python OUT run --prompt ...` / `python OUT chat`
+
+The package is written into a temporary directory beside OUT and renamed into place at the end,
+so an interrupted compile leaves nothing that looks like a package.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from . import pipeline, presets
+from .errors import DeployError
+from .hub import load_model
+from .ir import sym
+from .ir.kernel import Kernel
+from .session import export
+from .vm import FORMAT_VERSION, lower_vm
+
+QUANTIZATIONS = ("q0f32",)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json")
+SHARD_BYTES = 512 << 20
+MAIN = '''"""Run this deploycc package: `python PACKAGE run --prompt TEXT` or `python PACKAGE chat`."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runtime.cli import main  # noqa: E402  (the package's own copy of the runtime)
+
+main(os.path.dirname(os.path.abspath(__file__)))
+'''
+
+
+def apply_overrides(preset: presets.Preset, overrides: list[str]) -> presets.Preset:
+    """`key=value` (top-level preset keys) or `target.key=value`."""
+    for item in overrides:
+        if "=" not in item:
+            raise DeployError(f"--override {item!r} must look like key=value (e.g. prefill_chunk=256)")
+        key, value = item.split("=", 1)
+        parsed = _parse(value)
+        if key.startswith("target."):
+            field = key.split(".", 1)[1]
+            try:
+                target = preset.target.from_dict({**preset.target.to_dict(), field: parsed})
+            except (TypeError, ValueError) as e:
+                raise DeployError(f"--override {item}: {e}") from None
+            preset = replace(preset, target=target)
+        elif key in ("context_window", "prefill_chunk", "quantization", "backend", "description"):
+            preset = replace(preset, **{key: parsed})
+        else:
+            raise DeployError(f"--override {item}: unknown key {key!r}; use context_window, prefill_chunk, "
+                              f"quantization, backend or target.<key>")
+    return preset
+
+
+def _parse(v: str):
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(v)
+    except ValueError:
+        return v
+
+
+def function_bounds(fn, prefill_chunk: int) -> sym.Bounds:
+    b = sym.Bounds(dict(fn.bounds.lower), dict(fn.bounds.upper))
+    for p in fn.params:
+        for v in p.ann.free_vars():
+            if v.name == "seq_len":
+                b.declare(v, lo=1, hi=prefill_chunk)
+    return b
+
+
+def plans_for(mod, fnames, prefill_chunk: int, bounds: dict):
+    from .transform.plan_memory import plan_memory
+
+    return {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}) for f in fnames}
+
+
+def compile_model(source: str, device: str = "cpu-opencl", quantization: str | None = None,
+                  context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
+                  force: bool = False, revision: str | None = None, progress=None) -> Path:
+    preset = apply_overrides(presets.load(device), list(overrides))
+    quant = quantization or preset.quantization
+    if quant not in QUANTIZATIONS:
+        raise DeployError(f"quantization {quant} is not available yet; supported: {', '.join(QUANTIZATIONS)}")
+    model = load_model(source, revision)
+    out_dir = Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}")
+    _check_output(out_dir, force)
+    ctx = context_window or min(preset.context_window, model.config.context_window)
+    chunk = max(1, min(preset.prefill_chunk, ctx))
+    step = progress or (lambda *a, **k: None)
+
+    step("export")
+    exported = export(model, ctx)
+    step("compile")
+    scheduled = pipeline.run(exported, preset.target, "scheduled")
+    fnames = ("prefill", "decode")
+    bounds = {f: function_bounds(scheduled[f], chunk) for f in fnames}
+    plans = plans_for(scheduled, fnames, chunk, bounds)
+    lowered = lower_vm(scheduled, plans, preset.target, bounds, fnames)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
+        step("weights")
+        params_index = _write_params(tmp, model, lowered.constants, progress)
+        for name in TOKENIZER_FILES:
+            if (model.path / name).exists():
+                shutil.copy2(model.path / name, tmp / name)
+        from . import runtime as _runtime
+
+        shutil.copytree(Path(_runtime.__file__).resolve().parent, tmp / "runtime", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        (tmp / "__main__.py").write_text(MAIN)
+        (tmp / "bytecode.json").write_text(json.dumps(lowered.bytecode, indent=1))
+        cfg = model.config
+        manifest = {
+            "format": "deploycc-package", "format_version": FORMAT_VERSION,
+            "model": {"architecture": model.architecture, "source": str(source), "hf_config": model.hf_config},
+            "quantization": quant,
+            "preset": {"name": preset.name, "backend": preset.backend, "description": preset.description},
+            "target": preset.target.to_dict(),
+            "bounds": {"context_window": ctx, "prefill_chunk": chunk},
+            "kv_cache": {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads,
+                         "head_dim": cfg.head_dim, "dtype": "float32"},
+            "vocab_size": cfg.vocab_size,
+            "storages": lowered.storages,
+            "memory": _memory_summary(plans, lowered, params_index, cfg, ctx),
+            "kernels": kernel_files,
+            "params": params_index,
+        }
+        manifest["files"] = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*"))
+                             if p.is_file() and "__pycache__" not in p.parts}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _check_output(out_dir: Path, force: bool) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        if not (out_dir / "manifest.json").exists() and not force:
+            raise DeployError(f"{out_dir} exists and is not a deploycc package; choose another -o or pass --force")
+
+
+def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:
+    from .execute import render
+    from .targets.cstyle import _ident
+
+    kdir = tmp / "kernels"
+    kdir.mkdir()
+    kind = preset.target.kind
+    entries = {}
+    if kind == "webgpu":
+        for k in kernels:
+            fname = f"{_ident(k.name)}.wgsl"
+            (kdir / fname).write_text(render([k], preset.target))
+            entries[k.name] = {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads}
+    else:
+        fname = {"opencl": "kernels.cl", "cuda": "kernels.cu"}[kind]
+        (kdir / fname).write_text(render(kernels, preset.target))
+        entries = {k.name: {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads} for k in kernels}
+    return {"language": {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl"}[kind], "entries": entries}
+
+
+def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:
+    """Weights one tensor at a time into shards of at most SHARD_BYTES (peak memory: one shard)."""
+    from safetensors.numpy import save_file
+
+    pdir = tmp / "params"
+    pdir.mkdir()
+    index: list[dict] = []
+    shard: dict[str, np.ndarray] = {}
+    size = 0
+    n = 0
+
+    def flush():
+        nonlocal shard, size, n
+        if shard:
+            fname = f"params/params-{n:05d}.safetensors"
+            save_file(shard, str(tmp / fname))
+            for name, arr in shard.items():
+                index.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype), "file": fname})
+            shard, size, n = {}, 0, n + 1
+
+    items = list(model.params()) + [(k, v) for k, v in constants.items()]
+    for name, arr in items:
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if size + arr.nbytes > SHARD_BYTES:
+            flush()
+        shard[name] = arr
+        size += arr.nbytes
+        if progress:
+            progress("weight", name)
+    flush()
+    return index
+
+
+def _memory_summary(plans, lowered, params_index, cfg, ctx) -> dict:
+    weights = sum(int(np.prod(p["shape"])) * 4 for p in params_index)
+    kv = 2 * cfg.num_hidden_layers * ctx * cfg.num_key_value_heads * cfg.head_dim * 4
+    return {"weights_bytes": weights, "kv_cache_bytes": kv,
+            "activation_bytes": sum(s["bytes"] for s in lowered.storages),
+            "unplanned_activation_bytes": {f: getattr(p, "unplanned_bytes", None) for f, p in plans.items()}}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,318 @@
+"""lower_vm: scheduled graph functions -> VM bytecode (four opcodes; everything else a builtin).
+
+Opcodes: `call` (a named builtin, writing an optional register), `ret`, `goto`, `if`. Arguments are
+registers `{"r": i}`, symbolic integers on the shape heap `{"s": <sym json>}`, immediates `{"i": v}`,
+strings `{"str": v}`, kernels `{"k": name}` and KV-cache buffers `{"kv": [reg, "k"|"v", layer]}`.
+
+Builtins (implemented by runtime/vm.py):
+  vm.match_shape(value, dims...)   dims {"bind": name} define a shape variable, {"s": e} check one
+  vm.alloc(storage, dtype, dims...) a tensor view of a planned storage (storages exist from load on)
+  vm.launch(kernel, groups, threads, buffers..., "|", scalars...)
+  vm.tuple(values...), vm.get(tuple, index)
+  kv.begin(cache, n) -> shape (total length); kv.view(cache, "k"|"v", layer, kv_heads, head_dim)
+  kv.append lowers to launches of the kv_copy kernel into the cache buffers.
+The symbolic shapes of every call_tir are rewritten into the caller's variables here, so the VM
+evaluates each launch's groups and int arguments from one shape heap per call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import annotation as A
+from ..ir import sym, tir
+from ..ir.expr import (Binding, Call, CallTIR, Constant, Function, MatchCast, ShapeExpr, TupleGetItem, Var)
+from ..ir.kernel import Kernel, scheduled
+from ..ir.module import IRModule
+from ..ir.tir import Block, Store, TensorProgram
+
+FORMAT_VERSION = 1
+
+
+def sym_json(e, name) -> object:
+    """A symbolic expression as JSON: int | "var" | [op, args...] (op in + * // % min max)."""
+    e = sym.as_expr(e)
+    terms = []
+    for mono, c in e.terms:
+        factors: list = [] if c == 1 and mono else [c]
+        for atom in mono:
+            if atom.op == "var":
+                factors.append(name(atom.var))
+            else:
+                op = {"floordiv": "//", "mod": "%", "min": "min", "max": "max"}[atom.op]
+                factors.append([op, *(sym_json(a, name) for a in atom.args)])
+        terms.append(factors[0] if len(factors) == 1 else ["*", *factors])
+    if not terms:
+        return 0
+    return terms[0] if len(terms) == 1 else ["+", *terms]
+
+
+@dataclass
+class Lowered:
+    bytecode: dict
+    kernels: dict[str, Kernel]  # by unique name
+    constants: dict[str, object] = field(default_factory=dict)  # name -> numpy array
+    storages: list[dict] = field(default_factory=list)  # {"bytes": bound}
+    plans: dict = field(default_factory=dict)
+    kv_copy: TensorProgram | None = None
+
+
+def kv_copy_program() -> TensorProgram:
+    """dst[offset + i, h, c] = src[i, h, c]: appends a layer's new keys or values to the cache."""
+    n, cap, h, d, off = (sym.SymVar(x) for x in ("n", "cap", "h", "d", "offset"))
+    N, CAP, H, D, OFF = (sym.as_expr(x) for x in (n, cap, h, d, off))
+    src = tir.Buffer("src", (N, H, D))
+    dst = tir.Buffer("dst", (CAP, H, D))
+    its = tir.iters("i j c", (N, H, D))
+    i, j, c = (tir.v(x) for x in its)
+    body = Block("kv_copy", its, Store(dst, (i + OFF, j, c), src[i, j, c]))
+    return TensorProgram("kv_copy", (src, dst), body, (off,), 1, {"op": "kv_copy"})
+
+
+class _FnLowering:
+    def __init__(self, fn: Function, mod: IRModule, out: Lowered, plan, storage_base: int, bounds: sym.Bounds):
+        self.fn, self.mod, self.out, self.plan, self.bounds = fn, mod, out, plan, bounds
+        self.regs: dict[object, int] = {}
+        self.code: list[dict] = []
+        self.names: dict[sym.SymVar, str] = {}
+        self.storage_base = storage_base
+
+    def name(self, v: sym.SymVar) -> str:
+        if v not in self.names:
+            base, i = v.name, 1
+            taken = set(self.names.values())
+            nm = base
+            while nm in taken:
+                nm, i = f"{base}_{i}", i + 1
+            self.names[v] = nm
+        return self.names[v]
+
+    def s(self, e) -> dict:
+        return {"s": sym_json(e, self.name)}
+
+    def reg(self, key) -> int:
+        if key not in self.regs:
+            self.regs[key] = len(self.regs)
+        return self.regs[key]
+
+    def emit(self, fn: str, args: list, dst: int | None = None, **extra) -> None:
+        ins = {"op": "call", "fn": fn, "args": args}
+        if dst is not None:
+            ins["dst"] = dst
+        ins.update(extra)
+        self.code.append(ins)
+
+    def match(self, reg: int, ann: A.Annotation, defined: set) -> None:
+        dims = ann.shape if isinstance(ann, A.TensorAnn) else ann.values if isinstance(ann, A.ShapeAnn) else None
+        if dims is None:
+            return
+        args: list = [{"r": reg}]
+        for d in dims:
+            v = d.as_var
+            if v is not None and v not in defined:
+                defined.add(v)
+                args.append({"bind": self.name(v)})
+            else:
+                args.append(self.s(d))
+        self.emit("vm.match_shape", args)
+
+    def arg(self, e) -> dict:
+        if isinstance(e, Var):
+            return {"r": self.regs[e]}
+        if isinstance(e, Constant):
+            key = f"const.{len(self.out.constants)}"
+            for k, v in self.out.constants.items():
+                if v is e.value:
+                    key = k
+                    break
+            self.out.constants[key] = e.value
+            return {"r": self.reg(("const", key))}
+        raise TypeError(f"lower_vm: unsupported argument {type(e).__name__}")
+
+    def storage(self, var, k: int = 0) -> int:
+        ids = self.plan.tensors.get(var)
+        if isinstance(ids, int) and k == 0:
+            return self.storage_base + ids
+        # Not planned (a tuple field): a storage of its own, sized at the bounds.
+        ann = var.ann.fields[k] if isinstance(var.ann, A.TupleAnn) else var.ann
+        return self._extra_storage(ann)
+
+    def _extra_storage(self, ann: A.TensorAnn) -> int:
+        size = sym.as_expr(4)
+        for d in ann.shape:
+            size = size * d
+        bound = self.bounds.upper_bound(size)
+        if bound is None:
+            raise ValueError(f"lower_vm: no upper bound for a tensor of shape {ann.shape}")
+        self.out.storages.append({"bytes": int(bound)})
+        return len(self.out.storages) - 1
+
+    def alloc(self, sid: int, ann: A.TensorAnn, dst: int) -> None:
+        self.emit("vm.alloc", [{"i": sid}, {"str": ann.dtype}, *(self.s(d) for d in ann.shape)], dst)
+
+    def lower(self) -> dict:
+        fn = self.fn
+        num_inputs = fn.attrs.get("num_inputs", len(fn.params))
+        defined: set = set()
+        for p in fn.params:
+            self.reg(p)
+        for p in fn.params[:num_inputs]:
+            self.match(self.regs[p], p.ann, defined)
+        for block in fn.body.blocks:
+            for b in block.bindings:
+                self.binding(b, defined)
+        self.code.append({"op": "ret", "args": [self.arg(fn.body.result)]})
+        consts = sorted((k[1], r) for k, r in self.regs.items() if isinstance(k, tuple) and k[0] == "const")
+        return {"params": [p.name for p in fn.params], "num_inputs": num_inputs, "registers": len(self.regs),
+                "constants": consts, "instructions": self.code}
+
+    def binding(self, b, defined: set) -> None:
+        v = b.value
+        dst = self.reg(b.var)
+        if isinstance(b, MatchCast):
+            self.emit("vm.move", [self.arg(v)], dst)
+            self.match(dst, b.ann, defined)
+            return
+        if isinstance(v, CallTIR):
+            self.call_tir(b.var, v, dst)
+        elif isinstance(v, TupleGetItem):
+            self.emit("vm.get", [self.arg(v.tuple_value), {"i": v.index}], dst)
+        elif isinstance(v, Call) and v.op == "kv.begin":
+            (n,) = v.args[1].values
+            self.emit("kv.begin", [self.arg(v.args[0]), self.s(n)], dst)
+        elif isinstance(v, Call) and v.op in ("kv.keys", "kv.values"):
+            self.emit("kv.view", [self.arg(v.args[0]), {"str": v.op[3]}, {"i": v.attrs["layer"]}], dst)
+        elif isinstance(v, Call) and v.op == "kv.append":
+            self.kv_append(v, dst)
+        elif isinstance(v, Var):
+            self.emit("vm.move", [self.arg(v)], dst)
+        else:
+            raise TypeError(f"lower_vm: cannot lower {type(v).__name__} {getattr(v, 'op', '')}")
+
+    def kv_append(self, v: Call, dst: int) -> None:
+        cache = self.arg(v.args[0])
+        layer = v.attrs["layer"]
+        prog = self.out.kv_copy
+        k = scheduled(prog).kernels[0]
+        self.out.kernels[k.name] = k
+        for which, t in (("k", v.args[1]), ("v", v.args[2])):
+            n, h, d = t.ann.shape
+            heads, dim = h, d
+            env = {prog.params[0].shape[0].as_var: n, prog.params[0].shape[1].as_var: heads,
+                   prog.params[0].shape[2].as_var: dim, prog.params[1].shape[0].as_var: sym.as_expr(self.ctx),
+                   prog.sym_params[0]: self.fn_total - n}
+            bufs = [self.arg(t), {"kv": [cache["r"], which, layer]}]
+            self.launch(k, bufs, env)
+        self.emit("vm.move", [cache], dst)
+
+    def launch(self, k: Kernel, bufs: list, env: dict) -> None:
+        groups = sym.substitute(k.groups, env)
+        scalars = [self.s(sym.substitute(sym.as_expr(v), env)) for v in k.scalars]
+        self.emit("vm.launch", [{"k": k.name}, self.s(groups), {"i": k.threads}, *bufs, {"str": "|"}, *scalars])
+
+    def call_tir(self, var: Var, call: CallTIR, dst: int) -> None:
+        prog: TensorProgram = self.mod[call.program]
+        sched = scheduled(prog)
+        tensor_args = [a for a in call.args if not isinstance(a.ann, A.ShapeAnn)]
+        outs = list(call.out_ann.fields) if isinstance(call.out_ann, A.TupleAnn) else [call.out_ann]
+        out_regs = []
+        for k_out, ann in enumerate(outs):
+            r = dst if len(outs) == 1 else self.reg((var, k_out))
+            sid = self.storage(var, k_out)
+            self.alloc(sid, ann, r)
+            out_regs.append(r)
+        if len(outs) > 1:
+            self.emit("vm.tuple", [{"r": r} for r in out_regs], dst)
+        # program variable -> caller expression
+        env: dict[sym.SymVar, sym.Expr] = {}
+        anns = [a.ann for a in tensor_args] + outs
+        for buf, ann in zip(prog.params, anns):
+            for d, ad in zip(buf.shape, ann.shape):
+                pv = d.as_var
+                if pv is not None and pv not in env:
+                    env[pv] = ad
+        for pv, e in zip(prog.sym_params, call.sym_args):
+            env[pv] = e
+        regs = {b: self.arg(a) for b, a in zip(prog.inputs, tensor_args)}
+        regs.update({b: {"r": r} for b, r in zip(prog.outputs, out_regs)})
+        ws_ids = self.plan.workspace.get(var, [])
+        for i, w in enumerate(sched.workspace):
+            wann = A.Tensor(tuple(sym.substitute(d, env) for d in w.shape), w.dtype)
+            sid = self.storage_base + ws_ids[i] if i < len(ws_ids) else self._extra_storage(wann)
+            r = self.reg((var, "ws", i))
+            self.alloc(sid, wann, r)
+            regs[w] = {"r": r}
+        for k in sched.kernels:
+            self.out.kernels[k.name] = k
+            self.launch(k, [regs[b] for b in k.buffers], env)
+
+
+def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
+             functions=("prefill", "decode")) -> Lowered:
+    """Lower the scheduled module; `plans` maps function name -> MemoryPlan (deploycc.transform.plan_memory),
+    `bounds` function name -> the symbolic bounds the plan was made under."""
+    from ..schedule import schedule_program
+
+    out = Lowered({"version": FORMAT_VERSION, "functions": {}}, {})
+    out.kv_copy = schedule_program(kv_copy_program(), target)
+    ctx = mod.attrs["context_window"]
+    # Functions never run at the same time: storage i of every function shares one buffer,
+    # sized for the largest use. Storages for unplanned tensors are appended after these.
+    n = max((len(plans[f].storages) for f in functions), default=0)
+    out.storages = [{"bytes": 0} for _ in range(n)]
+    for fname in functions:
+        for st in plans[fname].storages:
+            out.storages[st.id]["bytes"] = max(out.storages[st.id]["bytes"], int(st.bound))
+    for fname in functions:
+        fl = _FnLowering(mod[fname], mod, out, plans[fname], 0, bounds[fname])
+        fl.ctx = ctx
+        fl.fn_total = _total_len(mod[fname])
+        out.bytecode["functions"][fname] = fl.lower()
+    return out
+
+
+def _total_len(fn: Function) -> sym.Expr:
+    for block in fn.body.blocks:
+        for b in block.bindings:
+            if isinstance(b, MatchCast) and isinstance(b.value, Var) and isinstance(b.ann, A.ShapeAnn):
+                return b.ann.values[0]
+    raise ValueError(f"{fn.name}: no kv.begin / total_len binding")
+
+
+def disassemble(bytecode: dict) -> str:
+    """Human-readable bytecode (`deploycc inspect --stage vm`)."""
+    def a(x):
+        if "r" in x:
+            return f"%{x['r']}"
+        if "s" in x:
+            return _sym_text(x["s"])
+        if "i" in x:
+            return str(x["i"])
+        if "str" in x:
+            return repr(x["str"])
+        if "k" in x:
+            return f"@{x['k']}"
+        if "kv" in x:
+            r, w, layer = x["kv"]
+            return f"%{r}.{w}[{layer}]"
+        if "bind" in x:
+            return f"?{x['bind']}"
+        return str(x)
+    lines = [f"; deploycc VM bytecode, format {bytecode['version']}"]
+    for name, f in bytecode["functions"].items():
+        lines.append(f"\nfunction {name}({', '.join(f['params'][:f['num_inputs']])}) "
+                     f"; {len(f['params']) - f['num_inputs']} weights, {f['registers']} registers")
+        for i, ins in enumerate(f["instructions"]):
+            args = ", ".join(a(x) for x in ins.get("args", []))
+            dst = f"%{ins['dst']} = " if "dst" in ins else ""
+            head = ins["fn"] if ins["op"] == "call" else ins["op"]
+            lines.append(f"  {i:4d}  {dst}{head}({args})")
+    return "\n".join(lines) + "\n"
+
+
+def _sym_text(j) -> str:
+    if isinstance(j, (int, str)):
+        return str(j)
+    op, *args = j
+    if op in ("min", "max"):
+        return f"{op}({', '.join(_sym_text(x) for x in args)})"
+    return "(" + f" {op} ".join(_sym_text(x) for x in args) + ")"

@@ -1,0 +1,143 @@
+"""Engine: a loaded package on a device, with the reference session's contract.
+
+    eng = Engine.load("dist/pkg", device=None)   # device defaults to the package's backend
+    eng.prefill(ids, all_logits=False); eng.decode(token_id); eng.reset()
+    for piece in eng.generate(prompt_or_messages, max_tokens=64, temperature=0.0, top_p=1.0, seed=0): ...
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .devices import DeviceError, open_device
+from .kvcache import ContextWindowFull, KVCache
+from .package import PackageError, load_params, read_manifest, verify
+from .safetensors_io import SafetensorsError
+from .vm import NP, VM, DTensor
+
+INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',
+           "webgpu": "pip install wgpu (and apt-get install mesa-vulkan-drivers libvulkan1 for a CPU)",
+           "cuda": "pip install pycuda (needs an NVIDIA GPU and driver)"}
+
+
+class Engine:
+    def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict):
+        self.path = path
+        self.manifest = manifest
+        self.device = device
+        b = manifest["bounds"]
+        self.context_window = b["context_window"]
+        self.prefill_chunk = b["prefill_chunk"]
+        self.vocab_size = manifest.get("vocab_size")
+        t0 = time.perf_counter()
+        kernels = self._build_kernels()
+        self.build_seconds = time.perf_counter() - t0
+        storages = [device.alloc(max(int(s["bytes"]), 4)) for s in manifest["storages"]]
+        kv = manifest["kv_cache"]
+        self.cache = KVCache(device, kv["layers"], self.context_window, kv["kv_heads"], kv["head_dim"], kv["dtype"])
+        max_grid = manifest["target"].get("max_grid", 65535)
+        self.vm = VM(bytecode, device, kernels, storages, self.cache, max_grid)
+        weights = {name: DTensor(device.upload(np.ascontiguousarray(a)), a.shape, str(a.dtype))
+                   for name, a in params.items()}
+        self.weights_bytes = sum(int(a.nbytes) for a in params.values())
+        for fname, spec in bytecode["functions"].items():
+            fn = self.vm.functions[fname]
+            for r, name in enumerate(spec["params"][spec["num_inputs"]:], start=spec["num_inputs"]):
+                fn.preset[r] = weights[name]
+            for key, r in spec["constants"]:
+                fn.preset[r] = weights[key]
+        self.ids_buf = device.alloc(self.prefill_chunk * 4)
+        self._tokenizer = None
+        self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0}
+
+    # ---- loading ----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path, device: str | None = None, check_hashes: bool = True) -> Engine:
+        path = Path(path)
+        manifest = read_manifest(path)
+        bytecode = verify(path, manifest, check_hashes)
+        kind = device or manifest["preset"]["backend"]
+        if kind != manifest["target"]["kind"]:
+            raise PackageError(f"this package has {manifest['target']['kind']} kernels; it cannot run on {kind}")
+        try:
+            dev = open_device(kind)
+        except DeviceError as e:
+            raise DeviceError(f"no {kind} runtime on this machine ({e}); install it: {INSTALL.get(kind, '')}") from None
+        try:
+            params = load_params(path, manifest)
+        except SafetensorsError as e:
+            raise PackageError(str(e)) from None
+        return cls(path, manifest, bytecode, dev, params)
+
+    def _build_kernels(self) -> dict:
+        entries = self.manifest["kernels"]["entries"]
+        by_file: dict[str, list[str]] = {}
+        for name, e in entries.items():
+            by_file.setdefault(e["file"], []).append(name)
+        out = {}
+        for f, names in by_file.items():
+            source = (self.path / f).read_text()
+            built = self.device.build(source, [entries[n]["entry"] for n in names])
+            for n in names:
+                out[n] = built[entries[n]["entry"]]
+        return out
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+
+            self._tokenizer = Tokenizer.from_dir(self.path)
+        return self._tokenizer
+
+    # ---- the session contract ---------------------------------------------------------------
+    def _step(self, fn: str, ids: np.ndarray) -> DTensor:
+        self.device.write(self.ids_buf, ids)
+        return self.vm.run(fn, DTensor(self.ids_buf, (1, ids.shape[1]), "int32"), self.cache)
+
+    def prefill(self, ids, all_logits: bool = False) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
+        n = ids.shape[1]
+        if n == 0:
+            raise ValueError("prefill needs at least one token")
+        if self.cache.length + n > self.context_window:
+            raise ContextWindowFull(f"{self.cache.length} cached + {n} new tokens exceed the context window of "
+                                    f"{self.context_window}; reset or compile with a larger --context-window")
+        t0 = time.perf_counter()
+        outs = []
+        for start in range(0, n, self.prefill_chunk):
+            chunk = ids[:, start:start + self.prefill_chunk]
+            res = self._step("prefill", chunk)
+            last = start + self.prefill_chunk >= n
+            if all_logits or last:
+                logits = self._download(res)[0]
+                outs.append(logits if all_logits else logits[-1:])
+        self.stats["prefill_tokens"] += n
+        self.stats["prefill_seconds"] += time.perf_counter() - t0
+        out = np.concatenate(outs)
+        return out if all_logits else out[-1]
+
+    def decode(self, token_id: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        res = self._step("decode", np.array([[int(token_id)]], np.int32))
+        logits = self._download(res)[0, -1]
+        self.stats["decode_tokens"] += 1
+        self.stats["decode_seconds"] += time.perf_counter() - t0
+        return logits
+
+    def _download(self, t: DTensor) -> np.ndarray:
+        return self.device.download(t.buf, t.shape, NP[t.dtype])
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def generate(self, prompt_or_messages, max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, repetition_penalty: float = 1.0, seed: int = 0, stop=(), chat: bool = True,
+                 stats: dict | None = None):
+        from .generate import generate
+
+        return generate(self, self.tokenizer, prompt_or_messages, max_tokens=max_tokens, temperature=temperature,
+                        top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                        chat=chat, stats=stats)

@@ -1,0 +1,97 @@
+"""Loading and verifying a package: schema, format version, sha256 of every file, bytecode that
+refers only to known kernels and builtins, params that match their index. JSON and safetensors
+only; nothing in a package is executed."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+FORMAT_VERSION = 1
+REQUIRED = ("format", "format_version", "model", "quantization", "preset", "target", "bounds", "kv_cache",
+            "storages", "kernels", "params", "files")
+
+
+class PackageError(ValueError):
+    """A package that cannot be used; the message says what is wrong and what to do."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(path: Path) -> dict:
+    mf = path / "manifest.json"
+    if not path.is_dir():
+        raise PackageError(f"{path} is not a package directory (compile one with deploycc compile)")
+    if not mf.exists():
+        raise PackageError(f"{path} has no manifest.json; it is not a deploycc package (or an interrupted compile)")
+    try:
+        manifest = json.loads(mf.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PackageError(f"{mf} is not valid JSON ({e}); recompile the package") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != "deploycc-package":
+        raise PackageError(f"{mf} is not a deploycc package manifest")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise PackageError(f"package format {version} is newer than this runtime supports ({FORMAT_VERSION}); "
+                           f"upgrade deploycc or recompile the package with this version")
+    missing = [k for k in REQUIRED if k not in manifest]
+    if missing:
+        raise PackageError(f"{mf} lacks {missing[0]!r}; recompile the package")
+    return manifest
+
+
+def verify(path: Path, manifest: dict, check_hashes: bool = True) -> dict:
+    """Check every listed file; return the bytecode."""
+    files = manifest["files"]
+    for rel, digest in files.items():
+        f = path / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise PackageError(f"manifest lists a file outside the package: {rel}")
+        if not f.is_file():
+            raise PackageError(f"{path} is missing {rel}; the package is incomplete — recompile it")
+        if check_hashes and _sha256(f) != digest:
+            raise PackageError(f"{rel} in {path} was changed after compile (sha256 mismatch); recompile the package")
+    try:
+        bytecode = json.loads((path / "bytecode.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PackageError(f"{path / 'bytecode.json'} is unreadable ({e}); recompile the package") from None
+    from .vm import BUILTINS
+
+    kernels = manifest["kernels"]["entries"]
+    for fname, fn in bytecode.get("functions", {}).items():
+        for ins in fn["instructions"]:
+            if ins["op"] not in ("call", "ret", "goto", "if"):
+                raise PackageError(f"bytecode of {fname} has unknown opcode {ins['op']!r}")
+            if ins["op"] == "call":
+                if ins["fn"] not in BUILTINS:
+                    raise PackageError(f"bytecode of {fname} calls unknown builtin {ins['fn']!r}")
+                for a in ins["args"]:
+                    if "k" in a and a["k"] not in kernels:
+                        raise PackageError(f"bytecode of {fname} launches unknown kernel {a['k']!r}")
+    return bytecode
+
+
+def load_params(path: Path, manifest: dict) -> dict:
+    """name -> numpy array (memory-mapped), checked against the params index."""
+    import numpy as np
+
+    from .safetensors_io import SafetensorsReader
+
+    readers: dict[str, SafetensorsReader] = {}
+    out = {}
+    for p in manifest["params"]:
+        f = p["file"]
+        if f not in readers:
+            readers[f] = SafetensorsReader(path / f)
+        arr = readers[f].read(p["name"])
+        if list(arr.shape) != p["shape"] or str(arr.dtype) != p["dtype"]:
+            raise PackageError(f"{f}: tensor {p['name']} is {list(arr.shape)} {arr.dtype}, the manifest says "
+                               f"{p['shape']} {p['dtype']}; recompile the package")
+        out[p["name"]] = np.asarray(arr)
+    return out

@@ -1,0 +1,180 @@
+"""The register VM: bytecode (call / ret / goto / if) turned into prepared calls at load time.
+
+Every instruction becomes a Python closure with its operands resolved: kernels looked up, symbolic
+expressions compiled to small functions of the shape heap, registers to indices. The per-token loop
+runs the closures and touches no JSON, allocates no device memory (tensors are views of storages
+allocated at load), and launches kernels straight through the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .symexpr import compile_expr
+
+
+class VMError(RuntimeError):
+    pass
+
+
+@dataclass
+class DTensor:
+    """A tensor on the device: a buffer (a storage, a weight or a cache) and its shape."""
+
+    buf: object
+    shape: tuple
+    dtype: str
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "uint8": 1}
+NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint32": np.uint32, "int8": np.int8,
+      "uint8": np.uint8}
+
+BUILTINS = ("vm.match_shape", "vm.alloc", "vm.launch", "vm.tuple", "vm.get", "vm.move", "kv.begin", "kv.view")
+
+
+class Function:
+    def __init__(self, name: str, spec: dict, vm: VM):
+        self.name = name
+        self.num_inputs = spec["num_inputs"]
+        self.nregs = spec["registers"]
+        self.heap_names: list[str] = []
+        self.code = [vm.prepare(ins, self) for ins in spec["instructions"]]
+        self.preset: dict[int, object] = {}
+
+    def slot(self, name: str) -> int:
+        if name not in self.heap_names:
+            self.heap_names.append(name)
+        return self.heap_names.index(name)
+
+
+class VM:
+    def __init__(self, bytecode: dict, device, kernels: dict, storages: list, kv_cache=None, max_grid: int = 65535):
+        self.device = device
+        self.kernels = kernels
+        self.storages = storages
+        self.cache = kv_cache
+        self.max_grid = max_grid
+        self.launches = 0
+        self.functions = {name: Function(name, spec, self) for name, spec in bytecode["functions"].items()}
+
+    # ---- preparation ------------------------------------------------------------------------
+    def operand(self, a: dict, fn: Function):
+        """A getter (regs, heap) -> value for one operand."""
+        if "r" in a:
+            r = a["r"]
+            return lambda regs, heap: regs[r]
+        if "s" in a:
+            f = compile_expr(a["s"], fn.slot)
+            return lambda regs, heap: f(heap)
+        if "i" in a or "str" in a:
+            v = a.get("i", a.get("str"))
+            return lambda regs, heap: v
+        if "kv" in a:
+            r, which, layer = a["kv"]
+            return lambda regs, heap: (regs[r].k if which == "k" else regs[r].v)[layer]
+        raise VMError(f"bad operand {a}")
+
+    def prepare(self, ins: dict, fn: Function):
+        op = ins["op"]
+        if op == "ret":
+            get = self.operand(ins["args"][0], fn)
+            return ("ret", get)
+        if op in ("goto", "if"):
+            raise VMError(f"{op} is not produced by this compiler version")
+        if op != "call":
+            raise VMError(f"unknown opcode {op!r}")
+        name, args, dst = ins["fn"], ins["args"], ins.get("dst")
+        if name == "vm.launch":
+            return ("call", self._prep_launch(args, fn), dst)
+        if name == "vm.match_shape":
+            return ("call", self._prep_match(args, fn), None)
+        if name == "vm.alloc":
+            return ("call", self._prep_alloc(args, fn), dst)
+        if name == "kv.begin":
+            n = self.operand(args[1], fn)
+            slot_cache = self.operand(args[0], fn)
+            return ("call", lambda regs, heap: (slot_cache(regs, heap).begin(n(regs, heap)),), dst)
+        if name == "kv.view":
+            cache, which, layer = (self.operand(a, fn) for a in args)
+            return ("call", lambda regs, heap: cache(regs, heap).view(which(regs, heap), layer(regs, heap)), dst)
+        if name == "vm.move":
+            src = self.operand(args[0], fn)
+            return ("call", src, dst)
+        if name == "vm.tuple":
+            gets = [self.operand(a, fn) for a in args]
+            return ("call", lambda regs, heap: tuple(g(regs, heap) for g in gets), dst)
+        if name == "vm.get":
+            t, i = (self.operand(a, fn) for a in args)
+            return ("call", lambda regs, heap: t(regs, heap)[i(regs, heap)], dst)
+        raise VMError(f"unknown builtin {name!r}")
+
+    def _prep_match(self, args: list, fn: Function):
+        get = self.operand(args[0], fn)
+        checks = []
+        for k, a in enumerate(args[1:]):
+            if "bind" in a:
+                checks.append((k, "bind", fn.slot(a["bind"]), a["bind"]))
+            else:
+                checks.append((k, "check", compile_expr(a["s"], fn.slot), None))
+
+        def match(regs, heap):
+            v = get(regs, heap)
+            shape = v.shape if isinstance(v, DTensor) else v
+            if len(shape) != len(checks):
+                raise VMError(f"{fn.name}: expected {len(checks)} dims, got {tuple(shape)}")
+            for k, kind, f, nm in checks:
+                if kind == "bind":
+                    heap[f] = shape[k]
+                elif f(heap) != shape[k]:
+                    raise VMError(f"{fn.name}: dimension {k} of {tuple(shape)} should be {f(heap)}")
+        return match
+
+    def _prep_alloc(self, args: list, fn: Function):
+        sid, dtype = args[0]["i"], args[1]["str"]
+        dims = [compile_expr(a["s"], fn.slot) for a in args[2:]]
+        storage = self.storages[sid]
+        return lambda regs, heap: DTensor(storage, tuple(d(heap) for d in dims), dtype)
+
+    def _prep_launch(self, args: list, fn: Function):
+        kernel = self.kernels[args[0]["k"]]
+        groups = compile_expr(args[1]["s"], fn.slot)
+        threads = args[2]["i"]
+        sep = next(i for i, a in enumerate(args) if a.get("str") == "|")
+        bufs = [self.operand(a, fn) for a in args[3:sep]]
+        scalars = [compile_expr(a["s"], fn.slot) for a in args[sep + 1:]]
+        launch, max_grid, vm = self.device.launch, self.max_grid, self
+        block = (threads, 1, 1)
+
+        def run(regs, heap):
+            g = groups(heap)
+            if g <= 0:
+                return
+            grid = (g, 1, 1) if g <= max_grid else (max_grid, -(-g // max_grid), 1)
+            bs = []
+            for b in bufs:
+                v = b(regs, heap)
+                bs.append(v.buf if isinstance(v, DTensor) else v)
+            launch(kernel, bs + [s(heap) for s in scalars], grid, block)
+            vm.launches += 1
+        return run
+
+    # ---- execution --------------------------------------------------------------------------
+    def run(self, name: str, *inputs):
+        fn = self.functions[name]
+        regs = [None] * fn.nregs
+        for r, v in fn.preset.items():
+            regs[r] = v
+        for i, v in enumerate(inputs):
+            regs[i] = v
+        heap = [0] * max(len(fn.heap_names), 1)
+        for ins in fn.code:
+            if ins[0] == "call":
+                _, f, dst = ins
+                v = f(regs, heap)
+                if dst is not None:
+                    regs[dst] = v
+            else:
+                return ins[1](regs, heap)
+        raise VMError(f"{name}: fell off the end without ret")
