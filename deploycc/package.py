@@ -93,6 +93,16 @@ def plans_for(mod, fnames, prefill_chunk: int, bounds: dict):
     return {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}) for f in fnames}
 
 
+def lower_to_vm(exported, target, prefill_chunk: int):
+    """(Lowered, memory plans): the pipeline, the plans and the bytecode of a package
+    (compile_model, and `deploycc inspect --stage vm`)."""
+    scheduled = pipeline.run(exported, target, "scheduled")
+    fnames = ("prefill", "prefill_all", "decode")
+    bounds = {f: function_bounds(scheduled[f], prefill_chunk) for f in fnames}
+    plans = plans_for(scheduled, fnames, prefill_chunk, bounds)
+    return lower_vm(scheduled, plans, target, bounds, fnames), plans
+
+
 def compile_model(source: str, device: str = "cpu-opencl", quantization: str | None = None,
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
                   force: bool = False, revision: str | None = None, progress=None) -> Path:
@@ -110,14 +120,11 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
     step("export")
     exported = export(model, ctx)
     step("compile")
-    scheduled = pipeline.run(exported, preset.target, "scheduled")
-    fnames = ("prefill", "decode")
-    bounds = {f: function_bounds(scheduled[f], chunk) for f in fnames}
-    plans = plans_for(scheduled, fnames, chunk, bounds)
-    lowered = lower_vm(scheduled, plans, preset.target, bounds, fnames)
+    lowered, plans = lower_to_vm(exported, preset.target, chunk)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would make the package private to its builder
     try:
         kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
         step("weights")

@@ -28,7 +28,9 @@ def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
         raise DeployError(f"context window {ctx} exceeds this model's {limit} learned positions; "
                           f"use --context-window {limit} or less")
     spec = {
+        # prefill returns the last position's logits (what generation needs), prefill_all every position's.
         "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec()},
+        "prefill_all": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec()},
         "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec()},
     }
     mod, _ = model.build().export(spec, bounds={"total_len": ctx, "seq_len": ctx})
@@ -62,7 +64,7 @@ class ReferenceSession:
             raise DeployError(str(e)) from None
 
     def prefill(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
-        logits = self._run("prefill", ids)[0]
+        logits = self._run("prefill_all" if all_logits else "prefill", ids)[0]
         return logits if all_logits else logits[-1]
 
     def decode(self, token_id: int) -> np.ndarray:

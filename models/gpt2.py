@@ -103,16 +103,21 @@ class GPT2LMHeadModel(nn.Module):
         self.config = cfg
         self.transformer = GPT2Model(cfg)
 
-    def forward(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+    def forward(self, input_ids: nn.Tensor, cache: nn.Cache, last_only: bool = False) -> nn.Tensor:
         n = input_ids.shape[1]
         total = cache.begin(n)
         positions = op.arange(input_ids, total - n, total)
         h = self.transformer.wte(input_ids) + self.transformer.wpe(positions)
         for i, block in enumerate(self.transformer.h):
             h = block(h, cache, i)
+        if last_only:
+            h = op.strided_slice(h, n - 1, n, axis=1)
         return op.linear(self.transformer.ln_f(h), self.transformer.wte.weight)
 
     def prefill(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        return self.forward(input_ids, cache, last_only=True)
+
+    def prefill_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
         return self.forward(input_ids, cache)
 
     def decode(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:

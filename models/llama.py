@@ -111,17 +111,22 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size)
 
-    def forward(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+    def forward(self, input_ids: nn.Tensor, cache: nn.Cache, last_only: bool = False) -> nn.Tensor:
         n = input_ids.shape[1]
         total = cache.begin(n)
         h = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
             h = layer(h, cache, i, total - n)
+        if last_only:  # generation needs the last position's logits only: skip the head elsewhere
+            h = op.strided_slice(h, n - 1, n, axis=1)
         h = self.model.norm(h)
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return op.linear(h, head)
 
     def prefill(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        return self.forward(input_ids, cache, last_only=True)
+
+    def prefill_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
         return self.forward(input_ids, cache)
 
     def decode(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:

@@ -109,11 +109,11 @@ class Engine:
         outs = []
         for start in range(0, n, self.prefill_chunk):
             chunk = ids[:, start:start + self.prefill_chunk]
-            res = self._step("prefill", chunk)
+            res = self._step("prefill_all" if all_logits else "prefill", chunk)
             last = start + self.prefill_chunk >= n
             if all_logits or last:
                 logits = self._download(res)[0]
-                outs.append(logits if all_logits else logits[-1:])
+                outs.append(logits)
         self.stats["prefill_tokens"] += n
         self.stats["prefill_seconds"] += time.perf_counter() - t0
         out = np.concatenate(outs)

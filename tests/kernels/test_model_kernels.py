@@ -72,9 +72,14 @@ def test_kernels_and_logits(tiny_path, backend):
         cache = RefKVCache(cfg.num_hidden_layers, context, cfg.num_key_value_heads, cfg.head_dim)
         ref.reset()
         ids = [int(t) for t in rng.integers(0, cfg.vocab_size, seq_len)]
-        got = interp.run("prefill", np.array([ids], np.int32), cache, *params)[0]
+        got = interp.run("prefill_all", np.array([ids], np.int32), cache, *params)[0]
         want = ref.prefill(ids, all_logits=True)
         assert np.abs(got - want).max() <= 1e-4, f"prefill of {seq_len}: max |diff| {np.abs(got - want).max()}"
+        cache.reset()
+        ref.reset()
+        got_last = interp.run("prefill", np.array([ids], np.int32), cache, *params)[0, -1]
+        want_last = ref.prefill(ids)
+        assert np.abs(got_last - want_last).max() <= 1e-4, f"last-position prefill of {seq_len}"
         token = int(np.argmax(want[-1]))
         for _ in range(decode_steps):
             got = interp.run("decode", np.array([[token]], np.int32), cache, *params)[0, -1]

@@ -49,4 +49,4 @@ def test_last_logits_only(hf_and_model):
     s.reset()
     last = s.prefill([1, 2, 3])
     assert last.shape == (model.config.vocab_size,)
-    np.testing.assert_array_equal(last, all_[-1])
+    np.testing.assert_allclose(last, all_[-1], atol=1e-5)  # prefill computes the head on the last position only
