@@ -22,6 +22,9 @@ class Target:
     # Shared-memory tiles for prefill matmuls. Off for CPU OpenCL: PoCL runs work-group barriers
     # slowly and its caches already serve one row per work-item well (FACTS.md).
     tiled_matmul: bool = True
+    # Decode GEMV with one work-group per output and a shared-memory tree reduction (coalesced
+    # loads). Off for CPU OpenCL, where one row per work-item is faster.
+    workgroup_gemv: bool = True
 
     def __post_init__(self):
         if self.kind not in ("opencl", "cuda", "webgpu"):
