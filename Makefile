@@ -43,7 +43,8 @@ test-fast: install
 	$(PY) -m pytest -q -m "not model" $(PYTEST_ARGS)
 
 demo: model
-	$(VENV)/bin/deploycc run "$$($(PY) scripts/fetch_smollm2.py)" --prompt "What is the capital of France?" --max-tokens 40
+	$(VENV)/bin/deploycc compile "$$($(PY) scripts/fetch_smollm2.py)" --device cpu-opencl -o dist/smollm2 --force
+	printf 'What is the capital of France?\n/stats\n' | $(VENV)/bin/deploycc chat dist/smollm2
 
 lint: install
 	$(PY) -m ruff check deploycc models runtime targets tests scripts

@@ -1,43 +1,520 @@
-"""The command line: parse, call an importable function, render. Errors are one line, no traceback."""
+"""The command line: parse, call an importable function, render. Errors are one line, no traceback.
+
+    deploycc compile MODEL --device PRESET|YAML [-o DIR]    a self-contained package (deploycc.package)
+    deploycc run PKG|MODEL --prompt TEXT                     one reply, streamed
+    deploycc chat PKG|MODEL                                  a REPL (runtime/cli.py holds the loop)
+    deploycc bench PKG                                       prefill / decode tok/s, memory
+    deploycc verify PKG                                      package logits against the numpy reference
+    deploycc devices                                         runtimes on this machine, presets they can run
+    deploycc inspect MODEL [--stage S | --kernels | --memory]
+
+An uncompiled MODEL given with --device is compiled once into $DEPLOYCC_HOME/packages (default
+~/.cache/deploycc/packages), keyed by the source files, the preset, the quantization and the context
+window; without --device, run and chat use the numpy reference interpreter.
+"""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
+from pathlib import Path
 
 import click
 
 from .errors import DeployError
 from .pipeline import STAGES as PIPELINE_STAGES
+from .runtime.cli import USER_ERRORS
+
+ERRORS = (DeployError, *USER_ERRORS)
+
+
+def _generation_options(max_tokens: int):
+    """The sampling options shared by run and chat (a decorator)."""
+    options = [
+        click.option("--max-tokens", type=click.IntRange(min=1), default=max_tokens, show_default=True),
+        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                     help="0 is greedy."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 means off."),
+        click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0,
+                     show_default=True),
+        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("--device", default=None,
+                     help="Preset name or YAML path: compile an uncompiled MODEL for it (cached) and run the package. "
+                          "Without it, a MODEL runs on the numpy reference interpreter (exact but slow)."),
+        click.option("--context-window", type=click.IntRange(min=1), default=None,
+                     help="Upper bound of total_len for an uncompiled MODEL (default: from the config and preset)."),
+        click.option("--revision", default=None, help="Hub revision when MODEL is a repo id."),
+    ]
+
+    def decorate(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="deploycc")
 def cli():
-    """deploycc: compile Hugging Face LLMs for CUDA, OpenCL and WebGPU, and run them."""
+    """deploycc: compile Hugging Face LLMs for CUDA, OpenCL and WebGPU, and run them.
+
+    PKG is a directory written by `deploycc compile`; MODEL is a checkpoint directory or a Hugging Face
+    repo id."""
 
 
-@cli.command()
+# ---- compile -----------------------------------------------------------------------------------
+
+@cli.command(name="compile", short_help="Compile a model into a self-contained package for a device preset.")
 @click.argument("model")
-@click.option("--stage", type=click.Choice(PIPELINE_STAGES), default="exported", show_default=True,
-              help="Pipeline stage whose IR to print.")
-@click.option("--device", "device", default=None, help="Device preset name or YAML path (needed for scheduled/kernels).")
-@click.option("--kernels", is_flag=True, help="List every kernel and the kernel launches per decode step.")
-@click.option("--json", "as_json", is_flag=True, help="With --kernels: print one JSON object.")
+@click.option("--device", default="cpu-opencl", show_default=True,
+              help="Device preset name (see `deploycc devices`) or a preset YAML file.")
+@click.option("--quantization", default=None, help="Weight quantization (default: the preset's; available: q0f32).")
+@click.option("--context-window", type=click.IntRange(min=1), default=None,
+              help="Upper bound of total_len (default: the smaller of the preset's and the model's).")
+@click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Change a preset value: prefill_chunk=256, context_window=2048, target.threads_per_block=128, ...")
+@click.option("-o", "--output", default=None, help="Package directory (default: dist/MODEL-QUANT-PRESET).")
+@click.option("--force", is_flag=True, help="Replace OUTPUT even when it exists and is not a deploycc package.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
-@click.option("--context-window", type=int, default=None, help="Upper bound of total_len (default: from the config).")
-def inspect(model, stage, device, kernels, as_json, revision, context_window):
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no progress display).")
+def compile_cmd(model, device, quantization, context_window, overrides, output, force, revision, as_json):
+    """Compile MODEL into a self-contained package directory for a device preset."""
+    from .package import compile_model
+
+    with _CompileProgress(enabled=not as_json) as progress:
+        path = compile_model(_source(model), device, quantization, context_window, tuple(overrides), output, force,
+                             revision, progress=progress)
+    manifest = json.loads((path / "manifest.json").read_text())
+    summary = _package_summary(path, manifest)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(str(path))
+    mem = summary["memory"]
+    click.echo(f"{summary['preset']} ({summary['backend']}), {summary['quantization']}, context window "
+               f"{summary['context_window']}: {summary['kernels']} kernels, weights {_size(mem['weights_bytes'])}, "
+               f"KV cache {_size(mem['kv_cache_bytes'])}, activations {_size(mem['activation_bytes'])}")
+
+
+def _source(model: str) -> str:
+    """A local checkpoint as an absolute path, so that the manifest's source works from any directory."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
+
+
+def _package_summary(path: Path, manifest: dict) -> dict:
+    return {"package": str(path), "model": manifest["model"]["architecture"], "source": manifest["model"]["source"],
+            "preset": manifest["preset"]["name"], "backend": manifest["preset"]["backend"],
+            "quantization": manifest["quantization"], "context_window": manifest["bounds"]["context_window"],
+            "prefill_chunk": manifest["bounds"]["prefill_chunk"], "kernels": len(manifest["kernels"]["entries"]),
+            "memory": manifest.get("memory", {})}
+
+
+def _size(n) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 100 * scale else f"{n / scale:.0f} {unit}"
+    return f"{n} B"
+
+
+class _CompileProgress:
+    """compile_model's progress callback -> rich progress on stderr: one line per step, the weights
+    counted tensor by tensor. Disabled, it is a no-op callback."""
+
+    LABELS = {"export": "export", "compile": "compile (passes, kernels, memory plan, bytecode)", "weights": "write weights"}
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.progress = None
+        self.task = None
+
+    def __enter__(self):
+        return self
+
+    def _start(self) -> None:
+        """On the first step, so that a compile refused before any work prints nothing but its error."""
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
+                                 BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                 console=Console(stderr=True))
+        self.progress.start()
+
+    def __call__(self, step: str, name: str | None = None) -> None:
+        if not self.enabled:
+            return
+        if self.progress is None:
+            self._start()
+        if step == "weight":
+            done = self.progress.tasks[self.task].completed + 1
+            self.progress.update(self.task, completed=done, detail=f"{done} tensors  {name}")
+            return
+        self._finish()
+        self.task = self.progress.add_task(self.LABELS.get(step, step), total=None, detail="")
+
+    def _finish(self) -> None:
+        if self.task is not None:
+            t = self.progress.tasks[self.task]
+            detail = f"{int(t.completed)} tensors" if t.completed else ""
+            self.progress.update(self.task, total=max(t.completed, 1), completed=max(t.completed, 1), detail=detail)
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.progress is not None:
+            if exc_type is None:
+                self._finish()
+            elif not self.progress.console.is_terminal:
+                self.progress.live.transient = True  # a log gets the error line alone
+            self.progress.stop()
+        return False
+
+
+# ---- packages for run / chat / bench ---------------------------------------------------------------
+
+def _home() -> Path:
+    return Path(os.environ.get("DEPLOYCC_HOME") or Path.home() / ".cache" / "deploycc").expanduser()
+
+
+def _is_package(path: Path) -> bool:
+    """A package directory, or what is left of one (then the loader says what is missing)."""
+    return path.is_dir() and any((path / f).exists() for f in ("manifest.json", "bytecode.json", "__main__.py"))
+
+
+def _cache_key(model: str, revision: str | None, preset, quantization: str | None, context_window: int | None) -> str:
+    """Source files (name, size, mtime), preset, quantization, context window and the compiler's own files:
+    a changed checkpoint, preset or compiler compiles anew."""
+    from . import __version__
+    from .hub import resolve
+
+    src = resolve(model, revision)
+    files = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(src.iterdir()) if p.is_file()]
+    roots = {Path(m.__file__).resolve().parent for m in _compiler_modules()}
+    code = max((p.stat().st_mtime_ns for r in roots for p in r.rglob("*.py")), default=0)
+    key = {"source": str(src.resolve()), "revision": revision, "files": files, "target": preset.target.to_dict(),
+           "backend": preset.backend, "preset": preset.name, "prefill_chunk": preset.prefill_chunk,
+           "preset_context_window": preset.context_window, "quantization": quantization or preset.quantization,
+           "context_window": context_window, "deploycc": __version__, "code": code}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _compiler_modules():
+    import deploycc
+    import deploycc.models
+    import deploycc.runtime
+    import deploycc.targets
+
+    return (deploycc, deploycc.models, deploycc.runtime, deploycc.targets)
+
+
+def _open_package(model: str, device: str | None, context_window: int | None, revision: str | None, quiet: bool):
+    """(engine, info) for a package directory, or for MODEL compiled for --device into the cache;
+    None when MODEL is an uncompiled checkpoint and no --device was given."""
+    from . import presets
+    from .runtime.engine import Engine
+    from .runtime.package import PackageError, read_manifest
+
+    path = Path(model).expanduser()
+    if _is_package(path):
+        manifest = read_manifest(path)
+        if device is not None:
+            preset = presets.load(device)
+            if preset.target.to_dict() != manifest["target"] or preset.backend != manifest["preset"]["backend"]:
+                raise DeployError(f"{model} is a package compiled for {manifest['preset']['name']}; --device applies to "
+                                  f"an uncompiled MODEL (recompile: deploycc compile SOURCE --device {device})")
+        ctx = manifest["bounds"]["context_window"]
+        if context_window is not None and context_window != ctx:
+            raise DeployError(f"{model} was compiled with a context window of {ctx}; --context-window applies to an "
+                              f"uncompiled MODEL (recompile with deploycc compile --context-window {context_window})")
+        return Engine.load(path), {"package": str(path), "device": manifest["preset"]["name"]}
+    if device is None:
+        return None
+    from .package import compile_model
+
+    preset = presets.load(device)
+    out = _home() / "packages" / _cache_key(model, revision, preset, None, context_window)
+    info = {"package": str(out), "model": model, "device": preset.name}
+    if (out / "manifest.json").exists():
+        try:
+            return Engine.load(out), info
+        except PackageError:  # a damaged cache entry: compile it again
+            pass
+    if not quiet:
+        click.echo(f"compiling {model} for {preset.name} into {out}", err=True)
+    with _CompileProgress(enabled=not quiet) as progress:
+        compile_model(_source(model), device, None, context_window, (), str(out), True, revision, progress=progress)
+    return Engine.load(out), info
+
+
+def _reference(model: str, context_window: int | None, revision: str | None):
+    from .hub import load_model
+    from .runtime.tokenizer import Tokenizer
+    from .session import reference_session
+
+    loaded = load_model(model, revision)
+    tok = Tokenizer.from_dir(loaded.path)
+    return reference_session(loaded, context_window=context_window), tok, {"model": model, "device": "reference"}
+
+
+def _session(model, device, context_window, revision, quiet):
+    opened = _open_package(model, device, context_window, revision, quiet)
+    if opened is None:
+        return _reference(model, context_window, revision)
+    engine, info = opened
+    return engine, engine.tokenizer, info
+
+
+# ---- run / chat --------------------------------------------------------------------------------
+
+@cli.command(short_help="One reply to a prompt, streamed to stdout.")
+@click.argument("model")
+@click.option("--prompt", required=True, help="The user message (the chat template is applied).")
+@click.option("--no-chat", is_flag=True, help="Feed the prompt as raw text, without the chat template.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (prompt, prompt_ids, generated ids, text, timings) instead of streaming.")
+@_generation_options(max_tokens=64)
+def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, repetition_penalty, seed, device,
+        context_window, revision):
+    """Generate a reply to PROMPT, streaming to stdout.
+
+    MODEL is a compiled package directory (run on its device), or a checkpoint / Hub id: with --device
+    it is compiled for that preset first (cached under ~/.cache/deploycc/packages); without --device
+    it runs on the numpy reference interpreter, which is exact but slow."""
+    from .runtime.cli import run_prompt, sampling_options
+
+    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed)
+    session, tok, info = _session(model, device, context_window, revision, as_json)
+    try:
+        run_prompt(session, tok, prompt, chat=not no_chat, as_json=as_json, info=info, **options)
+    except ERRORS:
+        raise
+    except ValueError as e:  # an empty prompt, and the like
+        raise DeployError(str(e)) from None
+
+
+@cli.command(short_help="Interactive multi-turn chat with a package or model, streaming.")
+@click.argument("model")
+@click.option("--system", default=None, help="System prompt (change it in the chat with /system TEXT).")
+@_generation_options(max_tokens=256)
+def chat(model, system, max_tokens, temperature, top_p, top_k, repetition_penalty, seed, device, context_window,
+         revision):
+    """Chat with MODEL: streaming replies, multi-turn history, /reset, /stats, /system TEXT, /exit.
+
+    Reads stdin when it is not a terminal (one message per line, replies only). MODEL is a package, or
+    a checkpoint compiled for --device first (cached), or without --device the numpy reference."""
+    from .runtime.cli import chat_repl, sampling_options
+
+    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed)
+    session, tok, info = _session(model, device, context_window, revision, False)
+    if info.get("device") == "reference" and sys.stdin.isatty():
+        click.echo("(no --device: the numpy reference interpreter runs this model; exact but slow)", err=True)
+    name = Path(info.get("package") or model).name if "model" not in info else model
+    return chat_repl(session, tok, name=name, system=system, errors=ERRORS, **options)
+
+
+# ---- bench -------------------------------------------------------------------------------------
+
+@cli.command(short_help="Prefill / decode tokens per second and memory of a package.")
+@click.argument("package")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--gen-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
+@click.option("--device", default=None, help="Compile an uncompiled MODEL for this preset first (cached).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench(package, prompt_len, gen_len, repeat, seed, device, as_json):
+    """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory."""
+    from .runtime.cli import bench as run_bench
+
+    opened = _open_package(package, device, None, None, as_json)
+    if opened is None:
+        raise DeployError(f"{package} is not a compiled package; compile it (deploycc compile {package} --device PRESET) "
+                          f"or pass --device PRESET")
+    r = run_bench(opened[0], prompt_len, gen_len, repeat, seed)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"bench {r['package']}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    m = r["device_memory"]
+    for k, v in [("preset", r["preset"]), ("device", r["device"]), ("prompt / generated tokens", f"{prompt_len} / {gen_len}"),
+                 ("prefill", f"{r['prefill_tok_s']:.1f} tok/s"), ("decode", f"{r['decode_tok_s']:.1f} tok/s"),
+                 ("repeats (median)", str(repeat)), ("peak RSS", _size(r["peak_rss_bytes"])),
+                 ("device memory", _size(m["total_bytes"])), ("  weights", _size(m["weights_bytes"])),
+                 ("  KV cache", _size(m["kv_cache_bytes"])), ("  activations", _size(m["activation_bytes"]))]:
+        t.add_row(k, v)
+    Console().print(t)
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+@cli.command(short_help="Check a package's logits against the numpy reference.")
+@click.argument("package")
+@click.option("--source", default=None, help="The model the package was compiled from (default: the manifest's source).")
+@click.option("--steps", type=click.IntRange(min=0), default=8, show_default=True, help="Decode steps per prompt.")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-3, show_default=True,
+              help="Largest allowed |logit difference|.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def verify(package, source, steps, tolerance, seed, as_json):
+    """Run PACKAGE and the numpy reference side by side on random prompts (1, 7 and prefill_chunk+3 tokens,
+    at most 33) and decode steps; report the largest logit difference per step; exit 1 past --tolerance."""
+    import numpy as np
+
+    from .hub import load_model
+    from .runtime.engine import Engine
+    from .session import reference_session
+
+    engine = Engine.load(package)
+    m = engine.manifest
+    ctx, chunk = m["bounds"]["context_window"], m["bounds"]["prefill_chunk"]
+    loaded = load_model(source or m["model"]["source"])
+    cfg, kv = loaded.config, m["kv_cache"]
+    theirs = (loaded.architecture, cfg.vocab_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+    ours = (m["model"]["architecture"], m.get("vocab_size", cfg.vocab_size), kv["layers"], kv["kv_heads"], kv["head_dim"])
+    if theirs != ours:
+        raise DeployError(f"{source or m['model']['source']} is a {theirs[0]} with vocabulary {theirs[1]}, {theirs[2]} layers, "
+                          f"{theirs[3]} KV heads of {theirs[4]}; the package holds a {ours[0]} with {ours[1]}, {ours[2]}, "
+                          f"{ours[3]} of {ours[4]}; is --source the model this package was compiled from?")
+    ref = reference_session(loaded, context_window=ctx)
+    rng = np.random.default_rng(seed)
+    steps = min(steps, ctx - 1)
+    lengths = list(dict.fromkeys(max(1, min(n, ctx - steps)) for n in (1, 7, min(33, chunk + 3))))
+    rows = []
+
+    def compare(n: int, step, a: np.ndarray, b: np.ndarray) -> None:
+        if a.shape != b.shape:
+            raise DeployError(f"the package's logits are {list(a.shape)}, the reference's {list(b.shape)}; is "
+                              f"--source the model this package was compiled from?")
+        rows.append({"prompt_len": n, "step": step, "max_abs_diff": float(np.max(np.abs(a - b))),
+                     "argmax_match": bool(np.array_equal(a.argmax(-1), b.argmax(-1)))})
+
+    for n in lengths:
+        ids = rng.integers(0, engine.vocab_size or ref.model.config.vocab_size, n).tolist()
+        engine.reset()
+        ref.reset()
+        a, b = engine.prefill(ids, all_logits=True), ref.prefill(ids, all_logits=True)
+        compare(n, "prefill", a, b)
+        token = int(b[-1].argmax())
+        for i in range(steps):
+            a, b = engine.decode(token), ref.decode(token)
+            compare(n, i + 1, a, b)
+            token = int(b.argmax())  # both follow the reference's greedy path
+    worst = max(rows, key=lambda r: r["max_abs_diff"])
+    passed = worst["max_abs_diff"] <= tolerance
+    if as_json:
+        click.echo(json.dumps({"package": str(package), "tolerance": tolerance, "passed": passed,
+                               "max_abs_diff": worst["max_abs_diff"], "steps": rows}, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"{package} against the numpy reference ({m['model']['architecture']})")
+        for col in ("prompt", "step", "max |diff|", "argmax"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            bad = r["max_abs_diff"] > tolerance
+            diff = f"{r['max_abs_diff']:.3e}"
+            t.add_row(str(r["prompt_len"]), str(r["step"]), f"[red]{diff}[/red]" if bad else diff,
+                      "same" if r["argmax_match"] else "[yellow]differs[/yellow]")
+        Console().print(t)
+        if passed:
+            click.echo(f"ok: largest difference {worst['max_abs_diff']:.3e} <= tolerance {tolerance:g}")
+    if not passed:
+        raise DeployError(f"largest logit difference {worst['max_abs_diff']:.3e} exceeds the tolerance {tolerance:g} "
+                          f"(prompt of {worst['prompt_len']} tokens, step {worst['step']})")
+
+
+# ---- devices -----------------------------------------------------------------------------------
+
+@cli.command(short_help="Device runtimes on this machine and the presets they can run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def devices(as_json):
+    """The device runtimes this machine has (OpenCL, WebGPU, CUDA, host) and the presets it can run."""
+    from . import presets
+    from .runtime.devices import available
+
+    found = available()
+    usable = {d["kind"] for d in found if d.get("name")}
+    errors = {d["kind"]: d["details"].get("error") for d in found if not d.get("name")}
+    rows = []
+    for name in presets.names():
+        p = presets.load(name)
+        ok = p.backend in usable
+        rows.append({"name": name, "backend": p.backend, "target": p.target.kind, "description": p.description,
+                     "runnable": ok, "reason": None if ok else errors.get(p.backend) or f"no {p.backend} device found"})
+    if as_json:
+        click.echo(json.dumps({"devices": found, "presets": rows}, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title="device runtimes")
+    for col in ("kind", "device", "details"):
+        t.add_column(col)
+    for d in found:
+        t.add_row(d["kind"], d.get("name") or "[red]unavailable[/red]", _device_details(d))
+    console.print(t)
+    t = Table(title="presets")
+    for col in ("preset", "backend", "runs here", "description"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["backend"], "[green]yes[/green]" if r["runnable"] else "[red]no[/red]", r["description"])
+    console.print(t)
+
+
+def _device_details(d: dict) -> str:
+    x = d.get("details") or {}
+    if "error" in x:
+        return str(x["error"])
+    keys = ("platform", "backend", "adapter_type", "compute_units", "global_mem_size", "machine")
+    parts = [f"{k}={_size(x[k]) if k.endswith('_size') else x[k]}" for k in keys if k in x]
+    return ", ".join(parts) + (" (default)" if x.get("default") else "")
+
+
+# ---- inspect -----------------------------------------------------------------------------------
+
+@cli.command(short_help="IR after a pipeline stage, VM bytecode, kernel list or memory plan.")
+@click.argument("model")
+@click.option("--stage", type=click.Choice((*PIPELINE_STAGES, "vm")), default="exported", show_default=True,
+              help="Pipeline stage whose IR to print; vm: the disassembled VM bytecode (needs --device).")
+@click.option("--device", "device", default=None,
+              help="Device preset name or YAML path (needed for scheduled, vm and kernels).")
+@click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE", help="Change a preset value, as in compile.")
+@click.option("--kernels", is_flag=True, help="List every kernel and the kernel launches per decode step.")
+@click.option("--memory", is_flag=True,
+              help="The memory plan: weights, KV cache, activations with and without planning (prefill 128/256/512, decode).")
+@click.option("--json", "as_json", is_flag=True, help="With --kernels or --memory: print one JSON object.")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
+@click.option("--context-window", type=click.IntRange(min=1), default=None,
+              help="Upper bound of total_len (default: from the config, at most the preset's).")
+def inspect(model, stage, device, overrides, kernels, memory, as_json, revision, context_window):
     """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
-    or its kernel list with --kernels."""
+    its VM bytecode, its kernel list (--kernels) or its memory plan (--memory)."""
     from . import pipeline, presets
     from .hub import load_model
+    from .package import apply_overrides
     from .session import export
 
-    preset = presets.load(device) if device else None
+    if kernels and memory:
+        raise DeployError("choose one of --kernels and --memory")
+    if overrides and not device:
+        raise DeployError("--override changes a device preset; give --device PRESET too")
+    preset = apply_overrides(presets.load(device), list(overrides)) if device else None
     target = preset.target if preset else None
-    if (kernels or stage == "scheduled") and preset is None:
-        raise DeployError("--kernels and --stage scheduled need --device PRESET (e.g. cpu-opencl)")
+    if (kernels or stage in ("scheduled", "vm")) and preset is None:
+        raise DeployError(f"{'--kernels' if kernels else f'--stage {stage}'} needs --device PRESET (e.g. cpu-opencl)")
     loaded = load_model(model, revision)
-    exported = export(loaded, context_window or (preset.context_window if preset else None))
+    ctx = context_window or (min(preset.context_window, loaded.config.context_window) if preset else None)
+    exported = export(loaded, ctx)
     if kernels:
         report = pipeline.kernel_report(exported, target)
         if as_json:
@@ -45,7 +522,29 @@ def inspect(model, stage, device, kernels, as_json, revision, context_window):
             return
         _print_kernels(report, preset.name)
         return
+    if memory:
+        from .transform.plan_memory import memory_report
+
+        mod = pipeline.run(exported, target, "scheduled" if preset else "fused")
+        report = memory_report(mod, loaded.config.num_key_value_heads, loaded.config.head_dim)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+        else:
+            _print_memory(report, preset.name if preset else "fused, no target")
+        return
+    if stage == "vm":
+        click.echo(_bytecode_text(exported, preset, ctx or exported.attrs["context_window"]), nl=False)
+        return
     click.echo(str(pipeline.run(exported, target, stage)), nl=False)
+
+
+def _bytecode_text(exported, preset, ctx: int) -> str:
+    """The bytecode exactly as compile_model lowers it."""
+    from .package import lower_to_vm
+    from .vm import disassemble
+
+    lowered, _ = lower_to_vm(exported, preset.target, max(1, min(preset.prefill_chunk, ctx)))
+    return disassemble(lowered.bytecode)
 
 
 def _print_kernels(report: dict, device: str) -> None:
@@ -65,55 +564,31 @@ def _print_kernels(report: dict, device: str) -> None:
                   f"{report['decode_launches'] / layers:.1f} vs {report['decode_launches_unfused'] / layers:.1f} per layer)")
 
 
-@cli.command()
-@click.argument("model")
-@click.option("--prompt", required=True, help="The user message (the chat template is applied).")
-@click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--no-chat", is_flag=True, help="Feed the prompt as raw text, without the chat template.")
-@click.option("--context-window", type=int, default=None, help="Upper bound of total_len (default: from the config).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-def run(model, prompt, max_tokens, temperature, top_p, top_k, seed, no_chat, context_window, as_json):
-    """Generate a reply to PROMPT with MODEL on the numpy reference interpreter, streaming to stdout.
+def _print_memory(report: dict, where: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
 
-    Compiled packages (kernels on OpenCL, WebGPU, CUDA) come with the runtime; until then this runs
-    the reference, which is exact but slow."""
-    import time
+    table = Table(title=f"memory plan of {report['model']} ({where}), context window {report['context_window']}")
+    for col in ("function", "seq_len bound", "tensors", "without planning", "planned", "storages", "saved"):
+        table.add_column(col, justify="right")
+    for r in report["activations"]:
+        n = str(r["seq_len"])
+        if r["effective_seq_len"] is not None and r["effective_seq_len"] != r["seq_len"]:
+            n += f" (≤ {r['effective_seq_len']})"
+        table.add_row(r["function"], n, str(r["tensors"]), _size(r["unplanned_bytes"]), _size(r["planned_bytes"]),
+                      str(r["storages"]), f"{100 * r['reduction']:.0f}%")
+    console = Console()
+    console.print(table)
+    console.print(f"weights {_size(report['weights_bytes'])}, KV cache {_size(report['kv_cache_bytes'])}, "
+                  f"total at load {_size(report['total_bytes'])} (weights + KV cache + the largest prefill plan + decode)")
 
-    from .hub import load_model
-    from .runtime.generate import generate
-    from .runtime.tokenizer import Tokenizer
-    from .session import reference_session
 
-    loaded = load_model(model)
-    stats: dict = {}
-    t0 = time.perf_counter()
-    pieces = []
-    try:
-        tok = Tokenizer.from_dir(loaded.path)
-        session = reference_session(loaded, context_window=context_window)
-        for piece in generate(session, tok, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              top_k=top_k, seed=seed, chat=not no_chat, stats=stats):
-            pieces.append(piece)
-            if not as_json:
-                click.echo(piece, nl=False)
-    except ValueError as e:  # tokenizer files, context window, sampler arguments, missing chat template
-        raise DeployError(str(e)) from None
-    if as_json:
-        click.echo(json.dumps({"model": model, "prompt": prompt, "text": "".join(pieces),
-                               "seconds": round(time.perf_counter() - t0, 3),
-                               **{k: v for k, v in stats.items()}}, default=str))
-    else:
-        click.echo()
-
+# ---- entry point -------------------------------------------------------------------------------
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
-    except DeployError as e:
+        rv = cli.main(standalone_mode=False)
+    except ERRORS as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     except click.exceptions.Abort:
@@ -124,6 +599,16 @@ def main() -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:  # `deploycc run ... | head`: the reader left
+        from .runtime.cli import quiet_stdout
+
+        quiet_stdout()
+        sys.exit(0)
+    except OSError as e:  # a file we cannot write or read: say which, without a traceback
+        where = f": {e.filename}" if e.filename else ""
+        click.echo(f"error: {e.strerror or e}{where}", err=True)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,20 @@ def _unknown(key: str, valid, where: str) -> DeployError:
     return DeployError(f"{where}: unknown key '{key}'{hint}")
 
 
+_TYPES = {"int": (int, "an integer"), "bool": (bool, "true or false"), "str": (str, "a string")}
+
+
+def _check_type(value, typename: str, what: str, positive: bool = False) -> None:
+    """YAML gives ints, bools and strings; a bool is not an int here, and sizes are positive."""
+    expected, words = _TYPES.get(typename, (None, ""))
+    if expected is None:
+        return
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise DeployError(f"{what} must be {words}, got {value!r}")
+    if expected is int and positive and value < 1:
+        raise DeployError(f"{what} must be a positive integer, got {value!r}")
+
+
 def load(name_or_path: str) -> Preset:
     path = Path(name_or_path)
     if name_or_path.endswith((".yaml", ".yml")) or path.exists():
@@ -79,15 +93,21 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
         raise DeployError(f"{where}: 'target' must be a mapping")
     from dataclasses import fields
 
-    tkeys = {f.name for f in fields(Target)}
-    for k in tdata:
+    tkeys = {f.name: f.type for f in fields(Target)}
+    for k, v in tdata.items():
         if k not in tkeys:
             raise _unknown(k, tkeys, f"{where}: target")
+        _check_type(v, str(tkeys[k]), f"{where}: target: '{k}'", positive=True)
     try:
         target = Target(**tdata)
     except (TypeError, ValueError) as e:
         raise DeployError(f"{where}: target: {e}") from None
+    for k in ("name", "description", "quantization"):
+        if k in data:
+            _check_type(data[k], "str", f"{where}: '{k}'")
     runtime = data.get("runtime") or {}
+    if not isinstance(runtime, dict):
+        raise DeployError(f"{where}: 'runtime' must be a mapping (e.g. runtime: {{backend: opencl}})")
     for k in runtime:
         if k not in RUNTIME_KEYS:
             raise _unknown(k, RUNTIME_KEYS, f"{where}: runtime")
@@ -95,9 +115,8 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     if backend not in BACKENDS:
         raise DeployError(f"{where}: runtime backend '{backend}' is not one of {', '.join(BACKENDS)}")
     for k in ("context_window", "prefill_chunk"):
-        v = data.get(k, 0)
-        if not isinstance(v, int) or v < 0:
-            raise DeployError(f"{where}: '{k}' must be a non-negative integer, got {v!r}")
+        if k in data:
+            _check_type(data[k], "int", f"{where}: '{k}'", positive=True)
     return Preset(str(data["name"]), str(data.get("description", "")), target, backend,
                   str(data.get("quantization", "q0f32")), int(data.get("context_window", 4096)),
                   int(data.get("prefill_chunk", 512)), where)

@@ -64,7 +64,9 @@ class Engine:
         try:
             dev = open_device(kind)
         except DeviceError as e:
-            raise DeviceError(f"no {kind} runtime on this machine ({e}); install it: {INSTALL.get(kind, '')}") from None
+            msg = str(e)
+            hint = "" if "install" in msg else f"; install it: {INSTALL.get(kind, '')}"
+            raise DeviceError(f"no {kind} runtime on this machine ({msg}){hint}") from None
         try:
             params = load_params(path, manifest)
         except SafetensorsError as e:

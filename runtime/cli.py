@@ -1,0 +1,363 @@
+"""The package's own command line: `python PACKAGE run --prompt TEXT`, `python PACKAGE chat`, `python PACKAGE bench`.
+
+It runs where deploycc is not installed, so it uses argparse and the runtime alone (numpy, the
+backend binding, tokenizers, jinja2, safetensors). The pieces that do the work — one-shot generation,
+the chat REPL, the benchmark — take any session with the runtime contract (`prefill`, `decode`,
+`reset`, `context_window`) and a tokenizer, so `deploycc run/chat/bench` reuse them for packages and
+for the numpy reference alike. Bad input is one line `error: ...` on stderr and exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .devices import DeviceError
+from .generate import ContextWindowError, encode_prompt, generate
+from .kvcache import ContextWindowFull
+from .package import PackageError
+from .safetensors_io import SafetensorsError
+from .sampler import Sampler
+from .symexpr import SymExprError
+from .tokenizer import TokenizerError
+from .vm import VMError
+
+
+class UsageError(ValueError):
+    """An option value this command cannot use (checked before any work starts)."""
+
+
+# Every error a user can cause or fix; anything else is a bug and keeps its traceback.
+USER_ERRORS = (UsageError, PackageError, DeviceError, VMError, ContextWindowFull, ContextWindowError, TokenizerError,
+               SafetensorsError, SymExprError)
+
+CHAT_HELP = """commands:
+  /system TEXT   set the system prompt (no TEXT: remove it); the history is kept
+  /reset         forget the conversation (the system prompt stays)
+  /stats         prefill and decode speed of the last reply
+  /help          this list
+  /exit          leave (Ctrl-D too)"""
+
+
+def sampling_options(max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                     repetition_penalty: float = 1.0, seed: int = 0) -> dict:
+    """Checked generation keyword arguments (a bad value is a UsageError before any model work)."""
+    try:
+        Sampler(temperature, top_p, top_k, repetition_penalty, seed)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
+    return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                repetition_penalty=repetition_penalty, seed=seed)
+
+
+def timings(stats: dict) -> dict:
+    return {"prefill_seconds": round(stats.get("prefill_seconds", 0.0), 6),
+            "decode_seconds": round(stats.get("decode_seconds", 0.0), 6),
+            "prefill_tok_s": round(stats.get("prefill_tok_s", 0.0), 3),
+            "decode_tok_s": round(stats.get("decode_tok_s", 0.0), 3)}
+
+
+# ---- run ---------------------------------------------------------------------------------------
+
+def run_prompt(session, tokenizer, prompt: str, *, chat: bool = True, as_json: bool = False, out=None,
+               info: dict | None = None, **options) -> dict:
+    """Generate one reply: stream it to `out`, or print one JSON object with `as_json`. Returns the object."""
+    out = out or sys.stdout
+    prompt_ids = encode_prompt(tokenizer, prompt, chat)
+    if not prompt_ids:
+        raise UsageError("the prompt encodes to no tokens; give some text")
+    stats: dict = {}
+    pieces = []
+    t0 = time.perf_counter()
+    for piece in generate(session, tokenizer, prompt, chat=chat, stats=stats, **options):
+        pieces.append(piece)
+        if not as_json:
+            out.write(piece)
+            out.flush()
+    result = {**(info or {}), "prompt": prompt, "prompt_ids": [int(i) for i in prompt_ids],
+              "generated": [int(i) for i in stats.get("generated", [])], "text": "".join(pieces),
+              "finish_reason": stats.get("finish_reason"), "prompt_tokens": stats.get("prompt_tokens"),
+              "timings": {**timings(stats), "total_seconds": round(time.perf_counter() - t0, 6)}}
+    out.write(json.dumps(result) + "\n" if as_json else "\n")
+    out.flush()
+    return result
+
+
+# ---- chat --------------------------------------------------------------------------------------
+
+class Conversation:
+    """Multi-turn history; the chat template renders the whole list each turn, and a turn that fails
+    (a prompt over the context window, a template error) leaves the history as it was."""
+
+    def __init__(self, session, tokenizer, system: str | None = None, **options):
+        self.session, self.tokenizer, self.options = session, tokenizer, options
+        self.system = system or None
+        self.turns: list[dict] = []
+        self.last: dict | None = None
+
+    @property
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.turns
+
+    def reply(self, text: str):
+        """Stream the reply to `text`; the turn joins the history once the stream ends (or is cut short)."""
+        stats: dict = {}
+        user = {"role": "user", "content": text}
+        stream = generate(self.session, self.tokenizer, self.messages + [user], stats=stats, **self.options)
+        return self._stream(stream, user, stats)
+
+    def _stream(self, stream, user: dict, stats: dict):
+        pieces = []
+        try:
+            for piece in stream:
+                pieces.append(piece)
+                yield piece
+        finally:
+            stream.close()
+            self.last = stats
+            if stats.get("generated"):
+                self.turns += [user, {"role": "assistant", "content": "".join(pieces)}]
+
+    def reset(self) -> None:
+        self.turns = []
+
+    def fits_alone(self, text: str) -> bool:
+        """Whether `text` would fit the context window without the earlier turns."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        ids = encode_prompt(self.tokenizer, head + [{"role": "user", "content": text}])
+        return len(ids) < int(self.session.context_window)
+
+
+def stats_line(stats: dict | None) -> str:
+    if not stats:
+        return "no reply yet"
+    gen = len(stats.get("generated", []))
+    return (f"prefill {stats['prompt_tokens']} tokens at {stats['prefill_tok_s']:.1f} tok/s, "
+            f"decode {gen} tokens at {stats['decode_tok_s']:.1f} tok/s ({stats['finish_reason']})")
+
+
+def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = None, stdin=None, out=None, err=None,
+              interactive: bool | None = None, errors: tuple = USER_ERRORS, **options) -> int:
+    """Read-eval-print loop. With a terminal: a banner, a `>>> ` prompt and line editing; with piped
+    input: the replies alone, one per line. Errors of one turn are reported and the session goes on."""
+    if not tokenizer.chat_template:
+        raise TokenizerError(f"{name} has no chat template (tokenizer_config.json has no chat_template and there is no "
+                             f"chat_template.jinja), so it cannot chat; use run --no-chat for plain text completion")
+    stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
+    if interactive is None:
+        interactive = stdin.isatty()
+    conv = Conversation(session, tokenizer, system, **options)
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:  # pragma: no cover - not on every platform
+            pass
+        out.write(f"chatting with {name} (context window {session.context_window} tokens); /help for commands\n")
+    while True:
+        try:
+            if interactive:
+                line = input(">>> ")
+            else:
+                line = stdin.readline()
+                if not line:
+                    break
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            out.write("\n")
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            cmd, _, arg = line.partition(" ")
+            if cmd in ("/exit", "/quit"):
+                break
+            if cmd == "/reset":
+                conv.reset()
+                out.write("(conversation reset)\n")
+            elif cmd == "/stats":
+                out.write(stats_line(conv.last) + "\n")
+            elif cmd == "/system":
+                conv.system = arg.strip() or None
+                out.write("(system prompt set)\n" if conv.system else "(system prompt removed)\n")
+            elif cmd == "/help":
+                out.write(CHAT_HELP + "\n")
+            else:
+                err.write(f"error: unknown command {cmd}; /help lists the commands\n")
+            out.flush()
+            continue
+        wrote = False
+        try:
+            for piece in conv.reply(line):
+                out.write(piece)
+                out.flush()
+                wrote = True
+        except KeyboardInterrupt:
+            out.write(" (interrupted)")
+        except errors as e:
+            hint = ""
+            if isinstance(e, ContextWindowError) and conv.turns and conv.fits_alone(line):
+                hint = "; /reset clears the conversation, which makes room for it"
+            out.write("\n" if wrote else "")
+            out.flush()
+            err.write(f"error: {e}{hint}\n")
+            err.flush()
+            continue
+        out.write("\n")
+        if conv.last and conv.last.get("finish_reason") == "context":
+            out.write("(the context window is full; /reset to start over)\n")
+        out.flush()
+    return 0
+
+
+# ---- bench -------------------------------------------------------------------------------------
+
+def peak_rss_bytes() -> int | None:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # macOS reports bytes, Linux KiB
+
+
+def bench(engine, prompt_len: int = 128, gen_len: int = 128, repeat: int = 3, seed: int = 0) -> dict:
+    """Prefill and decode speed on random prompt ids (seeded), after one warm-up run; medians over `repeat`.
+    Decode feeds back the greedy token, as generation does; the times include copying logits back."""
+    window = int(engine.context_window)
+    if prompt_len < 1 or gen_len < 1 or repeat < 1:
+        raise UsageError("--prompt-len, --gen-len and --repeat must be >= 1")
+    if prompt_len + gen_len > window:
+        raise UsageError(f"--prompt-len {prompt_len} + --gen-len {gen_len} exceed the package's context window of "
+                         f"{window}; choose smaller lengths")
+    vocab = int(engine.vocab_size)
+    ids = np.random.default_rng(seed).integers(0, vocab, prompt_len).tolist()
+
+    def once(decodes: int) -> tuple[float, float]:
+        engine.reset()
+        t0 = time.perf_counter()
+        logits = engine.prefill(ids)
+        t1 = time.perf_counter()
+        for _ in range(decodes):
+            logits = engine.decode(int(np.argmax(logits)))
+        return t1 - t0, time.perf_counter() - t1
+
+    once(min(gen_len, 8))  # warm-up: first launches, lazy driver work, page faults of the weights
+    runs = [once(gen_len) for _ in range(repeat)]
+    prefill_s = [p for p, _ in runs]
+    decode_s = [d for _, d in runs]
+    mem = engine.manifest.get("memory", {})
+    weights, kv, act = (int(mem.get(k) or 0) for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes"))
+    return {
+        "package": str(engine.path), "model": engine.manifest["model"].get("architecture"),
+        "device": getattr(engine.device, "name", "") or engine.manifest["preset"]["backend"],
+        "preset": engine.manifest["preset"]["name"], "prompt_len": prompt_len, "gen_len": gen_len, "repeat": repeat,
+        "prefill_tok_s": round(prompt_len / statistics.median(prefill_s), 3),
+        "decode_tok_s": round(gen_len / statistics.median(decode_s), 3),
+        "prefill_seconds": [round(x, 6) for x in prefill_s], "decode_seconds": [round(x, 6) for x in decode_s],
+        "peak_rss_bytes": peak_rss_bytes(),
+        "device_memory": {"weights_bytes": weights, "kv_cache_bytes": kv, "activation_bytes": act,
+                          "total_bytes": weights + kv + act},
+    }
+
+
+def mb(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def bench_lines(r: dict) -> list[str]:
+    m = r["device_memory"]
+    return [f"package        {r['package']} ({r['preset']} on {r['device']})",
+            f"prompt / gen   {r['prompt_len']} / {r['gen_len']} tokens, median of {r['repeat']}",
+            f"prefill        {r['prefill_tok_s']:.1f} tok/s",
+            f"decode         {r['decode_tok_s']:.1f} tok/s",
+            f"peak RSS       {mb(r['peak_rss_bytes'])}",
+            f"device memory  {mb(m['total_bytes'])} (weights {mb(m['weights_bytes'])}, KV cache "
+            f"{mb(m['kv_cache_bytes'])}, activations {mb(m['activation_bytes'])})"]
+
+
+# ---- the package's entry point ---------------------------------------------------------------------
+
+def _parser(package_dir: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python {package_dir}",
+                                description="Run this deploycc package (no deploycc installation needed).")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,chat,bench}")
+
+    def generation(sp, max_tokens: int):
+        sp.add_argument("--max-tokens", type=int, default=max_tokens, help=f"(default {max_tokens})")
+        sp.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+        sp.add_argument("--top-p", type=float, default=1.0, help="(default 1.0)")
+        sp.add_argument("--top-k", type=int, default=0, help="0 means off (default 0)")
+        sp.add_argument("--repetition-penalty", type=float, default=1.0, help="(default 1.0)")
+        sp.add_argument("--seed", type=int, default=0, help="(default 0)")
+
+    run = sub.add_parser("run", help="one prompt, streamed to stdout")
+    run.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
+    generation(run, 64)
+    run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
+    run.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    chat = sub.add_parser("chat", help="interactive chat (reads stdin when it is not a terminal)")
+    generation(chat, 256)
+    chat.add_argument("--system", default=None, help="system prompt")
+    b = sub.add_parser("bench", help="prefill / decode tokens per second and memory")
+    b.add_argument("--prompt-len", type=int, default=128, help="(default 128)")
+    b.add_argument("--gen-len", type=int, default=128, help="(default 128)")
+    b.add_argument("--repeat", type=int, default=3, help="(default 3)")
+    b.add_argument("--seed", type=int, default=0, help="(default 0)")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _gen_options(args) -> dict:
+    return sampling_options(args.max_tokens, args.temperature, args.top_p, args.top_k, args.repetition_penalty, args.seed)
+
+
+def _command(package_dir: str, args) -> int:
+    from .engine import Engine
+
+    if args.command == "run":
+        options = _gen_options(args)
+        engine = Engine.load(package_dir)
+        run_prompt(engine, engine.tokenizer, args.prompt, chat=not args.no_chat, as_json=args.json,
+                   info={"package": str(package_dir)}, **options)
+    elif args.command == "chat":
+        options = _gen_options(args)
+        engine = Engine.load(package_dir)
+        return chat_repl(engine, engine.tokenizer, name=Path(package_dir).name, system=args.system, **options)
+    else:
+        engine = Engine.load(package_dir)
+        r = bench(engine, args.prompt_len, args.gen_len, args.repeat, args.seed)
+        print(json.dumps(r) if args.json else "\n".join(bench_lines(r)))
+    return 0
+
+
+def main(package_dir: str, argv: list[str] | None = None) -> None:
+    args = _parser(package_dir).parse_args(argv)
+    try:
+        code = _command(package_dir, args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # `python PKG run ... | head`: the reader left; not an error
+        quiet_stdout()
+        sys.exit(0)
+    sys.exit(code)
+
+
+def quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so that the flush at exit does not complain again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,489 @@
+"""The package commands end to end: compile, run, chat, bench, verify, devices, inspect --stage vm / --memory,
+and every bad input as one line `error: ...`, exit 1, no traceback.
+
+Packages are compiled from the tiny llama fixture with a tiny byte-level BPE tokenizer (its vocabulary
+as large as the model's) and a ChatML template, for cpu-opencl (PoCL) and cpu-webgpu (lavapipe).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures import make_tiny
+
+MODEL = "llama-gqa1"
+PROMPT = "What is the capital of France?"
+LONG = "word " * 200  # ~1000 tokens: more than the fixture's context window of 128
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\\nYou are a tiny test model.<|im_end|>\\n' }}{% endif %}"
+          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CORPUS = ["What is the capital of France? Paris is the capital of France.\n",
+          "Hello, world! The quick brown fox jumps over the lazy dog.\n",
+          "system user assistant: you are a tiny test model. Be brief. 0123456789\n"] * 8
+STATS = re.compile(r"^prefill (\d+) tokens at [\d.]+ tok/s, decode (\d+) tokens at [\d.]+ tok/s \((\w+)\)$")
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+def with_tokenizer(src: Path, dst: Path) -> Path:
+    """A copy of checkpoint `src` with a byte-level BPE tokenizer of exactly the model's vocab_size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    vocab_size = json.loads((src / "config.json").read_text())["vocab_size"]
+    shutil.copytree(src, dst)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    assert tok.get_vocab_size() == vocab_size
+    tok.save(str(dst / "tokenizer.json"))
+    (dst / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>",
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHATML}, indent=1))
+    return dst
+
+
+def cli(*args, input: str | None = None, env: dict | None = None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "deploycc", *map(str, args)], capture_output=True, text=True,
+                          input=input, timeout=300, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def run_package(pkg: Path, *args, python: str = sys.executable, input: str | None = None, cwd=None):
+    return subprocess.run([python, str(pkg), *map(str, args)], capture_output=True, text=True, input=input,
+                          timeout=300, cwd=cwd)
+
+
+def assert_one_line_error(r, *fragments):
+    assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+_USABLE: set | None = None
+
+
+def needs(backend: str) -> None:
+    global _USABLE
+    if _USABLE is None:
+        from deploycc.runtime.devices import available
+
+        _USABLE = {d["kind"] for d in available() if d.get("name")}
+    if backend not in _USABLE:
+        pytest.skip(f"no {backend} device on this machine")
+
+
+def copy_package(pkg: Path, dst: Path) -> Path:
+    shutil.copytree(pkg, dst)
+    return dst
+
+
+def rehash(pkg: Path, rel: str) -> None:
+    """Make the manifest agree with a file changed on purpose, to reach the checks behind the hash check."""
+    import hashlib
+
+    m = json.loads((pkg / "manifest.json").read_text())
+    m["files"][rel] = hashlib.sha256((pkg / rel).read_bytes()).hexdigest()
+    (pkg / "manifest.json").write_text(json.dumps(m))
+
+
+# ---- fixtures ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return with_tokenizer(make_tiny(MODEL), tmp_path_factory.mktemp("model") / MODEL)
+
+
+@pytest.fixture(scope="module")
+def compiled(model_dir, tmp_path_factory):
+    """preset -> (package dir, the compile's CompletedProcess), compiled once per module."""
+    root = tmp_path_factory.mktemp("packages")
+    made: dict = {}
+
+    def get(preset: str):
+        needs(preset.split("-")[1])
+        if preset not in made:
+            out = root / preset
+            r = cli("compile", model_dir, "--device", preset, "-o", out)
+            assert r.returncode == 0, r.stderr
+            made[preset] = (out, r)
+        return made[preset]
+    return get
+
+
+@pytest.fixture(params=["cpu-opencl", "cpu-webgpu"])
+def package(request, compiled) -> Path:
+    return compiled(request.param)[0]
+
+
+@pytest.fixture
+def opencl_package(compiled) -> Path:
+    return compiled("cpu-opencl")[0]
+
+
+# ---- compile -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu"])
+def test_compile_prints_path_and_summary(compiled, preset):
+    pkg, r = compiled(preset)
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == str(pkg) and len(lines) == 2, r.stdout
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert lines[1].startswith(f"{preset} ({preset.split('-')[1]}), q0f32, context window 128: ")
+    assert f"{len(m['kernels']['entries'])} kernels, weights " in lines[1]
+    assert "KV cache 65.5 KB" in lines[1] and "activations " in lines[1]
+    assert "write weights" in r.stderr and "tensors" in r.stderr  # the progress display, on stderr
+    for f in ("manifest.json", "bytecode.json", "__main__.py", "runtime/cli.py", "tokenizer.json", "tokenizer_config.json"):
+        assert (pkg / f).is_file(), f
+    assert oct(pkg.stat().st_mode & 0o777) == oct(0o755)
+
+
+def test_compile_json(model_dir, tmp_path):
+    needs("opencl")
+    r = cli("compile", model_dir, "-o", tmp_path / "pkg", "--override", "prefill_chunk=16", "--json")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    out = json.loads(r.stdout)
+    m = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert out["package"] == str(tmp_path / "pkg") and out["preset"] == "cpu-opencl" and out["backend"] == "opencl"
+    assert out["prefill_chunk"] == 16 and out["context_window"] == 128 and out["quantization"] == "q0f32"
+    assert out["kernels"] == len(m["kernels"]["entries"]) and out["memory"] == m["memory"]
+    assert out["source"] == str(model_dir.resolve())
+
+
+# ---- run ---------------------------------------------------------------------------------------
+
+def test_run_json_matches_reference(package, model_dir):
+    args = ("--prompt", PROMPT, "--max-tokens", "12", "--json")
+    pkg, ref = cli("run", package, *args), cli("run", model_dir, *args)
+    assert pkg.returncode == 0 and ref.returncode == 0, pkg.stderr + ref.stderr
+    a, b = json.loads(pkg.stdout), json.loads(ref.stdout)
+    assert a["package"] == str(package) and b["device"] == "reference"
+    assert a["prompt"] == PROMPT and a["prompt_ids"] == b["prompt_ids"] and len(a["prompt_ids"]) == a["prompt_tokens"]
+    assert a["generated"] == b["generated"] and 1 <= len(a["generated"]) <= 12
+    assert a["text"] == b["text"]
+    t = a["timings"]
+    assert t["prefill_tok_s"] > 0 and t["prefill_seconds"] > 0 and set(t) >= {"decode_tok_s", "decode_seconds"}
+    streamed = cli("run", package, "--prompt", PROMPT, "--max-tokens", "12")
+    assert streamed.returncode == 0 and streamed.stdout == a["text"] + "\n"
+    itself = run_package(package, "run", "--prompt", PROMPT, "--max-tokens", "12")
+    assert itself.returncode == 0 and itself.stdout == a["text"] + "\n", itself.stderr
+
+
+def test_run_sampling_is_seeded(opencl_package):
+    args = ("--prompt", PROMPT, "--max-tokens", "10", "--temperature", "1.5", "--top-k", "20", "--json")
+    a, b, c = (json.loads(cli("run", opencl_package, *args, "--seed", s).stdout)["generated"] for s in (7, 7, 8))
+    assert a == b and a != c
+
+
+def test_run_model_with_device_compiles_once_into_the_cache(model_dir, tmp_path):
+    needs("opencl")
+    env = {"DEPLOYCC_HOME": str(tmp_path / "home")}
+    first = cli("run", model_dir, "--device", "cpu-opencl", "--prompt", PROMPT, "--max-tokens", "6", env=env)
+    assert first.returncode == 0 and "compiling" in first.stderr, first.stderr
+    [pkg] = (tmp_path / "home" / "packages").iterdir()
+    stamp = (pkg / "manifest.json").stat().st_mtime_ns
+    second = cli("run", model_dir, "--device", "cpu-opencl", "--prompt", PROMPT, "--max-tokens", "6", env=env)
+    assert second.returncode == 0 and second.stderr == "" and second.stdout == first.stdout
+    assert list((tmp_path / "home" / "packages").iterdir()) == [pkg] and (pkg / "manifest.json").stat().st_mtime_ns == stamp
+    other = cli("run", model_dir, "--device", "cpu-opencl", "--context-window", "64", "--prompt", "hi", "--max-tokens", "2",
+                "--json", env=env)
+    assert other.returncode == 0 and json.loads(other.stdout)["package"] != str(pkg)
+    assert len(list((tmp_path / "home" / "packages").iterdir())) == 2
+
+
+# ---- chat --------------------------------------------------------------------------------------
+
+def chat(pkg: Path, *lines: str, args=("--max-tokens", "6")):
+    return cli("chat", pkg, *args, input="".join(f"{x}\n" for x in lines))
+
+
+def test_chat_piped(opencl_package):
+    r = chat(opencl_package, "hi", "/stats", "/system Be brief.", "hi", "/reset", "/stats", "/help", "/exit", "ignored")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert ">>>" not in r.stdout and "chatting with" not in r.stdout  # no decoration without a terminal
+    lines = r.stdout.splitlines()
+    one = run_package(opencl_package, "run", "--prompt", "hi", "--max-tokens", "6").stdout.rstrip("\n")
+    assert lines[0] == one  # the first turn is a plain chat-template prompt
+    m = STATS.match(lines[1])
+    assert m and int(m[1]) > 5 and 1 <= int(m[2]) <= 6, lines[1]
+    assert lines[2] == "(system prompt set)"
+    assert lines[4] == "(conversation reset)"
+    second = STATS.match(lines[5])  # /stats after /reset: still the last reply's numbers
+    assert second and int(second[1]) > int(m[1]), "the second turn carries the first in its prompt"
+    assert "/system TEXT" in r.stdout and "/exit" in lines[-1]  # /help; nothing after /exit is answered
+    assert len(lines) == 6 + len(r.stdout.split("commands:")[1].strip().splitlines()) + 1
+
+
+def test_chat_prompt_over_the_context_window_keeps_the_session(opencl_package):
+    failed = chat(opencl_package, "hi", LONG, "hi", "/stats")
+    plain = chat(opencl_package, "hi", "hi", "/stats")
+    assert failed.returncode == 0, failed.stderr
+    assert_one_line_error(subprocess.CompletedProcess([], 1, "", failed.stderr), "context window is 128")
+    # the failed turn left no trace: the same replies and the same prompt length afterwards
+    a, b = failed.stdout.splitlines(), plain.stdout.splitlines()
+    assert a[:2] == b[:2] and STATS.match(a[2])[1] == STATS.match(b[2])[1]
+
+
+def test_chat_suggests_reset_when_the_history_fills_the_window(opencl_package):
+    from deploycc.runtime.generate import encode_prompt
+    from deploycc.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(opencl_package)
+    reply = json.loads(cli("run", opencl_package, "--prompt", "hi", "--max-tokens", "6", "--json").stdout)["text"]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}]
+
+    def length(messages, n):
+        return len(encode_prompt(tok, messages + [{"role": "user", "content": " ".join(["word"] * n)}]))
+
+    n = next(n for n in range(1, 200) if length(history, n) >= 128)
+    assert length([], n) < 127, "the message alone must fit, with room for a reply"
+    text = " ".join(["word"] * n)
+    r = chat(opencl_package, "hi", text, "/reset", text)
+    assert r.returncode == 0
+    assert_one_line_error(subprocess.CompletedProcess([], 1, "", r.stderr), "/reset clears the conversation")
+    lines = r.stdout.splitlines()
+    assert lines[0] == reply and lines[1] == "(conversation reset)" and len(lines) == 3
+
+
+def test_package_chat_itself(opencl_package):
+    r = run_package(opencl_package, "chat", "--max-tokens", "6", input=f"hi\n{LONG}\nhi\n/stats\n")
+    assert r.returncode == 0 and r.stderr.count("error: ") == 1 and "Traceback" not in r.stderr
+    assert r.stdout.splitlines()[:2] == chat(opencl_package, "hi", "hi").stdout.splitlines()
+
+
+def test_run_prompt_longer_than_the_context_window(opencl_package):
+    assert_one_line_error(cli("run", opencl_package, "--prompt", LONG), "context window is 128")
+    assert_one_line_error(run_package(opencl_package, "run", "--prompt", LONG), "context window is 128")
+
+
+# ---- bench / verify ------------------------------------------------------------------------------
+
+def test_bench(opencl_package):
+    r = cli("bench", opencl_package, "--prompt-len", "16", "--gen-len", "8", "--repeat", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)
+    m = json.loads((opencl_package / "manifest.json").read_text())["memory"]
+    assert b["prefill_tok_s"] > 0 and b["decode_tok_s"] > 0 and len(b["prefill_seconds"]) == 2
+    assert b["peak_rss_bytes"] > 10 << 20
+    assert b["device_memory"] == {"weights_bytes": m["weights_bytes"], "kv_cache_bytes": m["kv_cache_bytes"],
+                                  "activation_bytes": m["activation_bytes"],
+                                  "total_bytes": m["weights_bytes"] + m["kv_cache_bytes"] + m["activation_bytes"]}
+    table = cli("bench", opencl_package, "--prompt-len", "16", "--gen-len", "8", "--repeat", "1")
+    assert table.returncode == 0 and "decode" in table.stdout and "tok/s" in table.stdout
+    itself = run_package(opencl_package, "bench", "--prompt-len", "8", "--gen-len", "4", "--repeat", "1", "--json")
+    assert itself.returncode == 0 and json.loads(itself.stdout)["decode_tok_s"] > 0
+    assert_one_line_error(cli("bench", opencl_package, "--prompt-len", "120", "--gen-len", "20"), "context window of 128")
+
+
+def test_verify(package):
+    r = cli("verify", package, "--steps", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)
+    assert v["passed"] and v["max_abs_diff"] <= 1e-3
+    assert [(s["prompt_len"], s["step"]) for s in v["steps"]] == [(n, s) for n in (1, 7, 33) for s in ("prefill", 1, 2, 3)]
+    assert all(s["argmax_match"] for s in v["steps"])
+    table = cli("verify", package, "--steps", "1")
+    assert table.returncode == 0 and "ok: largest difference" in table.stdout
+    if v["max_abs_diff"] > 0:
+        strict = cli("verify", package, "--steps", "3", "--tolerance", "0", "--json")
+        assert_one_line_error(strict, "exceeds the tolerance 0")
+        assert json.loads(strict.stdout)["passed"] is False
+
+
+def test_verify_chunked_prefill(model_dir, tmp_path):
+    """prefill_chunk 16: the 19-token prompt runs as two chunks."""
+    needs("opencl")
+    assert cli("compile", model_dir, "-o", tmp_path / "pkg", "--override", "prefill_chunk=16").returncode == 0
+    r = cli("verify", tmp_path / "pkg", "--steps", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {s["prompt_len"] for s in json.loads(r.stdout)["steps"]} == {1, 7, 19}
+
+
+def test_verify_with_the_wrong_source(opencl_package):
+    r = cli("verify", opencl_package, "--source", make_tiny("mistral-gqa2"))
+    assert_one_line_error(r, "is --source the model this package was compiled from?")
+
+
+# ---- devices / inspect ---------------------------------------------------------------------------
+
+def test_devices():
+    from deploycc import presets
+    from deploycc.runtime.devices import available
+
+    r = cli("devices", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    usable = {x["kind"] for x in available() if x.get("name")}
+    assert {x["kind"] for x in d["devices"]} == {"opencl", "webgpu", "cuda", "host"}
+    assert [p["name"] for p in d["presets"]] == presets.names()
+    for p in d["presets"]:
+        assert p["runnable"] == (p["backend"] in usable)
+        assert p["runnable"] or p["reason"]
+    table = cli("devices")
+    assert table.returncode == 0 and "cpu-opencl" in table.stdout and "presets" in table.stdout
+
+
+def test_inspect_vm_is_the_package_bytecode(opencl_package, model_dir):
+    from deploycc.vm import disassemble
+
+    r = cli("inspect", model_dir, "--stage", "vm", "--device", "cpu-opencl")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == disassemble(json.loads((opencl_package / "bytecode.json").read_text()))
+    assert "function decode(input_ids, cache)" in r.stdout and "vm.launch(@" in r.stdout
+    assert_one_line_error(cli("inspect", model_dir, "--stage", "vm"), "--stage vm needs --device")
+
+
+@pytest.mark.parametrize("device", [None, "cpu-opencl"])
+def test_inspect_memory(model_dir, device):
+    extra = ("--device", device) if device else ()
+    r = cli("inspect", model_dir, "--memory", "--json", *extra)
+    assert r.returncode == 0, r.stderr
+    m = json.loads(r.stdout)
+    assert [(a["function"], a["seq_len"]) for a in m["activations"]] == [
+        ("prefill", 128), ("prefill", 256), ("prefill", 512), ("decode", 1)]
+    assert all(0 < a["planned_bytes"] <= a["unplanned_bytes"] for a in m["activations"])
+    assert m["context_window"] == 128 and m["kv_cache_bytes"] == 65536 and m["weights_bytes"] > 0
+    table = cli("inspect", model_dir, "--memory", *extra)
+    assert table.returncode == 0 and "decode" in table.stdout and "KV cache 65.5 KB" in table.stdout
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def test_unknown_model_path(tmp_path):
+    assert_one_line_error(cli("compile", tmp_path / "nope", "-o", tmp_path / "out"), "does not exist")
+    assert_one_line_error(cli("run", tmp_path / "nope", "--device", "cpu-opencl", "--prompt", "hi"), "does not exist")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_preset(model_dir, tmp_path):
+    assert_one_line_error(cli("compile", model_dir, "--device", "cpu-opencll", "-o", tmp_path / "o"),
+                          "unknown device preset 'cpu-opencll'", "did you mean 'cpu-opencl'?")
+
+
+def test_invalid_yaml_preset(model_dir, tmp_path):
+    (tmp_path / "p.yaml").write_text("name: x\ntarget: {kind: opencl\n")
+    assert_one_line_error(cli("compile", model_dir, "--device", tmp_path / "p.yaml", "-o", tmp_path / "o"),
+                          "is not valid YAML at line")
+
+
+def test_preset_with_an_unknown_key(model_dir, tmp_path):
+    (tmp_path / "p.yaml").write_text("name: x\ntarget:\n  kind: opencl\n  threads_per_blok: 64\n")
+    assert_one_line_error(cli("compile", model_dir, "--device", tmp_path / "p.yaml", "-o", tmp_path / "o"),
+                          "unknown key 'threads_per_blok'", "did you mean 'threads_per_block'?")
+
+
+def test_bad_override(model_dir, tmp_path):
+    assert_one_line_error(cli("compile", model_dir, "--override", "chunk=3", "-o", tmp_path / "o"), "unknown key 'chunk'")
+
+
+def test_file_changed_after_compile(opencl_package, tmp_path):
+    pkg = copy_package(opencl_package, tmp_path / "pkg")
+    with open(pkg / "kernels" / "kernels.cl", "a") as f:
+        f.write("\n// edited\n")
+    assert_one_line_error(cli("run", pkg, "--prompt", "hi"), "kernels/kernels.cl", "changed after compile")
+    assert_one_line_error(run_package(pkg, "run", "--prompt", "hi"), "kernels/kernels.cl", "changed after compile")
+
+
+def test_truncated_params_shard(opencl_package, tmp_path):
+    pkg = copy_package(opencl_package, tmp_path / "pkg")
+    shard = pkg / "params" / "params-00000.safetensors"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    assert_one_line_error(cli("run", pkg, "--prompt", "hi"), "params/params-00000.safetensors", "sha256 mismatch")
+    rehash(pkg, "params/params-00000.safetensors")  # past the hash check, the safetensors reader notices
+    assert_one_line_error(cli("run", pkg, "--prompt", "hi"), "params-00000.safetensors")
+    assert_one_line_error(cli("bench", pkg), "params-00000.safetensors")
+
+
+def test_newer_package_format(opencl_package, tmp_path):
+    pkg = copy_package(opencl_package, tmp_path / "pkg")
+    m = json.loads((pkg / "manifest.json").read_text())
+    (pkg / "manifest.json").write_text(json.dumps({**m, "format_version": 99}))
+    for r in (cli("run", pkg, "--prompt", "hi"), cli("chat", pkg), cli("verify", pkg), run_package(pkg, "run", "--prompt", "hi")):
+        assert_one_line_error(r, "package format 99 is newer than this runtime supports")
+
+
+def test_missing_manifest(opencl_package, tmp_path):
+    pkg = copy_package(opencl_package, tmp_path / "pkg")
+    (pkg / "manifest.json").unlink()
+    assert_one_line_error(cli("run", pkg, "--prompt", "hi"), "no manifest.json")
+
+
+def test_package_for_another_device(opencl_package):
+    assert_one_line_error(cli("run", opencl_package, "--device", "cpu-webgpu", "--prompt", "hi"),
+                          "compiled for cpu-opencl")
+
+
+def test_output_that_is_not_a_package_is_refused(model_dir, tmp_path):
+    out = tmp_path / "dist" / "mine"
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("keep me")
+    assert_one_line_error(cli("compile", model_dir, "-o", out), "is not a deploycc package", "--force")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
+    assert [p.name for p in out.parent.iterdir()] == ["mine"]  # no temporary directory left beside it
+    needs("opencl")
+    forced = cli("compile", model_dir, "-o", out, "--force")
+    assert forced.returncode == 0 and (out / "manifest.json").exists() and not (out / "notes.txt").exists()
+    assert cli("compile", model_dir, "-o", out).returncode == 0  # an existing package is replaced without --force
+
+
+def test_no_runtime_for_the_backend(model_dir, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("pycuda") is not None:
+        pytest.skip("pycuda is installed here")
+    r = cli("compile", model_dir, "--device", "h100", "-o", tmp_path / "cuda")
+    assert r.returncode == 0, r.stderr
+    assert_one_line_error(cli("run", tmp_path / "cuda", "--prompt", "hi"), "no cuda runtime", "pycuda")
+    assert_one_line_error(run_package(tmp_path / "cuda", "chat"), "no cuda runtime", "pycuda")
+
+
+def test_interrupted_compile_leaves_no_package(model_dir, tmp_path, monkeypatch):
+    import deploycc.package
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deploycc.package, "_write_params", boom)
+    dist = tmp_path / "dist"
+    with pytest.raises(KeyboardInterrupt):
+        deploycc.package.compile_model(str(model_dir), "cpu-opencl", out=str(dist / "pkg"))
+    assert list(dist.iterdir()) == []
+    monkeypatch.undo()
+    deploycc.package.compile_model(str(model_dir), "cpu-opencl", out=str(dist / "pkg"))
+    before = (dist / "pkg" / "manifest.json").read_text()
+    monkeypatch.setattr(deploycc.package, "_write_params", boom)
+    with pytest.raises(KeyboardInterrupt):  # an interrupted recompile keeps the old package intact
+        deploycc.package.compile_model(str(model_dir), "cpu-opencl", out=str(dist / "pkg"))
+    assert [p.name for p in dist.iterdir()] == ["pkg"] and (dist / "pkg" / "manifest.json").read_text() == before
+
+
+def test_empty_prompt(opencl_package):
+    assert_one_line_error(cli("run", opencl_package, "--prompt", "", "--no-chat"), "encodes to no tokens")
+    assert_one_line_error(run_package(opencl_package, "run", "--prompt", "", "--no-chat"), "encodes to no tokens")
+
+
+def test_model_without_a_chat_template(model_dir, tmp_path):
+    needs("opencl")
+    src = shutil.copytree(model_dir, tmp_path / "model")
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    assert cli("compile", src, "-o", tmp_path / "pkg").returncode == 0
+    assert_one_line_error(cli("chat", tmp_path / "pkg"), "has no chat template", "--no-chat")
+    assert_one_line_error(run_package(tmp_path / "pkg", "chat"), "has no chat template")
+    r = cli("run", tmp_path / "pkg", "--prompt", "Hello", "--max-tokens", "4", "--json")  # plain text without a template
+    assert r.returncode == 0 and json.loads(r.stdout)["prompt_ids"] == json.loads(
+        cli("run", tmp_path / "pkg", "--prompt", "Hello", "--no-chat", "--max-tokens", "1", "--json").stdout)["prompt_ids"]

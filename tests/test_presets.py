@@ -1,0 +1,151 @@
+"""Device presets: every YAML in configs/ loads; schema errors are DeployErrors that say precisely what is wrong."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from deploycc import presets
+from deploycc.errors import DeployError
+from deploycc.package import apply_overrides
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+GOOD = """\
+name: mine
+description: a test preset
+target:
+  kind: opencl
+  max_threads_per_block: 256
+  threads_per_block: 64
+runtime:
+  backend: opencl
+quantization: q0f32
+context_window: 1024
+prefill_chunk: 128
+"""
+
+
+def test_names_are_the_yaml_files():
+    assert presets.names() == sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+    assert {"cpu-opencl", "cpu-webgpu", "h100"} <= set(presets.names())
+
+
+@pytest.mark.parametrize("name", presets.names())
+def test_every_preset_loads(name):
+    p = presets.load(name)
+    assert p.name == name
+    assert p.description
+    assert p.target.kind in ("opencl", "webgpu", "cuda")
+    assert p.backend in presets.BACKENDS
+    assert p.backend == p.target.kind  # every shipped preset runs its kernels on the matching runtime
+    assert p.quantization == "q0f32"
+    assert p.context_window >= 1024 and 1 <= p.prefill_chunk <= p.context_window
+    assert p.target.threads_per_block <= p.target.max_threads_per_block
+
+
+def test_a_preset_file_loads(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text(GOOD)
+    p = presets.load(str(f))
+    assert (p.name, p.backend, p.context_window, p.prefill_chunk) == ("mine", "opencl", 1024, 128)
+    assert p.target.threads_per_block == 64
+
+
+def load_text(tmp_path, text: str):
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    return presets.load(str(f))
+
+
+def error(tmp_path, text: str) -> str:
+    with pytest.raises(DeployError) as e:
+        load_text(tmp_path, text)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_unknown_top_level_key_names_the_nearest(tmp_path):
+    msg = error(tmp_path, GOOD.replace("context_window:", "context_windw:"))
+    assert "unknown key 'context_windw'" in msg and "did you mean 'context_window'?" in msg
+
+
+def test_unknown_target_key_names_the_nearest(tmp_path):
+    msg = error(tmp_path, GOOD.replace("  threads_per_block:", "  thread_per_block:"))
+    assert "target" in msg and "unknown key 'thread_per_block'" in msg and "'threads_per_block'" in msg
+
+
+def test_unknown_runtime_key(tmp_path):
+    msg = error(tmp_path, GOOD.replace("  backend: opencl", "  backnd: opencl"))
+    assert "runtime" in msg and "unknown key 'backnd'" in msg and "'backend'" in msg
+
+
+def test_unrelated_unknown_key_lists_the_valid_ones(tmp_path):
+    msg = error(tmp_path, GOOD + "zzz: 1\n")
+    assert "unknown key 'zzz'" in msg and "valid keys:" in msg and "prefill_chunk" in msg
+
+
+@pytest.mark.parametrize("old,new,needles", [
+    ("context_window: 1024", "context_window: big", ["'context_window' must be an integer", "'big'"]),
+    ("context_window: 1024", "context_window: true", ["'context_window' must be an integer", "True"]),
+    ("prefill_chunk: 128", "prefill_chunk: -1", ["'prefill_chunk' must be a positive integer", "-1"]),
+    ("prefill_chunk: 128", "prefill_chunk: 0", ["'prefill_chunk' must be a positive integer"]),
+    ("  threads_per_block: 64", "  threads_per_block: sixty", ["target: 'threads_per_block' must be an integer"]),
+    ("  threads_per_block: 64", "  threads_per_block: 6.5", ["target: 'threads_per_block' must be an integer", "6.5"]),
+    ("  threads_per_block: 64", "  threads_per_block: 64\n  fp16_arithmetic: yes please",
+     ["target: 'fp16_arithmetic' must be true or false"]),
+    ("  threads_per_block: 64", "  threads_per_block: 512", ["threads_per_block 512 exceeds max_threads_per_block 256"]),
+    ("  kind: opencl", "  kind: metal", ["unknown target kind 'metal'"]),
+    ("  backend: opencl", "  backend: vulkan", ["runtime backend 'vulkan' is not one of"]),
+    ("quantization: q0f32", "quantization: 4", ["'quantization' must be a string"]),
+    ("runtime:\n  backend: opencl", "runtime: opencl", ["'runtime' must be a mapping"]),
+])
+def test_bad_types_and_values(tmp_path, old, new, needles):
+    assert old in GOOD
+    msg = error(tmp_path, GOOD.replace(old, new))
+    assert msg.startswith(str(tmp_path / "p.yaml")), msg
+    for n in needles:
+        assert n in msg, msg
+
+
+def test_target_must_be_a_mapping(tmp_path):
+    assert "'target' must be a mapping" in error(tmp_path, "name: x\ntarget: opencl\n")
+
+
+@pytest.mark.parametrize("key", ["name", "target"])
+def test_required_keys(tmp_path, key):
+    text = "name: x\ntarget:\n  kind: opencl\n"
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(key) and
+                     not (key == "target" and line.startswith("  ")))
+    assert f"missing required key '{key}'" in error(tmp_path, text)
+
+
+def test_bad_yaml_says_where(tmp_path):
+    msg = error(tmp_path, "name: x\ntarget: {kind: opencl\n")
+    assert "is not valid YAML at line" in msg
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path):
+    assert "must be a YAML mapping" in error(tmp_path, "- a\n- b\n")
+
+
+def test_missing_file_and_unknown_name():
+    with pytest.raises(DeployError, match="preset file nowhere/x.yaml does not exist"):
+        presets.load("nowhere/x.yaml")
+    with pytest.raises(DeployError, match="unknown device preset 'cpu-openc'; did you mean 'cpu-opencl'\\?"):
+        presets.load("cpu-openc")
+    with pytest.raises(DeployError, match="available: adreno, "):
+        presets.load("zzzzzz")
+
+
+def test_overrides():
+    p = presets.load("cpu-opencl")
+    q = apply_overrides(p, ["prefill_chunk=64", "target.threads_per_block=32", "context_window=512"])
+    assert q == replace(p, prefill_chunk=64, context_window=512, target=replace(p.target, threads_per_block=32))
+    with pytest.raises(DeployError, match="unknown key 'chunk'"):
+        apply_overrides(p, ["chunk=1"])
+    with pytest.raises(DeployError, match="must look like key=value"):
+        apply_overrides(p, ["prefill_chunk"])
+    with pytest.raises(DeployError, match="unknown target key 'nope'"):
+        apply_overrides(p, ["target.nope=1"])
