@@ -18,7 +18,6 @@ import hashlib
 import json
 import shutil
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,25 +46,25 @@ main(os.path.dirname(os.path.abspath(__file__)))
 
 
 def apply_overrides(preset: presets.Preset, overrides: list[str]) -> presets.Preset:
-    """`key=value` (top-level preset keys) or `target.key=value`."""
+    """`key=value` (top-level preset keys) or `target.key=value`; the result is validated like a
+    preset file (unknown keys name the nearest valid one, values are type-checked)."""
+    if not overrides:
+        return preset
+    data = {"name": preset.name, "description": preset.description, "target": preset.target.to_dict(),
+            "runtime": {"backend": preset.backend}, "quantization": preset.quantization,
+            "context_window": preset.context_window, "prefill_chunk": preset.prefill_chunk}
     for item in overrides:
         if "=" not in item:
             raise DeployError(f"--override {item!r} must look like key=value (e.g. prefill_chunk=256)")
         key, value = item.split("=", 1)
         parsed = _parse(value)
         if key.startswith("target."):
-            field = key.split(".", 1)[1]
-            try:
-                target = preset.target.from_dict({**preset.target.to_dict(), field: parsed})
-            except (TypeError, ValueError) as e:
-                raise DeployError(f"--override {item}: {e}") from None
-            preset = replace(preset, target=target)
-        elif key in ("context_window", "prefill_chunk", "quantization", "backend", "description"):
-            preset = replace(preset, **{key: parsed})
+            data["target"][key.split(".", 1)[1]] = parsed
+        elif key == "backend":
+            data["runtime"]["backend"] = parsed
         else:
-            raise DeployError(f"--override {item}: unknown key {key!r}; use context_window, prefill_chunk, "
-                              f"quantization, backend or target.<key>")
-    return preset
+            data[key] = parsed
+    return presets.from_dict(data, f"--override on preset {preset.name}")
 
 
 def _parse(v: str):
