@@ -133,7 +133,8 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
                 shutil.copy2(model.path / name, tmp / name)
         from . import runtime as _runtime
 
-        shutil.copytree(Path(_runtime.__file__).resolve().parent, tmp / "runtime", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(Path(_runtime.__file__).resolve().parent, tmp / "runtime",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (tmp / "__main__.py").write_text(MAIN)
         (tmp / "bytecode.json").write_text(json.dumps(lowered.bytecode, indent=1))
         cfg = model.config

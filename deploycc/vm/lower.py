@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..ir import annotation as A
 from ..ir import sym, tir
-from ..ir.expr import (Binding, Call, CallTIR, Constant, Function, MatchCast, ShapeExpr, TupleGetItem, Var)
+from ..ir.expr import Call, CallTIR, Constant, Function, MatchCast, TupleGetItem, Var
 from ..ir.kernel import Kernel, scheduled
 from ..ir.module import IRModule
 from ..ir.tir import Block, Store, TensorProgram
