@@ -124,7 +124,7 @@ class VM:
             shape = v.shape if isinstance(v, DTensor) else v
             if len(shape) != len(checks):
                 raise VMError(f"{fn.name}: expected {len(checks)} dims, got {tuple(shape)}")
-            for k, kind, f, nm in checks:
+            for k, kind, f, _name in checks:
                 if kind == "bind":
                     heap[f] = shape[k]
                 elif f(heap) != shape[k]:
