@@ -75,11 +75,36 @@ class KernelRunner:
             groups = int(sym.evaluate(k.groups, env))
             if groups == 0:
                 continue
-            args = [bufs[b] for b in k.buffers] + [int(sym.evaluate(sym.as_expr(v), env)) for v in k.scalars]
+            args = expand_ranges([bufs[b] for b in k.buffers], self._split(k))
+            args += [int(sym.evaluate(sym.as_expr(v), env)) for v in k.scalars]
             dev.launch(handles[_entry(k)], args, launch_grid(groups, self.target.max_grid), (k.threads, 1, 1))
             self.launches += 1
         for b, a in zip(prog.outputs, arrays[len(prog.inputs):]):
             a[...] = dev.download(bufs[b], a.shape, a.dtype)
+
+
+    def _split(self, k: Kernel) -> dict:
+        if self.target.kind != "webgpu":
+            return {}
+        from .targets.wgsl import split_plan
+
+        return {i: (chunk * 4, parts) for i, (chunk, parts) in split_plan(k, self.target.max_storage_binding).items()}
+
+
+def expand_ranges(bufs: list, split: dict) -> list:
+    """Bind each split buffer as its ranges (see targets/wgsl.split_plan): index -> (bytes, parts)."""
+    if not split:
+        return bufs
+    from .runtime.devices import BufferRange
+
+    out = []
+    for i, b in enumerate(bufs):
+        if i not in split:
+            out.append(b)
+            continue
+        chunk, parts = split[i]
+        out += [BufferRange(b, p * chunk, min(chunk, b.nbytes - p * chunk)) for p in range(parts)]
+    return out
 
 
 def _entry(k: Kernel) -> str:

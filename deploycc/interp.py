@@ -2,6 +2,7 @@
 
 Graph-level op calls run their op's numpy reference; `call_tir` runs the tensor program through the
 loop-level interpreter (deploycc.ir.tir_interp). It is the oracle for every pass and every kernel.
+`call_py_func` calls a Python function of the module with torch tensors (deploycc.pymodule).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .ir.expr import (
     Call,
     CallDPSLibrary,
     CallFunc,
+    CallPyFunc,
     CallTIR,
     Constant,
     Expr,
@@ -29,7 +31,7 @@ from .ir.expr import (
     TupleGetItem,
     Var,
 )
-from .ir.module import IRModule
+from .ir.module import IRModule, PyFunc
 from .ir.tir_interp import NP_DTYPES, run_program
 
 
@@ -99,12 +101,16 @@ def _match_dims(dims: Sequence[sym.Expr], actual: Sequence[int], env: dict, what
 
 class Interpreter:
     def __init__(self, module: IRModule, library: Mapping[str, Callable] | None = None,
-                 run_program: Callable = run_program):
+                 run_program: Callable = run_program, call_py_func: Callable | None = None):
         """`run_program(prog, arrays, sym_args)` runs one tensor program in place: the loop-level
-        interpreter by default, or compiled kernels on a device (deploycc.execute.KernelRunner)."""
+        interpreter by default, or compiled kernels on a device (deploycc.execute.KernelRunner).
+        `call_py_func(name, args)` runs a Python function on numpy arguments and returns numpy values:
+        by default the module's `PyFunc.fn` called with torch tensors (a BasePyModule instance passes
+        its own, which binds `self`)."""
         self.module = module
         self.library = dict(LIBRARY, **(library or {}))
         self.run_program = run_program
+        self.call_py_func = call_py_func or self._call_module_py_func
 
     def run(self, name: str, *args: Any) -> Any:
         fn = self.module[name]
@@ -165,10 +171,22 @@ class Interpreter:
             return outs
         if isinstance(e, CallFunc):
             return self.call_function(self.module[e.func], [self.eval(a, values, env) for a in e.args])
+        if isinstance(e, CallPyFunc):
+            out = self.call_py_func(e.func, [self.eval(a, values, env) for a in e.args])
+            match(e.out_ann, out, env, f"the result of call_py_func({e.func})")
+            return out
         if isinstance(e, If):
             cond = self.eval(e.cond, values, env)
             return self.seq(e.then_branch if bool(np.asarray(cond)) else e.else_branch, dict(values), dict(env))
         raise TypeError(f"cannot evaluate {type(e).__name__}")
+
+    def _call_module_py_func(self, name: str, args: list) -> Any:
+        from .pymodule import to_numpy, to_torch  # torch is needed only when a module has Python functions
+
+        f = self.module.functions.get(name)
+        if not isinstance(f, PyFunc):
+            raise KeyError(f"call_py_func: {name!r} is not a Python function of the module")
+        return to_numpy(f.fn(*to_torch(tuple(args))))
 
     def alloc(self, ann: A.Annotation, env: dict):
         if isinstance(ann, A.TupleAnn):

@@ -125,7 +125,10 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would make the package private to its builder
     try:
-        kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
+        try:
+            kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
+        except ValueError as e:  # a target limit the kernels cannot meet
+            raise DeployError(f"{e}; choose a preset with larger limits") from None
         step("weights")
         params_index = _write_params(tmp, model, lowered.constants, progress)
         for name in TOKENIZER_FILES:
@@ -174,6 +177,7 @@ def _check_output(out_dir: Path, force: bool) -> None:
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:
     from .execute import render
     from .targets.cstyle import _ident
+    from .targets.wgsl import split_plan
 
     kdir = tmp / "kernels"
     kdir.mkdir()
@@ -184,6 +188,9 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
             fname = f"{_ident(k.name)}.wgsl"
             (kdir / fname).write_text(render([k], preset.target))
             entries[k.name] = {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads}
+            split = split_plan(k, preset.target.max_storage_binding)
+            if split:  # bytes per range and number of ranges, by buffer argument index
+                entries[k.name]["split"] = {str(i): [c * 4, n] for i, (c, n) in split.items()}
     else:
         fname = {"opencl": "kernels.cl", "cuda": "kernels.cu"}[kind]
         (kdir / fname).write_text(render(kernels, preset.target))

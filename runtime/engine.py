@@ -84,6 +84,8 @@ class Engine:
             built = self.device.build(source, [entries[n]["entry"] for n in names])
             for n in names:
                 out[n] = built[entries[n]["entry"]]
+                if "split" in entries[n]:  # buffers bound as several ranges (WebGPU binding-size limit)
+                    out[n].meta["split"] = {int(i): tuple(v) for i, v in entries[n]["split"].items()}
         return out
 
     @property

@@ -146,6 +146,9 @@ class VM:
         scalars = [compile_expr(a["s"], fn.slot) for a in args[sep + 1:]]
         launch, max_grid, vm = self.device.launch, self.max_grid, self
         block = (threads, 1, 1)
+        split = getattr(kernel, "meta", {}).get("split") or {}
+        if split:
+            from .devices import BufferRange
 
         def run(regs, heap):
             g = groups(heap)
@@ -153,9 +156,14 @@ class VM:
                 return
             grid = (g, 1, 1) if g <= max_grid else (max_grid, -(-g // max_grid), 1)
             bs = []
-            for b in bufs:
+            for i, b in enumerate(bufs):
                 v = b(regs, heap)
-                bs.append(v.buf if isinstance(v, DTensor) else v)
+                v = v.buf if isinstance(v, DTensor) else v
+                if i in split:  # a tensor bound as several ranges
+                    chunk, parts = split[i]
+                    bs += [BufferRange(v, p * chunk, min(chunk, v.nbytes - p * chunk)) for p in range(parts)]
+                else:
+                    bs.append(v)
             launch(kernel, bs + [s(heap) for s in scalars], grid, block)
             vm.launches += 1
         return run

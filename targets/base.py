@@ -17,6 +17,7 @@ class Target:
     vector_width: int = 4  # widest float vector load worth using
     fp16_arithmetic: bool = False  # compute in half (else store half, compute float)
     max_storage_binding: int = 1 << 31  # bytes in one buffer binding (WebGPU: maxStorageBufferBindingSize)
+    max_storage_buffers: int = 8  # storage bindings per shader stage (WebGPU: maxStorageBuffersPerShaderStage)
     max_grid: int = 65535  # groups per grid dimension
     arch: str = ""  # CUDA: sm_90 ...
     # Shared-memory tiles for prefill matmuls. Off for CPU OpenCL: PoCL runs work-group barriers

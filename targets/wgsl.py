@@ -14,6 +14,30 @@ from deploycc.ir.tir import Alloc, Buffer, V, walk
 from .cstyle import CStyleRenderer
 
 
+ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4}
+
+
+def split_plan(k, max_binding: int) -> dict[int, tuple[int, int]]:
+    """Buffers larger than one binding allows (WebGPU's maxStorageBufferBindingSize) are bound as
+    several ranges: buffer index -> (elements per range, number of ranges). Ranges are multiples of
+    64 elements (256 bytes for f32), which every adapter's offset alignment divides."""
+    plan = {}
+    for i, b in enumerate(k.buffers):
+        if not all(d.is_const for d in b.shape):
+            continue  # activations are bounded by the memory plan; weights are what gets large
+        elems = 1
+        for d in b.shape:
+            elems *= d.value
+        size = ITEMSIZE[b.dtype]
+        if elems * size > max_binding:
+            if b in k.written:
+                raise ValueError(f"{k.name}: output {b.name} ({elems * size} bytes) exceeds one storage binding "
+                                 f"({max_binding} bytes)")
+            chunk = max(64, (max_binding // size) // 64 * 64)
+            plan[i] = (chunk, -(-elems // chunk))
+    return plan
+
+
 class WGSLRenderer(CStyleRenderer):
     types = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
     unary = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "inverseSqrt", "tanh": "tanh", "sin": "sin",
@@ -21,9 +45,10 @@ class WGSLRenderer(CStyleRenderer):
     float_max = float_min = int_max = int_min = ""
     indent = "  "
 
-    def __init__(self, threads: int = 256):
+    def __init__(self, max_binding: int = 1 << 31, max_buffers: int = 1 << 30):
         super().__init__()
-        self.threads = threads
+        self.max_binding, self.max_buffers = max_binding, max_buffers
+        self.split: dict = {}
 
     def literal(self, v: V) -> str:
         x = v.arg
@@ -72,6 +97,11 @@ class WGSLRenderer(CStyleRenderer):
         expr = "i32(wid.y * nwg.x + wid.x)" if st.thread == "group" else "i32(lid.x)"
         return f"let {self.sv(st.var)} = {expr};"
 
+    def load(self, buf, indices) -> str:
+        if buf in self.split:
+            return f"ld_{self.name(buf, buf.name)}({self.flat_index(buf, indices)})"
+        return super().load(buf, indices)
+
     def store(self, st) -> str:
         return f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = {self.value(st.value)};"
 
@@ -84,10 +114,26 @@ class WGSLRenderer(CStyleRenderer):
         self.names = Namer()
         entry = self.name(k, k.name)  # first, so the entry point keeps the kernel's name
         decls = []
+        plan = split_plan(k, self.max_binding)
+        self.split = {k.buffers[i]: v for i, v in plan.items()}
+        binding = 0
         for i, b in enumerate(k.buffers):
             access = "read_write" if b in k.written else "read"
-            decls.append(f"@group(0) @binding({i}) var<storage, {access}> {self.name(b, b.name)}: "
-                         f"array<{self.ctype(b.dtype)}>;")
+            name, ty = self.name(b, b.name), self.ctype(b.dtype)
+            if i not in plan:
+                decls.append(f"@group(0) @binding({binding}) var<storage, {access}> {name}: array<{ty}>;")
+                binding += 1
+                continue
+            chunk, parts = plan[i]
+            for p in range(parts):
+                decls.append(f"@group(0) @binding({binding}) var<storage, read> {name}_{p}: array<{ty}>;")
+                binding += 1
+            body = "".join(f"  if (c == {p}) {{ return {name}_{p}[o]; }}\n" for p in range(parts - 1))
+            decls.append(f"fn ld_{name}(i: i32) -> {ty} {{\n  let c = i / {chunk};\n  let o = i - c * {chunk};\n"
+                         f"{body}  return {name}_{parts - 1}[o];\n}}")
+        if binding > self.max_buffers:
+            raise ValueError(f"{k.name} needs {binding} storage bindings, more than the target's "
+                             f"{self.max_buffers} (maxStorageBuffersPerShaderStage)")
         for v in k.scalars:
             self.sv(v)
         for st in walk(k.body):
@@ -100,7 +146,7 @@ class WGSLRenderer(CStyleRenderer):
         if k.scalars:
             fields = "".join(f"  {self.sv(v)}: i32,\n" for v in k.scalars)
             decls.append(f"struct Params {{\n{fields}}}")
-            decls.append(f"@group(0) @binding({len(k.buffers)}) var<uniform> params: Params;")
+            decls.append(f"@group(0) @binding({binding}) var<uniform> params: Params;")
         unpack = [f"  let {self.sv(v)} = params.{self.sv(v)};" for v in k.scalars]
         head = (f"@compute @workgroup_size({k.threads})\n"
                 f"fn {entry}(@builtin(workgroup_id) wid: vec3<u32>, "
@@ -114,4 +160,6 @@ class WGSLRenderer(CStyleRenderer):
 
 
 def render(kernels, target=None) -> str:
-    return WGSLRenderer().module(kernels)
+    if target is None:
+        return WGSLRenderer().module(kernels)
+    return WGSLRenderer(target.max_storage_binding, target.max_storage_buffers).module(kernels)

@@ -16,7 +16,8 @@ Graph-level invariants (`Function`):
     those of its annotation after the binding (its other dims must be computable from defined ones, as
     the interpreter evaluates them). Declared bounds define nothing;
   * cross-level calls: call_tir names a tensor program whose inputs, outputs and sym params agree with
-    the call in count, dtype, rank and shape; call_dps_library outputs are tensors of known shape.
+    the call in count, dtype, rank and shape; call_dps_library outputs are tensors of known shape;
+    call_py_func names a Python function (`PyFunc`) of the module.
 
 Loop-level invariants (`TensorProgram`):
   * every buffer loaded or stored is a param or allocated by an enclosing `Alloc`, indexed with as many
@@ -39,6 +40,7 @@ from .expr import (
     Call,
     CallDPSLibrary,
     CallFunc,
+    CallPyFunc,
     CallTIR,
     Constant,
     Expr,
@@ -51,7 +53,7 @@ from .expr import (
     TupleGetItem,
     Var,
 )
-from .module import ExternFunc, IRModule
+from .module import ExternFunc, IRModule, PyFunc
 from .tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Store, TensorProgram, V
 from .tir_interp import ProgramError, reduction_parts
 
@@ -73,8 +75,8 @@ def problems(mod: IRModule) -> list[str]:
             out += _FunctionChecker(mod, name).run(f)
         elif isinstance(f, TensorProgram):
             out += _ProgramChecker(name, f).run()
-        elif not isinstance(f, ExternFunc):
-            out.append(f"{name}: not a Function, TensorProgram or ExternFunc but {type(f).__name__}")
+        elif not isinstance(f, (ExternFunc, PyFunc)):
+            out.append(f"{name}: not a Function, TensorProgram, ExternFunc or PyFunc but {type(f).__name__}")
     return out
 
 
@@ -197,13 +199,15 @@ class _FunctionChecker:
                 self.expr(f, scope, where)
         elif isinstance(e, TupleGetItem):
             self.expr(e.tuple_value, scope, where)
-        elif isinstance(e, (Call, CallFunc, CallTIR, CallDPSLibrary)):
+        elif isinstance(e, (Call, CallFunc, CallTIR, CallDPSLibrary, CallPyFunc)):
             for a in e.args:
                 self.expr(a, scope, where)
             if isinstance(e, CallTIR):
                 self.call_tir(e, scope, where)
             elif isinstance(e, CallDPSLibrary):
                 self.call_dps_library(e, scope, where)
+            elif isinstance(e, CallPyFunc):
+                self.call_py_func(e, scope, where)
         elif isinstance(e, If):
             self.expr(e.cond, scope, where)
             self.seq(e.then_branch, scope.copy())
@@ -268,6 +272,14 @@ class _FunctionChecker:
         if outs is None or any(o.shape is None for o in outs):
             self.report(f"call_dps_library({e.name}) needs tensor outputs of known shape, "
                         f"got {A.to_text(e.out_ann)} ({where})")
+
+
+    def call_py_func(self, e: CallPyFunc, scope: _Scope, where: str) -> None:
+        self.syms(e.out_ann.free_vars(), scope, where)
+        f = self.mod.functions.get(e.func)
+        if not isinstance(f, PyFunc):
+            what = "an unknown function" if f is None else f"a {type(f).__name__}"
+            self.report(f"call_py_func({e.func}) names {what}, not a Python function of the module ({where})")
 
 
 # ---- loop level ----------------------------------------------------------------------------------

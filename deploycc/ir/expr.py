@@ -118,6 +118,24 @@ class CallDPSLibrary(Expr):
 
 
 @dataclass(frozen=True, eq=False)
+class CallPyFunc(Expr):
+    """`call_py_func(func, args, out_ann)`: a call of a Python function of the module (a `PyFunc`).
+
+    Arguments cross as torch tensors and the result must match `out_ann`. It runs where there is a
+    Python host (the interpreter, deploycc.pymodule); lowering it for the VM is a compile-time error.
+    """
+
+    func: str
+    args: tuple[Expr, ...]
+    out_ann: A.Annotation
+    ann: A.Annotation = None
+
+    def __post_init__(self):
+        if self.ann is None:
+            object.__setattr__(self, "ann", self.out_ann)
+
+
+@dataclass(frozen=True, eq=False)
 class CallFunc(Expr):
     """A call of another graph function of the module, by name."""
 

@@ -1,6 +1,7 @@
 """IRModule: one namespace for graph functions, tensor programs and external functions."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .expr import Function
@@ -14,9 +15,23 @@ class ExternFunc:
     name: str
 
 
+@dataclass(frozen=True, eq=False)
+class PyFunc:
+    """A Python function of the module (`@py_func` in a deploycc.pymodule.BasePyModule subclass).
+
+    `source` is its text (dedented, decorators removed), printed with the rest of the module; `fn` is
+    the callable. It takes and returns torch tensors and runs only where Python does: graph functions
+    reach it with `call_py_func`, which the VM refuses to lower (deploycc.vm.lower).
+    """
+
+    name: str
+    source: str
+    fn: Callable
+
+
 @dataclass
 class IRModule:
-    functions: dict[str, Function | TensorProgram | ExternFunc] = field(default_factory=dict)
+    functions: dict[str, Function | TensorProgram | ExternFunc | PyFunc] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
 
     def __getitem__(self, name: str):
@@ -30,6 +45,9 @@ class IRModule:
 
     def programs(self) -> dict[str, TensorProgram]:
         return {k: f for k, f in self.functions.items() if isinstance(f, TensorProgram)}
+
+    def py_funcs(self) -> dict[str, PyFunc]:
+        return {k: f for k, f in self.functions.items() if isinstance(f, PyFunc)}
 
     def with_functions(self, functions: dict) -> IRModule:
         return IRModule(dict(functions), dict(self.attrs))

@@ -14,6 +14,7 @@ from .expr import (
     Call,
     CallDPSLibrary,
     CallFunc,
+    CallPyFunc,
     CallTIR,
     Constant,
     Expr,
@@ -26,7 +27,7 @@ from .expr import (
     TupleGetItem,
     Var,
 )
-from .module import ExternFunc, IRModule
+from .module import ExternFunc, IRModule, PyFunc
 from .tir import Alloc, Barrier, Block, For, IfThenElse, Seq, Store, TensorProgram, V
 
 BIN_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -103,6 +104,8 @@ class _Printer:
             return f'call_dps_library("{e.name}", [{", ".join(self.expr(a) for a in e.args)}], {self.ann(e.out_ann)})'
         if isinstance(e, CallFunc):
             return f"{e.func}({', '.join(self.expr(a) for a in e.args)})"
+        if isinstance(e, CallPyFunc):
+            return f'call_py_func("{e.func}", [{", ".join(self.expr(a) for a in e.args)}], {self.ann(e.out_ann)})'
         if isinstance(e, If):
             return f"if_({self.expr(e.cond)})"
         raise TypeError(f"cannot print {type(e).__name__}")
@@ -242,6 +245,8 @@ def module_text(mod: IRModule) -> str:
             chunks.append("\n".join(pr.program(name, f)))
         elif isinstance(f, ExternFunc):
             chunks.append(f'extern("{f.name}")')
+        elif isinstance(f, PyFunc):
+            chunks.append(py_func_text(f).rstrip("\n"))
         else:
             chunks.append(f"# {name}: {type(f).__name__}")
     return "\n\n".join(chunks) + "\n"
@@ -253,3 +258,8 @@ def function_text(fn: Function) -> str:
 
 def program_text(p: TensorProgram, name: str | None = None) -> str:
     return "\n".join(_Printer().program(name or p.name, p)) + "\n"
+
+
+def py_func_text(f: PyFunc) -> str:
+    """A Python function prints as its source under a `@py_func` header."""
+    return "@py_func\n" + f.source.rstrip("\n") + "\n"

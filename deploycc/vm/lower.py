@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import DeployError
 from ..ir import annotation as A
 from ..ir import sym, tir
-from ..ir.expr import Call, CallTIR, Constant, Function, MatchCast, TupleGetItem, Var
+from ..ir.expr import Call, CallPyFunc, CallTIR, Constant, Function, If, MatchCast, SeqExpr, TupleGetItem, Var
 from ..ir.kernel import Kernel, scheduled
 from ..ir.module import IRModule
 from ..ir.tir import Block, Store, TensorProgram
@@ -252,6 +253,8 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
     `bounds` function name -> the symbolic bounds the plan was made under."""
     from ..schedule import schedule_program
 
+    for fname in functions:
+        _reject_python(mod[fname].body, fname, target)
     out = Lowered({"version": FORMAT_VERSION, "functions": {}}, {})
     out.kv_copy = schedule_program(kv_copy_program(), target)
     ctx = mod.attrs["context_window"]
@@ -268,6 +271,21 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
         fl.fn_total = _total_len(mod[fname])
         out.bytecode["functions"][fname] = fl.lower()
     return out
+
+
+def _reject_python(body: SeqExpr, fname: str, target) -> None:
+    """A package runs without Python (a browser, a phone), so call_py_func is a compile-time error."""
+    for block in body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, CallPyFunc):
+                raise DeployError(
+                    f"call_py_func needs a Python host; target {target.kind} cannot run it: {fname} calls the Python "
+                    f"function {v.func!r} (binding {b.var.name}). Run the module with deploycc.pymodule, or replace "
+                    f"the call with a tensor program or a graph function before compiling")
+            if isinstance(v, If):
+                _reject_python(v.then_branch, fname, target)
+                _reject_python(v.else_branch, fname, target)
 
 
 def _total_len(fn: Function) -> sym.Expr:

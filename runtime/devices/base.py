@@ -34,6 +34,19 @@ class Buffer:
         return f"Buffer({self.device.kind}, {self.nbytes} bytes)"
 
 
+class BufferRange:
+    """Part of a buffer bound as its own argument (WebGPU: a binding with an offset and a size, for
+    tensors larger than maxStorageBufferBindingSize)."""
+
+    __slots__ = ("buffer", "offset", "size")
+
+    def __init__(self, buffer: Buffer, offset: int, size: int):
+        self.buffer, self.offset, self.size = buffer, offset, size
+
+    def __repr__(self) -> str:
+        return f"BufferRange({self.buffer!r}, offset={self.offset}, size={self.size})"
+
+
 class Kernel:
     """A built entry point; `handle` is the backend's kernel/function/pipeline object."""
 
@@ -135,11 +148,13 @@ class Device(abc.ABC):
         bufs: list[Buffer] = []
         ints: list[int] = []
         for i, a in enumerate(args):
-            if isinstance(a, Buffer):
+            if isinstance(a, (Buffer, BufferRange)):
+                if isinstance(a, BufferRange) and self.kind != "webgpu":
+                    raise DeviceError(f"{kernel.name}: buffer ranges are a WebGPU binding feature")
                 if ints:
                     raise DeviceError(f"{kernel.name}: argument {i} is a Buffer after an int; "
                                       "the ABI puts all buffers first, then int scalars")
-                bufs.append(self._own(a))
+                bufs.append(a if isinstance(a, BufferRange) else self._own(a))
             elif isinstance(a, (int, np.integer)) and not isinstance(a, bool):
                 if not INT32_MIN <= int(a) <= INT32_MAX:
                     raise DeviceError(f"{kernel.name}: int argument {i} = {int(a)} does not fit in int32")

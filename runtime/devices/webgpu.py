@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .base import Buffer, Device, DeviceError, Kernel
+from .base import Buffer, BufferRange, Device, DeviceError, Kernel
 
 INSTALL_HINT = ("pip install wgpu (the deploycc[webgpu] extra); for a Vulkan adapter also "
                 "apt-get install mesa-vulkan-drivers libvulkan1")
@@ -260,10 +260,12 @@ class WebGPUDevice(Device):
         bgl = self.device.create_bind_group_layout(entries=entries)
         return module, bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]), bindings
 
-    def _bind_group(self, kernel: Kernel, bufs: list[Buffer], ints: list[int]):
-        handles = tuple(b.handle for b in bufs)
+    def _bind_group(self, kernel: Kernel, bufs: list, ints: list[int]):
+        ranges = tuple((b.buffer.handle, b.offset, b.size) if isinstance(b, BufferRange) else (b.handle, 0, b.handle.size)
+                       for b in bufs)
+        handles = tuple(r[0] for r in ranges)
         params = _params_bytes(ints) if kernel.meta["has_params"] else b""
-        key = (id(kernel.meta["layout"]), tuple(map(id, handles)), params)
+        key = (id(kernel.meta["layout"]), tuple((id(h), o, n) for h, o, n in ranges), params)
         hit = self._groups.get(key)
         if hit is not None:
             self._groups.move_to_end(key)
@@ -274,7 +276,7 @@ class WebGPUDevice(Device):
         if any(len(ts) > 1 for ts in types.values()):  # wgpu would fail the whole batch at submit
             raise DeviceError(f"{kernel.name}: one buffer is bound both `read` and `read_write`; WebGPU forbids "
                               "that within a dispatch (declare both bindings read_write)")
-        entries = [{"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}} for i, h in enumerate(handles)]
+        entries = [{"binding": i, "resource": {"buffer": h, "offset": o, "size": n}} for i, (h, o, n) in enumerate(ranges)]
         if params:
             ubuf = self._uniforms.get(params)
             if ubuf is None:
