@@ -13,7 +13,6 @@ from deploycc.ir.tir import Alloc, Buffer, V, walk
 
 from .cstyle import CStyleRenderer
 
-
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4}
 
 
