@@ -13,7 +13,7 @@ from deploycc.ir.printer import Namer
 from deploycc.ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, V
 
 BINOPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-          "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
+          "eq": "==", "ne": "!=", "and": "&&", "or": "||", "shr": ">>", "shl": "<<", "bitand": "&", "bitor": "|"}
 
 
 class CStyleRenderer:

@@ -21,6 +21,20 @@ class CUDARenderer(CStyleRenderer):
         const = "" if written else "const "
         return f"{const}{self.ctype(buf.dtype)}* __restrict__ {self.name(buf, buf.name)}"
 
+    def load(self, buf, indices) -> str:
+        if buf.dtype == "float16":  # computed in float; half is storage
+            return f"__half2float({super().load(buf, indices)})"
+        return super().load(buf, indices)
+
+    def store(self, st) -> str:
+        if st.buffer.dtype == "float16":
+            return (f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = "
+                    f"__float2half({self.value(st.value)});")
+        return super().store(st)
+
+    def cast(self, dtype: str, inner: str) -> str:
+        return f"(({'float' if dtype == 'float16' else self.ctype(dtype)})({inner}))"
+
     def sigmoid(self, x: str) -> str:
         return f"(1.0f / (1.0f + expf(-({x}))))"
 

@@ -72,6 +72,10 @@ class WGSLRenderer(CStyleRenderer):
         return f"(1.0 / (1.0 + exp(-({x}))))"
 
     def value(self, v: V) -> str:
+        if v.op in ("shr", "shl"):  # WGSL shifts take a u32 amount
+            return f"({self.value(v.src[0])} {'>>' if v.op == 'shr' else '<<'} u32({self.value(v.src[1])}))"
+        if v.op == "load" and v.dtype == "float16":  # computed in f32; f16 is storage (shader-f16)
+            return f"f32({super().value(v)})"
         if v.op in ("max", "min"):
             return f"{v.op}({self.value(v.src[0])}, {self.value(v.src[1])})"
         if v.op == "erf":
@@ -102,6 +106,9 @@ class WGSLRenderer(CStyleRenderer):
         return super().load(buf, indices)
 
     def store(self, st) -> str:
+        if st.buffer.dtype == "float16":
+            return (f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = "
+                    f"f16({self.value(st.value)});")
         return f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = {self.value(st.value)};"
 
     def flat_index(self, buf, indices) -> str:

@@ -31,7 +31,7 @@ from .module import ExternFunc, IRModule, PyFunc
 from .tir import Alloc, Barrier, Block, For, IfThenElse, Seq, Store, TensorProgram, V
 
 BIN_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-           "eq": "==", "ne": "!=", "and": "and", "or": "or"}
+           "eq": "==", "ne": "!=", "and": "and", "or": "or", "shr": ">>", "shl": "<<", "bitand": "&", "bitor": "|"}
 
 
 class Namer:

@@ -52,6 +52,7 @@ def as_index(i):
 
 UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "abs", "erf")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
+BITWISE = ("shr", "shl", "bitand", "bitor")  # on integer values (packed quantized weights)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGICAL = ("and", "or")
 
@@ -117,6 +118,13 @@ def unary(op: str, x: V) -> V:
 
 def binary(op: str, a, b) -> V:
     assert op in BINARY, op
+    a = lift(a)
+    return V(op, a.dtype, (a, lift(b, a.dtype)))
+
+
+def bitwise(op: str, a, b) -> V:
+    """`shr`, `shl`, `bitand`, `bitor` of integer values (the right operand may be a Python int)."""
+    assert op in BITWISE, op
     a = lift(a)
     return V(op, a.dtype, (a, lift(b, a.dtype)))
 

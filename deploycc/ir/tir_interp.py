@@ -29,7 +29,8 @@ UNARY_NP = {
 }
 BINARY_NP = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-    "min": np.minimum, "pow": np.power, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "min": np.minimum, "pow": np.power, "shr": np.right_shift, "shl": np.left_shift, "bitand": np.bitwise_and,
+    "bitor": np.bitwise_or, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
 }
 REDUCE_NP = {"add": np.sum, "max": np.max, "min": np.min, "mul": np.prod}
