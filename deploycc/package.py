@@ -18,6 +18,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from .ir.kernel import Kernel
 from .session import export
 from .vm import FORMAT_VERSION, lower_vm
 
-QUANTIZATIONS = ("q0f32",)
+QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0")  # deploycc.quantization
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")
 SHARD_BYTES = 512 << 20
@@ -64,7 +65,7 @@ def apply_overrides(preset: presets.Preset, overrides: list[str]) -> presets.Pre
             data["runtime"]["backend"] = parsed
         else:
             data[key] = parsed
-    return presets.from_dict(data, f"--override on preset {preset.name}")
+    return replace(presets.from_dict(data, f"--override on preset {preset.name}"), source=preset.source)
 
 
 def _parse(v: str):
@@ -109,7 +110,9 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
     quant = quantization or preset.quantization
     if quant not in QUANTIZATIONS:
         raise DeployError(f"quantization {quant} is not available yet; supported: {', '.join(QUANTIZATIONS)}")
-    model = load_model(source, revision)
+    from .quantization import quantize
+
+    model = quantize(load_model(source, revision), quant)
     out_dir = Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}")
     _check_output(out_dir, force)
     ctx = context_window or min(preset.context_window, model.config.context_window)
@@ -220,7 +223,8 @@ def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:
 
     items = list(model.params()) + [(k, v) for k, v in constants.items()]
     for name, arr in items:
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        # packed quantized weights (uint32 codes, float16 scales or halves) are stored as they are
+        arr = np.ascontiguousarray(arr if arr.dtype in (np.uint32, np.float16) else arr.astype(np.float32))
         if size + arr.nbytes > SHARD_BYTES:
             flush()
         shard[name] = arr
@@ -232,7 +236,7 @@ def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:
 
 
 def _memory_summary(plans, lowered, params_index, cfg, ctx) -> dict:
-    weights = sum(int(np.prod(p["shape"])) * 4 for p in params_index)
+    weights = sum(int(np.prod(p["shape"])) * np.dtype(p["dtype"]).itemsize for p in params_index)
     kv = 2 * cfg.num_hidden_layers * ctx * cfg.num_key_value_heads * cfg.head_dim * 4
     return {"weights_bytes": weights, "kv_cache_bytes": kv,
             "activation_bytes": sum(s["bytes"] for s in lowered.storages),

@@ -147,5 +147,5 @@ def test_overrides():
         apply_overrides(p, ["chunk=1"])
     with pytest.raises(DeployError, match="must look like key=value"):
         apply_overrides(p, ["prefill_chunk"])
-    with pytest.raises(DeployError, match="unknown target key 'nope'"):
+    with pytest.raises(DeployError, match="target: unknown key 'nope'"):
         apply_overrides(p, ["target.nope=1"])
