@@ -91,3 +91,19 @@ def localize(stmt: Stmt, buf: Buffer, local: Buffer, lead: int) -> Stmt:
             return IfThenElse(value(st.cond), visit(st.then_body), None if st.else_body is None else visit(st.else_body))
         return st
     return visit(stmt)
+
+
+def matmul_with_epilogues(mm: Block, epilogues: list[Block], intermediates: list[Buffer]) -> bool:
+    """The shape both matmul rules need: the only intermediate is the matmul's result, and every
+    later block is an elementwise epilogue over the same output domain reading it at its own index."""
+    out, spatial = mm.body.buffer, mm.spatial
+    if any(b is not out for b in intermediates):
+        return False
+    for e in epilogues:
+        if e.reduce or len(e.iters) != len(spatial) or not all(
+                sym.prove_eq(a.extent, b.extent) for a, b in zip(e.iters, spatial)):
+            return False
+        for ld in tir.loads(e.body.value):
+            if ld.arg[0] is out and tuple(ld.arg[1]) != tuple(e.body.indices):
+                return False
+    return True

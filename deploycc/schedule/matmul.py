@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, _value_syms, allocs_of, free_syms, global_buffers, strip_allocs
-from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Store, TensorProgram, loads
+from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Store, TensorProgram
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block, unravel
+from .lowering import localize, lower_block, matmul_with_epilogues, unravel
 
 TILE = 16
 
@@ -46,15 +46,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return None
     out = mm.body.buffer
     intermediates = allocs_of(prog.body)
-    if any(b is not out for b in intermediates):
+    if not matmul_with_epilogues(mm, epilogues, intermediates):
         return None
-    for e in epilogues:
-        if e.reduce or len(e.iters) != len(spatial) or not all(
-                sym.prove_eq(a.extent, b.extent) for a, b in zip(e.iters, spatial)):
-            return None
-        for ld in loads(e.body.value):
-            if ld.arg[0] is out and tuple(ld.arg[1]) != tuple(e.body.indices):
-                return None
     T = TILE
     n_ext, k_ext = col.extent, red.extent
     tiles_n = sym.floordiv(n_ext + (T - 1), T)
