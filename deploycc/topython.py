@@ -8,7 +8,8 @@ from tensor shapes (`seq_len = input_ids.shape[1]`) and checked where the IR has
 
     source = module_to_python(mod)       # e.g. the exported or the fused module of a model
     py = load_python(source, mod, "host")
-    logits = py.prefill(torch.tensor([ids], dtype=torch.int32), TorchKVCache.for_model(model), *weights)
+    logits = py.prefill(torch.tensor([ids], dtype=torch.int32), TorchKVCache.for_model(model),
+                        *torch_weights(model))
 
 Edit `source` (insert `print(...)`, change an op) before loading it to inspect a real model as one
 would a PyTorch one. Printing needs no torch; running does.
@@ -26,7 +27,6 @@ import numpy as np
 from .ir import annotation as A
 from .ir import sym
 from .ir.expr import (
-    Binding,
     Call,
     CallDPSLibrary,
     CallFunc,
@@ -130,6 +130,14 @@ class TorchKVCache:
         self.length = 0
 
 
+def torch_weights(model) -> list:
+    """A deploycc.hub.LoadedModel's weights as torch tensors, in the order of the graph functions'
+    parameters after (input_ids, cache). Read-only (memory-mapped) arrays are copied."""
+    from .pymodule import to_torch
+
+    return [to_torch(np.ascontiguousarray(a, np.float32)) for _, a in model.params()]
+
+
 # ---- printing --------------------------------------------------------------------------------
 
 def module_to_python(mod: IRModule, functions: Iterable[str] | None = None) -> str:
@@ -169,7 +177,7 @@ def function_to_python(fn: Function, name: str | None = None, mod: IRModule | No
     return "\n".join(line[4:] if line.startswith("    ") else line for line in lines.splitlines()) + "\n"
 
 
-INLINE_CONSTANT_SIZE = 4  # constants up to this many elements are printed as literals
+INLINE_CONSTANT_SIZE = 1  # larger constants are attributes of the module (self.const0, ...)
 
 
 def constant_names(mod: IRModule | None) -> dict[int, str]:
@@ -278,8 +286,9 @@ class _FunctionPrinter:
         self.uses: dict[Var, int] = {}
         _count_uses(fn.body, self.uses)
         # A match_cast of a value used nowhere else prints the value straight into the cast variable.
-        self.target: dict[Var, Var] = {}
+        self.target: dict[Var, MatchCast] = {}
         self.folded: set[MatchCast] = set()
+        self.begun: set[MatchCast] = set()  # kv.begin folds: `total_len = cache.begin(seq_len)`
 
     # ---- names, symbols, annotations -----------------------------------------------------------
     def var(self, v: Var) -> str:
@@ -353,16 +362,14 @@ class _FunctionPrinter:
         return out
 
     def plan_folds(self, body: SeqExpr) -> None:
-        bound: dict[Var, Binding] = {}
+        bound: set[Var] = set()
         for block in body.blocks:
             for b in block.bindings:
                 if isinstance(b, MatchCast):
-                    src = b.value
-                    if isinstance(src, Var) and src in bound and self.uses.get(src) == 1:
-                        self.target[src] = b.var
-                        self.folded.add(b)
+                    if isinstance(b.value, Var) and b.value in bound and self.uses.get(b.value) == 1:
+                        self.target[b.value] = b
                 elif not isinstance(b.value, If):
-                    bound[b.var] = b
+                    bound.add(b.var)
 
     def binding(self, b, indent: str) -> list[str]:
         if isinstance(b, MatchCast):
@@ -370,32 +377,35 @@ class _FunctionPrinter:
         v = b.value
         cast = self.target.get(b.var)
         if cast is not None and self.begin_fold(v, cast):
-            return []  # printed with the match_cast
-        name = self.var(cast if cast is not None else b.var)
+            # kv.begin returns the new total length as a shape; its match_cast names the length.
+            length = cast.ann.values[0].as_var
+            self.defined.add(length)
+            self.begun.add(cast)
+            return [f"{indent}{self.sv(length)} = {_a(self, v)}.begin({self.values(v.args[1])[0]})"]
+        name = self.var(cast.var if cast is not None else b.var)
+        if cast is not None:
+            self.folded.add(cast)
         if isinstance(v, If):
             return self.if_(v, indent, name)
-        return [f"{indent}{name} = {self.expr(v)}{self.comment(b.var.ann)}"]
+        note = "" if isinstance(v, (CallTIR, CallDPSLibrary)) else self.comment(b.var.ann)  # DPS calls say it
+        return [f"{indent}{name} = {self.expr(v)}{note}"]
 
-    def begin_fold(self, value: Expr, cast: Var) -> bool:
-        """`total_len = cache.begin(seq_len)`: kv.begin cast to a shape of one new variable."""
-        ann = next(m.ann for m in self.folded if m.var is cast)
+    def begin_fold(self, value: Expr, cast: MatchCast) -> bool:
+        ann = cast.ann
         return (isinstance(value, Call) and value.op == "kv.begin" and isinstance(ann, A.ShapeAnn)
                 and ann.values is not None and len(ann.values) == 1 and ann.values[0].as_var is not None
-                and ann.values[0].as_var not in self.defined and not self.uses.get(cast))
+                and ann.values[0].as_var not in self.defined and not self.uses.get(cast.var))
 
     def match_cast(self, b: MatchCast, indent: str) -> list[str]:
-        out = []
-        if b in self.folded:
-            src = next(s for s, t in self.target.items() if t is b.var)
-            src_binding_value = self.value_of.get(src) if hasattr(self, "value_of") else None
-            del src_binding_value
+        """Bind the new variables of the annotation from the value's shape, and check the rest."""
+        if b in self.begun:
+            return []
+        if b in self.folded:  # the value was printed straight into the cast's variable
+            return self.checks(self.var(b.var), b.ann, indent)
+        if isinstance(b.value, Var) and not self.uses.get(b.var):
+            return self.checks(self.expr(b.value), b.ann, indent)
         name = self.var(b.var)
-        if b not in self.folded:
-            if self.uses.get(b.var):
-                out.append(f"{indent}{name} = {self.expr(b.value)}")
-            else:
-                name = self.expr(b.value)
-        return out + self.checks(name, b.ann, indent)
+        return [f"{indent}{name} = {self.expr(b.value)}"] + self.checks(name, b.ann, indent)
 
     def checks(self, name: str, ann: A.Annotation, indent: str) -> list[str]:
         dims = ann.shape if isinstance(ann, A.TensorAnn) else ann.values if isinstance(ann, A.ShapeAnn) else None
@@ -409,10 +419,13 @@ class _FunctionPrinter:
         return out
 
     def if_(self, e: If, indent: str, target: str | None) -> list[str]:
+        before = set(self.defined)  # variables a branch defines are not defined in the other or after
         out = [f"{indent}if bool({self.expr(e.cond)}):"]
         out += self.seq(e.then_branch, indent + "    ", target)
+        self.defined = set(before)
         out.append(f"{indent}else:")
         out += self.seq(e.else_branch, indent + "    ", target)
+        self.defined = before
         return out
 
     # ---- expressions -----------------------------------------------------------------------------
@@ -484,6 +497,13 @@ def _literal(v: np.ndarray):
     return repr(v.tolist())
 
 
+def _float(v: float) -> str:
+    """The shortest text of a float32 attribute (1e-05, not 9.999999747378752e-06); kernels and
+    references use it as float32 either way."""
+    v = float(v)
+    return str(np.float32(v)) if float(np.float32(v)) == v else repr(v)
+
+
 def _py(v, s: Callable) -> str:
     if isinstance(v, sym.Expr):
         return s(v)
@@ -544,12 +564,12 @@ OPS: dict[str, Callable[[_FunctionPrinter, Call], str]] = {
     "take": lambda p, c: f"F.embedding({_a(p, c, 1)}, {_a(p, c)})",
     "linear": _fn("F.linear"),
     "matmul": _fn("torch.matmul"),
-    "rms_norm": lambda p, c: f"F.rms_norm({_a(p, c)}, {_a(p, c, 1)}.shape, {_a(p, c, 1)}, eps={c.attrs['eps']!r})",
+    "rms_norm": lambda p, c: f"F.rms_norm({_a(p, c)}, {_a(p, c, 1)}.shape, {_a(p, c, 1)}, eps={_float(c.attrs['eps'])})",
     "layer_norm": lambda p, c: (f"F.layer_norm({_a(p, c)}, {_a(p, c, 1)}.shape, {_a(p, c, 1)}, {_a(p, c, 2)}, "
-                                f"eps={c.attrs['eps']!r})"),
+                                f"eps={_float(c.attrs['eps'])})"),
     "softmax": lambda p, c: f"torch.softmax({_a(p, c)}, dim={c.attrs.get('axis', -1)})",
     "rope": lambda p, c: f"apply_rope({_a(p, c)}, {_a(p, c, 1)}, {p.values(c.args[2])[0]})",
-    "attention": lambda p, c: f"causal_attention({_a(p, c)}, {_a(p, c, 1)}, {_a(p, c, 2)}, scale={c.attrs['scale']!r})",
+    "attention": lambda p, c: f"causal_attention({_a(p, c)}, {_a(p, c, 1)}, {_a(p, c, 2)}, scale={_float(c.attrs['scale'])})",
     "reshape": lambda p, c: f"{_a(p, c)}.reshape({', '.join(p.values(c.args[1]))})",
     "permute_dims": lambda p, c: f"{_a(p, c)}.permute({', '.join(str(a) for a in c.attrs['axes'])})",
     "concat": lambda p, c: f"torch.cat([{', '.join(p.expr(a) for a in c.args)}], dim={c.attrs.get('axis', 0)})",

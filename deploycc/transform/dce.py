@@ -8,6 +8,7 @@ from ..ir.expr import (
     Call,
     CallDPSLibrary,
     CallFunc,
+    CallPyFunc,
     CallTIR,
     Expr,
     Function,
@@ -22,7 +23,7 @@ from ..ir.module import IRModule
 
 
 def children(e: Expr) -> list[Expr]:
-    if isinstance(e, (Call, CallTIR, CallDPSLibrary, CallFunc)):
+    if isinstance(e, (Call, CallTIR, CallDPSLibrary, CallFunc, CallPyFunc)):
         return list(e.args)
     if isinstance(e, Tuple):
         return list(e.fields)
@@ -89,6 +90,8 @@ def _callees(body: SeqExpr) -> list[str]:
                 names.append(v.func)
             elif isinstance(v, CallDPSLibrary):
                 names.append(v.name)
+            elif isinstance(v, CallPyFunc):
+                names.append(v.func)
             elif isinstance(v, If):
                 names += _callees(v.then_branch) + _callees(v.else_branch)
     return names
