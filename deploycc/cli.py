@@ -70,7 +70,8 @@ def cli():
 @click.argument("model")
 @click.option("--device", default="cpu-opencl", show_default=True,
               help="Device preset name (see `deploycc devices`) or a preset YAML file.")
-@click.option("--quantization", default=None, help="Weight quantization (default: the preset's; available: q0f32).")
+@click.option("--quantization", default=None,
+              help="Weight quantization (default: the preset's; available: q0f32, q0f16, q4f16_1, q4f32_1, q4f16_2, q8f16_0).")
 @click.option("--context-window", type=click.IntRange(min=1), default=None,
               help="Upper bound of total_len (default: the smaller of the preset's and the model's).")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -351,6 +352,28 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, as_json):
                  ("  KV cache", _size(m["kv_cache_bytes"])), ("  activations", _size(m["activation_bytes"]))]:
         t.add_row(k, v)
     Console().print(t)
+
+
+@cli.command(short_help="Perplexity of a package on a text file (sliding windows).")
+@click.argument("package")
+@click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="A UTF-8 text file.")
+@click.option("--window", type=click.IntRange(min=2), default=512, show_default=True, help="Tokens per prefill.")
+@click.option("--stride", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Tokens between window starts (each token is scored once).")
+@click.option("--device", default=None, help="Device kind to run on (default: the package's backend).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def perplexity(package, text_file, window, stride, device, as_json):
+    """exp(mean NLL) of every token of the text after the first, scored once, by PACKAGE."""
+    from .perplexity import package_perplexity
+
+    text = Path(text_file).read_text(encoding="utf-8")
+    r = package_perplexity(package, text, window, stride, device)
+    if as_json:
+        click.echo(json.dumps({"package": str(package), "text": str(text_file), **r.to_dict()}, indent=2))
+        return
+    click.echo(f"perplexity {r.perplexity:.4f}  (mean NLL {r.mean_nll:.5f}, {r.tokens_scored} tokens, "
+               f"{r.windows} windows of {window}, stride {stride})")
 
 
 # ---- verify ------------------------------------------------------------------------------------

@@ -221,10 +221,10 @@ def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:
                 index.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype), "file": fname})
             shard, size, n = {}, 0, n + 1
 
+    dtypes = {k: p.dtype for k, p in model.build().named_parameters()}  # packed weights: uint32, float16
     items = list(model.params()) + [(k, v) for k, v in constants.items()]
     for name, arr in items:
-        # packed quantized weights (uint32 codes, float16 scales or halves) are stored as they are
-        arr = np.ascontiguousarray(arr if arr.dtype in (np.uint32, np.float16) else arr.astype(np.float32))
+        arr = np.ascontiguousarray(arr, dtype=dtypes.get(name, "float32"))
         if size + arr.nbytes > SHARD_BYTES:
             flush()
         shard[name] = arr

@@ -49,7 +49,8 @@ class ReferenceSession:
         self.model = model
         self.module = lower(export(model, context_window), stage)
         self.context_window = self.module.attrs["context_window"]
-        self.params = [np.ascontiguousarray(a, dtype=np.float32) for _, a in model.params()]
+        dtypes = {n: p.dtype for n, p in model.build().named_parameters()}  # packed weights: uint32, float16
+        self.params = [np.ascontiguousarray(a, dtype=dtypes[n]) for n, a in model.params()]
         self.interp = Interpreter(self.module)
         cfg = model.config
         self.cache = RefKVCache(cfg.num_hidden_layers, self.context_window, cfg.num_key_value_heads, cfg.head_dim)
@@ -74,10 +75,12 @@ class ReferenceSession:
         self.cache.reset()
 
 
-def reference_session(model: LoadedModel | str, stage: str = "exported", context_window: int | None = None
-                      ) -> ReferenceSession:
+def reference_session(model: LoadedModel | str, stage: str = "exported", context_window: int | None = None,
+                      quantization: str | None = None) -> ReferenceSession:
     if isinstance(model, str):
         from .hub import load_model
 
         model = load_model(model)
-    return ReferenceSession(model, stage, context_window)
+    from .quantization import quantize
+
+    return ReferenceSession(quantize(model, quantization), stage, context_window)

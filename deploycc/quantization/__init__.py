@@ -1,0 +1,94 @@
+"""Weight quantization: each scheme is a module swap, a weight-name map and a per-tensor converter.
+
+    scheme = QUANTIZATION["q4f16_1"]
+    qmodel = quantize(load_model(path), "q4f16_1")   # .build() -> swapped nn module, .params() -> packed
+
+A quantized `nn.Linear` / `nn.Embedding` keeps its packed weight and scales as Parameters
+(`<name>.q_weight`, `<name>.q_scale`, `<name>.q_min`) and, in its forward, emits a hand-written
+dequantize tensor program through `call_tir` (no graph-level op) followed by the ordinary
+`linear` / `take`; fuse_ops and fuse_tensor fold the dequantize into that consumer as a prologue,
+so the kernels read packed weights directly (Relax paper, Figure 9). Schemes follow MLC-LLM
+(`quantization/group_quantization.py`): group along the input (last) dimension.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import DeployError
+from .base import QuantizedEmbedding, QuantizedLinear, Scheme, swap_modules
+from .group import GroupScheme
+from .none import NoQuantize, StoreHalf
+
+QUANTIZATION: dict[str, Scheme] = {
+    "q0f32": NoQuantize("q0f32"),
+    "q0f16": StoreHalf("q0f16"),
+    "q4f16_1": GroupScheme("q4f16_1", bits=4, scale_dtype="float16", symmetric=True),
+    "q4f32_1": GroupScheme("q4f32_1", bits=4, scale_dtype="float32", symmetric=True),
+    "q4f16_2": GroupScheme("q4f16_2", bits=4, scale_dtype="float16", symmetric=False),
+    "q8f16_0": GroupScheme("q8f16_0", bits=8, scale_dtype="float16", symmetric=True),
+}
+
+
+def get(name: str) -> Scheme:
+    if name not in QUANTIZATION:
+        raise DeployError(f"unknown quantization {name}; supported: {', '.join(QUANTIZATION)}")
+    return QUANTIZATION[name]
+
+
+@dataclass
+class QuantizedModel:
+    """A LoadedModel seen through a scheme: `build()` is the swapped module, `params()` yields the
+    converted tensors one checkpoint tensor at a time (in the swapped module's export order). Every
+    other attribute (config, path, hf_config, architecture, ...) is the base model's."""
+
+    base: object
+    scheme: Scheme
+    _module: object = field(default=None, repr=False)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def build(self):
+        if self._module is None:
+            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme)
+        return self._module
+
+    def quantized_names(self) -> set[str]:
+        """Our names of the float weights the swap replaced (`<module>.weight`)."""
+        return {f"{name}.weight" for name, _ in _quantized_modules(self.build())}
+
+    def params(self) -> Iterator[tuple[str, np.ndarray]]:
+        names = self.quantized_names()
+        for name, arr in self.base.params():
+            if name in names:
+                prefix = name[: -len(".weight")]
+                for suffix, packed in self.scheme.quantize(np.asarray(arr, np.float32)).items():
+                    yield f"{prefix}.{suffix}", packed
+            else:
+                yield name, arr
+
+
+def _quantized_modules(module, prefix: str = ""):
+    from .. import nn
+
+    for name, value in vars(module).items():
+        if isinstance(value, (QuantizedLinear, QuantizedEmbedding)):
+            yield f"{prefix}{name}", value
+        elif isinstance(value, nn.Module):
+            yield from _quantized_modules(value, f"{prefix}{name}.")
+
+
+def quantize(model, name: str | None):
+    """`model` (a LoadedModel) under scheme `name`; q0f32 (or None) returns the model itself."""
+    if name is None or name == "q0f32":
+        get(name or "q0f32")
+        return model
+    return QuantizedModel(model, get(name))
+
+
+__all__ = ["QUANTIZATION", "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize"]

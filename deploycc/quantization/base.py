@@ -1,0 +1,141 @@
+"""What every scheme shares: the quantized modules, the module swap and the call_tir helper."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import nn
+from ..ir import annotation as A
+from ..ir import sym, tir
+from ..ir.expr import CallTIR
+from ..nn import op
+from ..nn.core import Parameter, Tensor, as_tensor
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A quantization scheme. Subclasses give the packed parameter shapes, the numpy converter
+    (float32 [rows, cols] -> packed tensors by suffix), the numpy dequantizer (the reference) and
+    the dequantize tensor program (the same arithmetic at loop level)."""
+
+    name: str
+
+    def param_shapes(self, rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        raise NotImplementedError
+
+    def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
+        """The dequantized weight at (r, c) read from the packed buffers, as a loop-level value."""
+        raise NotImplementedError
+
+    def buffers(self, rows: int, cols: int) -> list[tir.Buffer]:
+        return [tir.Buffer(n, shape, dtype) for n, (shape, dtype) in self.param_shapes(rows, cols).items()]
+
+    def program(self, rows: int, cols: int) -> tir.TensorProgram:
+        """`w[r, c] = dequantized weight`: the prologue that fuse_ops folds into a linear."""
+        bufs, out = self.buffers(rows, cols), tir.Buffer("w", (rows, cols), "float32")
+        its = tir.iters("r c", (rows, cols))
+        r, c = (tir.v(i) for i in its)
+        body = tir.Block("dequantize", its, tir.Store(out, (r, c), self.value(bufs, r, c)))
+        return tir.TensorProgram(f"dequantize_{self.name}", (*bufs, out), body)
+
+    def take_program(self, rows: int, cols: int, ndim: int) -> tir.TensorProgram:
+        """`out[..., c] = dequantized weight[ids[...], c]` for ids of rank `ndim`: the lookup reads
+        packed rows directly. Written by hand, as MLC's fuse_dequantize_take does, because
+        fuse_tensor does not inline a producer into a data-dependent (gather) index."""
+        bufs = self.buffers(rows, cols)
+        dims = [sym.var(f"n{k}") for k in range(ndim)]  # bound by the ids buffer at the call
+        ids, out = tir.Buffer("ids", dims, "int32"), tir.Buffer("out", (*dims, cols), "float32")
+        its = tir.iters(" ".join([f"i{k}" for k in range(ndim)] + ["c"]), (*dims, cols))
+        *idx, c = (tir.v(it) for it in its)
+        body = tir.Block("take", its, tir.Store(out, (*idx, c), self.value(bufs, ids[tuple(idx)], c)))
+        return tir.TensorProgram(f"take_{self.name}", (*bufs, ids, out), body)
+
+    @property
+    def swaps(self) -> bool:
+        return True
+
+
+def call_program(prog: tir.TensorProgram, args: list[Tensor], out_shape, out_dtype: str = "float32") -> Tensor:
+    """Emit `call_tir(prog, args)` into the function being traced (the program is added to the
+    module, deduplicated by text): how nn code uses a tensor program that has no graph-level op."""
+    tracer = args[0].tracer
+    name = tracer.bb.module.add_program(prog)
+    ann = A.Tensor(tuple(tracer.dim(d) for d in out_shape), out_dtype)
+    return tracer.emit(CallTIR(name, tuple(a.var for a in args), ann), prog.name)
+
+
+class DequantizedWeight(Parameter):
+    """Stands where model code reads `layer.weight` directly (a tied or untied output head):
+    each read of `.tensor` emits a fresh dequantize, so every consumer gets its own producer
+    for fuse_ops to fold in (a shared producer with two consumers would stay unfused)."""
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.shape = owner.shape
+        self.dtype = "float32"
+
+    @property
+    def tensor(self) -> Tensor:
+        return self.owner.dequantize()
+
+    @tensor.setter
+    def tensor(self, value):  # Module.export resets parameters; this one holds no state
+        pass
+
+
+class _Quantized(nn.Module):
+    def _init_params(self, scheme: Scheme, rows: int, cols: int):
+        self.shape = (rows, cols)
+        self.scheme = scheme
+        for suffix, (shape, dtype) in scheme.param_shapes(rows, cols).items():
+            setattr(self, suffix, Parameter(shape, dtype))
+
+    def _packed(self) -> list[Parameter]:
+        return [getattr(self, s) for s in self.scheme.param_shapes(*self.shape)]
+
+    def dequantize(self) -> Tensor:
+        prog = self.scheme.program(*self.shape)
+        return call_program(prog, [as_tensor(p) for p in self._packed()], self.shape)
+
+    @property
+    def weight(self) -> DequantizedWeight:
+        return DequantizedWeight(self)
+
+
+class QuantizedLinear(_Quantized):
+    def __init__(self, linear: nn.Linear, scheme: Scheme):
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._init_params(scheme, linear.out_features, linear.in_features)
+        self.bias = linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        return op.linear(x, self.dequantize(), self.bias)
+
+
+class QuantizedEmbedding(_Quantized):
+    def __init__(self, emb: nn.Embedding, scheme: Scheme):
+        self._init_params(scheme, *emb.weight.shape)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        prog = self.scheme.take_program(*self.shape, ids.ndim)
+        args = [as_tensor(p) for p in self._packed()] + [ids]
+        return call_program(prog, args, (*ids.shape, self.shape[1]))
+
+
+def swap_modules(module: nn.Module, scheme: Scheme) -> nn.Module:
+    """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form."""
+    for name, value in list(vars(module).items()):
+        if isinstance(value, nn.Linear):
+            setattr(module, name, QuantizedLinear(value, scheme))
+        elif isinstance(value, nn.Embedding):
+            setattr(module, name, QuantizedEmbedding(value, scheme))
+        elif isinstance(value, nn.Module):
+            swap_modules(value, scheme)
+    return module

@@ -1,0 +1,83 @@
+"""Quantized tiny models: the graph-level reference session with a scheme equals a float32 session
+whose weights are the numpy-dequantized ones; compiled packages on PoCL and lavapipe match the
+quantized reference; decode has no standalone dequantize kernel."""
+import numpy as np
+import pytest
+
+import deploycc
+from deploycc import presets
+from deploycc.pipeline import kernel_report
+from deploycc.quantization import QUANTIZATION, quantize
+from deploycc.session import export, reference_session
+from fixtures import make_tiny
+
+MODELS = ["llama-gqa1", "gpt2-odd"]
+SCHEMES = ["q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0"]
+IDS = [3, 1, 4, 1, 5, 9, 2]
+
+
+def dequantized(path, name):
+    """A float32 LoadedModel whose quantized weights are replaced by their numpy round trip."""
+    scheme = QUANTIZATION[name]
+    model = deploycc.load_model(str(path))
+    names = quantize(deploycc.load_model(str(path)), name).quantized_names()
+    params = model.params
+
+    def round_trip():
+        for n, a in params():
+            yield n, (scheme.dequantize(scheme.quantize(a), a.shape[1]) if n in names else a)
+    model.params = round_trip
+    return model
+
+
+def logits(session):
+    out = [session.prefill(IDS, all_logits=True)]
+    out += [session.decode(t)[None] for t in (7, 8)]
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", SCHEMES)
+def test_reference_equals_dequantized_float_model(model, name):
+    path = make_tiny(model)
+    got = logits(reference_session(deploycc.load_model(str(path)), quantization=name))
+    want = logits(reference_session(dequantized(path, name)))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    plain = logits(reference_session(deploycc.load_model(str(path))))
+    assert not np.array_equal(got, plain)  # the scheme did change the weights
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", ["q4f16_1", "q4f16_2"])
+def test_decode_has_no_standalone_dequantize(model, name):
+    loaded = deploycc.load_model(str(make_tiny(model)))
+    target = presets.load("cpu-opencl").target
+    report = kernel_report(export(quantize(loaded, name), 64), target)
+    plain = kernel_report(export(loaded, 64), target)
+    assert not [k for k in report["kernels"] if k["program"].startswith("dequantize")]
+    assert any("dequantize" in k["program"] for k in report["kernels"])  # folded into its consumers
+    assert report["decode_launches"] == plain["decode_launches"]
+
+
+@pytest.mark.parametrize("device", ["cpu-opencl", "cpu-webgpu"])
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", ["q0f16", "q4f16_1", "q4f16_2", "q8f16_0"])
+def test_package_matches_quantized_reference(tmp_path, device, model, name):
+    from deploycc.package import compile_model
+    from deploycc.runtime.devices import DeviceError
+    from deploycc.runtime.engine import Engine
+
+    path = make_tiny(model)
+    out = compile_model(str(path), device, quantization=name, out=str(tmp_path / "pkg"))
+    try:
+        engine = Engine.load(out)
+    except DeviceError as e:
+        pytest.skip(str(e))
+    import json
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["quantization"] == name
+    dtypes = {p["dtype"] for p in manifest["params"]}
+    assert ("uint32" in dtypes) == name.startswith(("q4", "q8")) and "float16" in dtypes
+    ref = reference_session(deploycc.load_model(str(path)), quantization=name)
+    np.testing.assert_allclose(logits(engine), logits(ref), atol=1e-4, rtol=0)
