@@ -516,10 +516,16 @@ def _device_details(d: dict) -> str:
 @click.option("--memory", is_flag=True,
               help="The memory plan: weights, KV cache, activations with and without planning (prefill 128/256/512, decode).")
 @click.option("--json", "as_json", is_flag=True, help="With --kernels or --memory: print one JSON object.")
+@click.option("--as-python", is_flag=True,
+              help="Print the graph functions at --stage as Python on torch (edit, then run with "
+                   "deploycc.topython.load_python).")
+@click.option("--function", "functions", multiple=True, metavar="NAME",
+              help="With --as-python: only these functions (prefill, prefill_all, decode).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
 @click.option("--context-window", type=click.IntRange(min=1), default=None,
               help="Upper bound of total_len (default: from the config, at most the preset's).")
-def inspect(model, stage, device, overrides, kernels, memory, as_json, revision, context_window):
+def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python, functions, revision,
+            context_window):
     """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
     its VM bytecode, its kernel list (--kernels) or its memory plan (--memory)."""
     from . import pipeline, presets
@@ -529,6 +535,9 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, revision,
 
     if kernels and memory:
         raise DeployError("choose one of --kernels and --memory")
+    if as_python and (kernels or memory or stage == "vm"):
+        raise DeployError("--as-python prints graph functions; it does not combine with --kernels, --memory "
+                          "or --stage vm")
     if overrides and not device:
         raise DeployError("--override changes a device preset; give --device PRESET too")
     preset = apply_overrides(presets.load(device), list(overrides)) if device else None
@@ -558,7 +567,16 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, revision,
     if stage == "vm":
         click.echo(_bytecode_text(exported, preset, ctx or exported.attrs["context_window"]), nl=False)
         return
-    click.echo(str(pipeline.run(exported, target, stage)), nl=False)
+    mod = pipeline.run(exported, target, stage)
+    if as_python:
+        from .topython import module_to_python
+
+        unknown = [f for f in functions if f not in mod.graph_functions()]
+        if unknown:
+            raise DeployError(f"no function {unknown[0]!r}; choose from {', '.join(mod.graph_functions())}")
+        click.echo(module_to_python(mod, list(functions) or None), nl=False)
+        return
+    click.echo(str(mod), nl=False)
 
 
 def _bytecode_text(exported, preset, ctx: int) -> str:

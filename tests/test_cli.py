@@ -54,3 +54,28 @@ def test_run_json(smollm2_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "Paris" in out["text"] and len(out["generated"]) <= 12
+
+
+def test_inspect_as_python_runs(tmp_path):
+    """`inspect --as-python` prints code that runs on torch and gives the reference logits (1e-4)."""
+    import numpy as np
+    import torch
+
+    import deploycc
+    from deploycc.session import export
+    from deploycc.topython import TorchKVCache, load_python, torch_weights
+
+    path = make_tiny("llama-gqa1")
+    r = cli("inspect", str(path), "--stage", "fused", "--as-python", "--function", "prefill")
+    assert r.returncode == 0, r.stderr
+    model = deploycc.load_model(str(path))
+    from deploycc.pipeline import run
+
+    mod = run(export(model), None, "fused")
+    py = load_python(r.stdout, mod, "host")
+    ids = [5, 7, 11]
+    got = py.prefill(torch.tensor([ids], dtype=torch.int32), TorchKVCache.for_model(model), *torch_weights(model))
+    want = deploycc.reference_session(model).prefill(ids)
+    assert np.abs(got[0, -1].numpy() - want).max() <= 1e-4
+    bad = cli("inspect", str(path), "--as-python", "--kernels", "--device", "cpu-opencl")
+    assert_one_line_error(bad, "--as-python")
