@@ -57,9 +57,32 @@ def lower_block(b: Block, fixed: dict[sym.SymVar, sym.Expr], acc_name: str) -> S
     acc = Buffer(acc_name, (1,), store.buffer.dtype, "local")
     init = sub.store(b.init)
     zero = (sym.as_expr(0),)
-    update = Store(acc, zero, tir.V(combine, acc.dtype, (acc[0], sub.value(rhs))))
-    inner = Seq((Store(acc, zero, init.value), nest(reduce, update), Store(store.buffer, store.indices, acc[0])))
+    value = sub.value(rhs)
+    update = Store(acc, zero, tir.V(combine, acc.dtype, (acc[0], value)))
+    loop = _unrolled(reduce[-1], reduce[:-1], acc, combine, value, nest) if reduce else None
+    inner = Seq((Store(acc, zero, init.value), loop or nest(reduce, update),
+                 Store(store.buffer, store.indices, acc[0])))
     return nest(spatial, Alloc(acc, inner))
+
+
+UNROLL = 8
+
+
+def _unrolled(last, outer, acc: Buffer, combine: str, value: V, nest) -> Stmt | None:
+    """The innermost reduction loop split by UNROLL with the inner copies written out. Each copy's
+    index is `UNROLL * ko + c` with c a constant, so the canonical form folds the index arithmetic of
+    packed weights ((8*ko + 3) // 8 -> ko, (8*ko + 3) % 8 -> 3) and neighbouring loads are adjacent."""
+    lv, extent, _ = last
+    extent = sym.as_expr(extent)
+    if not extent.is_const or extent.value % UNROLL or extent.value < UNROLL:
+        return None
+    ko = sym.SymVar(f"{lv.name}o")
+    zero = (sym.as_expr(0),)
+    body = []
+    for c in range(UNROLL):
+        v = Substitute(syms={lv: sym.as_expr(ko) * UNROLL + c}, fresh=False).value(value)
+        body.append(Store(acc, zero, tir.V(combine, acc.dtype, (acc[0], v))))
+    return nest(outer, For(ko, sym.as_expr(extent.value // UNROLL), Seq(tuple(body))))
 
 
 def localize(stmt: Stmt, buf: Buffer, local: Buffer, lead: int) -> Stmt:
