@@ -114,16 +114,18 @@ def test_edited_printout_records_an_intermediate(tiny_path):
 
 
 @pytest.mark.model
-def test_smollm2_printed_as_python(smollm2_path):
+@pytest.mark.parametrize("stage", ["exported", "fused"])
+def test_smollm2_printed_as_python(smollm2_path, stage):
+    from deploycc.pipeline import run as run_pipeline
     from deploycc.runtime.tokenizer import Tokenizer
 
     model = deploycc.load_model(smollm2_path)
-    mod = export(model, 64)
+    mod = run_pipeline(export(model, 64), None, stage)
     py = load_python(module_to_python(mod, ["prefill", "decode"]), mod, "host")
     ids = Tokenizer.from_dir(smollm2_path).encode("The capital of France is", add_special_tokens=False)
     ref = deploycc.reference_session(model, context_window=64)
     worst = compare_with_reference(py, model, ref, ids, 2, 64, all_logits=False)
-    print(f"SmolLM2 exported stage as Python: max |diff| {worst:.2e}")
+    print(f"SmolLM2 {stage} stage as Python: max |diff| {worst:.2e}")
     # 30 layers of float32 rounding, torch's kernels against numpy's: observed 3e-5 to 1.2e-4.
     assert worst <= SMOL_TOL, f"max |diff| {worst}"
 
