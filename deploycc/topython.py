@@ -44,6 +44,7 @@ from .ir.expr import (
     Var,
 )
 from .ir.module import IRModule
+from .transform.dce import children, count_uses
 
 CLASS_NAME = "Module"
 
@@ -202,7 +203,7 @@ def _constants(mod: IRModule):
     def expr(e):
         if isinstance(e, Constant):
             yield e
-        for c in _children(e):
+        for c in children(e):
             yield from expr(c)
         if isinstance(e, If):
             yield from seq(e.then_branch)
@@ -224,34 +225,6 @@ def _big_constants(mod: IRModule, names: dict[int, str]) -> list[tuple[str, np.n
         if id(e.value) in names:
             out.setdefault(names[id(e.value)], e.value)
     return list(out.items())
-
-
-def _children(e: Expr) -> list[Expr]:
-    if isinstance(e, (Call, CallTIR, CallDPSLibrary, CallFunc, CallPyFunc)):
-        return list(e.args)
-    if isinstance(e, Tuple):
-        return list(e.fields)
-    if isinstance(e, TupleGetItem):
-        return [e.tuple_value]
-    if isinstance(e, If):
-        return [e.cond]
-    return []
-
-
-def _count_uses(body: SeqExpr, counts: dict) -> None:
-    def expr(e):
-        if isinstance(e, Var):
-            counts[e] = counts.get(e, 0) + 1
-        for c in _children(e):
-            expr(c)
-        if isinstance(e, If):
-            _count_uses(e.then_branch, counts)
-            _count_uses(e.else_branch, counts)
-
-    for block in body.blocks:
-        for b in block.bindings:
-            expr(b.value)
-    expr(body.result)
 
 
 _IDENT = re.compile(r"[^0-9A-Za-z_]")
@@ -284,7 +257,7 @@ class _FunctionPrinter:
         self.namer = _Namer()
         self.defined: set[sym.SymVar] = set()
         self.uses: dict[Var, int] = {}
-        _count_uses(fn.body, self.uses)
+        count_uses(fn.body, self.uses)
         # A match_cast of a value used nowhere else prints the value straight into the cast variable.
         self.target: dict[Var, MatchCast] = {}
         self.folded: set[MatchCast] = set()

@@ -42,10 +42,11 @@ def _uses_in(e: Expr, counts: dict) -> None:
         _uses_in(c, counts)
     if isinstance(e, If):
         for br in (e.then_branch, e.else_branch):
-            _uses_in_seq(br, counts)
+            count_uses(br, counts)
 
 
-def _uses_in_seq(body: SeqExpr, counts: dict) -> None:
+def count_uses(body: SeqExpr, counts: dict) -> None:
+    """Add to `counts` how many times each variable is used in `body` (If branches included)."""
     for block in body.blocks:
         for b in block.bindings:
             _uses_in(b.value, counts)
@@ -55,7 +56,7 @@ def _uses_in_seq(body: SeqExpr, counts: dict) -> None:
 def used_vars(fn: Function) -> dict[Var, int]:
     """How many times each variable is used in the function."""
     counts: dict[Var, int] = {}
-    _uses_in_seq(fn.body, counts)
+    count_uses(fn.body, counts)
     return counts
 
 
@@ -102,7 +103,7 @@ def _dce_function(fn: Function, mod: IRModule) -> Function:
     body = fn.body
     while changed:
         counts: dict = {}
-        _uses_in_seq(body, counts)
+        count_uses(body, counts)
         changed = False
         blocks = []
         for block in body.blocks:
