@@ -14,7 +14,6 @@ so an interrupted compile leaves nothing that looks like a package.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -28,6 +27,7 @@ from .errors import DeployError
 from .hub import load_model
 from .ir import sym
 from .ir.kernel import Kernel
+from .runtime.package import sha256_of
 from .session import export
 from .vm import FORMAT_VERSION, lower_vm
 
@@ -159,7 +159,7 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
             "kernels": kernel_files,
             "params": params_index,
         }
-        manifest["files"] = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*"))
+        manifest["files"] = {str(p.relative_to(tmp)): sha256_of(p) for p in sorted(tmp.rglob("*"))
                              if p.is_file() and "__pycache__" not in p.parts}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if out_dir.exists():
@@ -241,11 +241,3 @@ def _memory_summary(plans, lowered, params_index, cfg, ctx) -> dict:
     return {"weights_bytes": weights, "kv_cache_bytes": kv,
             "activation_bytes": sum(s["bytes"] for s in lowered.storages),
             "unplanned_activation_bytes": {f: getattr(p, "unplanned_bytes", None) for f, p in plans.items()}}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -16,7 +16,7 @@ class PackageError(ValueError):
     """A package that cannot be used; the message says what is wrong and what to do."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -55,7 +55,7 @@ def verify(path: Path, manifest: dict, check_hashes: bool = True) -> dict:
             raise PackageError(f"manifest lists a file outside the package: {rel}")
         if not f.is_file():
             raise PackageError(f"{path} is missing {rel}; the package is incomplete — recompile it")
-        if check_hashes and _sha256(f) != digest:
+        if check_hashes and sha256_of(f) != digest:
             raise PackageError(f"{rel} in {path} was changed after compile (sha256 mismatch); recompile the package")
     try:
         bytecode = json.loads((path / "bytecode.json").read_text())

@@ -18,6 +18,7 @@ from ..ir.tir import Alloc, Block, Buffer, Seq, Stmt, Store, TensorProgram, load
 from ..ir.tir_rewrite import Substitute, inline_value, replace_loads
 from .annotate_patterns import analyze
 from .dce import dead_code_elimination
+from .plan_memory import program_sym_map
 
 
 def fuse_tensor(mod: IRModule) -> IRModule:
@@ -74,15 +75,7 @@ def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
         bufs[b.var] = dst
         if prog.num_outputs != 1:
             raise ValueError(f"fuse_tensor: {prog.name} has {prog.num_outputs} outputs; fuse_ops groups single-output programs")
-        syms: dict[sym.SymVar, sym.Expr] = {}
-        for pb, ab in zip(prog.params, arg_bufs + [dst]):
-            for d, ad in zip(pb.shape, ab.shape):
-                v = d.as_var
-                if v is not None and v not in syms:
-                    syms[v] = ad
-        for v, e in zip(prog.sym_params, call.sym_args):
-            syms[v] = e
-        sub = Substitute(dict(zip(prog.params, arg_bufs + [dst])), syms)
+        sub = Substitute(dict(zip(prog.params, arg_bufs + [dst])), program_sym_map(prog, call))
         stmts.append(sub.stmt(prog.body))
     body = _inline(Seq(tuple(stmts)), intermediates)
     for buf in intermediates:

@@ -25,6 +25,7 @@ from ..ir.expr import Call, CallPyFunc, CallTIR, Constant, Function, If, MatchCa
 from ..ir.kernel import Kernel, scheduled
 from ..ir.module import IRModule
 from ..ir.tir import Block, Store, TensorProgram
+from ..transform.plan_memory import program_sym_map
 
 FORMAT_VERSION = 1
 
@@ -223,16 +224,7 @@ class _FnLowering:
             out_regs.append(r)
         if len(outs) > 1:
             self.emit("vm.tuple", [{"r": r} for r in out_regs], dst)
-        # program variable -> caller expression
-        env: dict[sym.SymVar, sym.Expr] = {}
-        anns = [a.ann for a in tensor_args] + outs
-        for buf, ann in zip(prog.params, anns):
-            for d, ad in zip(buf.shape, ann.shape):
-                pv = d.as_var
-                if pv is not None and pv not in env:
-                    env[pv] = ad
-        for pv, e in zip(prog.sym_params, call.sym_args):
-            env[pv] = e
+        env = program_sym_map(prog, call)  # program variable -> caller expression
         regs = {b: self.arg(a) for b, a in zip(prog.inputs, tensor_args)}
         regs.update({b: {"r": r} for b, r in zip(prog.outputs, out_regs)})
         ws_ids = self.plan.workspace.get(var, [])
