@@ -58,7 +58,8 @@ class KernelRunner:
             else:
                 src = render(kernels, self.target)
                 self.sources[prog.name] = src
-                self.built[key] = self.device.build(src, [_entry(k) for k in kernels])
+                self.built[key] = self.device.build(src, [_entry(k) for k in kernels],
+                                                    {"fast_math": self.target.fast_math})
         return self.built[key]
 
     def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:

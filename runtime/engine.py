@@ -81,7 +81,8 @@ class Engine:
         out = {}
         for f, names in by_file.items():
             source = (self.path / f).read_text()
-            built = self.device.build(source, [entries[n]["entry"] for n in names])
+            options = {"fast_math": bool(self.manifest["target"].get("fast_math"))}
+            built = self.device.build(source, [entries[n]["entry"] for n in names], options)
             for n in names:
                 out[n] = built[entries[n]["entry"]]
                 if "split" in entries[n]:  # buffers bound as several ranges (WebGPU binding-size limit)
