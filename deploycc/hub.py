@@ -33,7 +33,7 @@ def resolve(source: str, revision: str | None = None, progress: bool = False) ->
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise DeployError(f"{source} is a file, not a checkpoint directory (GGUF import comes with quantization)")
+            raise DeployError(f"{source} is a file, not a checkpoint directory or a .gguf file")
         return path
     if not _REPO_ID.match(source) or source.startswith((".", "/", "~")):
         raise DeployError(f"model path {source} does not exist; give a checkpoint directory or a Hugging Face repo id "
@@ -240,6 +240,12 @@ class LoadedModel:
 def load_model(source: str, revision: str | None = None, **overrides) -> LoadedModel:
     from .models import lookup, supported  # deploycc.models, installed from models/
 
+    local = Path(source).expanduser()
+    if local.is_file():
+        from .gguf import is_gguf, load_gguf
+
+        if is_gguf(local):
+            return load_gguf(local, source, **overrides)
     path = resolve(source, revision)
     hf = read_config(path)
     arch = lookup(hf)

@@ -48,7 +48,7 @@ def no_such_path(tmp):
 
 def a_file(tmp):
     (tmp / "model.gguf").write_bytes(b"GGUF")
-    return tmp / "model.gguf", r"model\.gguf is a file, not a checkpoint directory"
+    return tmp / "model.gguf", r"model\.gguf is not a readable GGUF file \(truncated or corrupted\?\)"
 
 
 def no_config(tmp):

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import DeployError
 from .base import QuantizedEmbedding, QuantizedLinear, Scheme, swap_modules
+from .gguf_blocks import BLOCK_SCHEMES, GGUFBlockScheme, GGUFModel, keep_blocks
 from .group import GroupScheme
 from .none import NoQuantize, StoreHalf
 
@@ -88,7 +89,9 @@ def quantize(model, name: str | None):
     if name is None or name == "q0f32":
         get(name or "q0f32")
         return model
+    if name == "gguf":  # a .gguf file's Q4_0/Q4_1/Q8_0 tensors kept as stored (quantization/gguf_blocks.py)
+        return keep_blocks(model)
     return QuantizedModel(model, get(name))
 
 
-__all__ = ["QUANTIZATION", "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize"]
+__all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel", "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize"]
