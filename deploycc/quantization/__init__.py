@@ -94,4 +94,5 @@ def quantize(model, name: str | None):
     return QuantizedModel(model, get(name))
 
 
-__all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel", "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize"]
+__all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel",
+           "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize"]
