@@ -31,7 +31,8 @@ from .runtime.package import sha256_of
 from .session import export
 from .vm import FORMAT_VERSION, lower_vm
 
-QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0")  # deploycc.quantization
+# deploycc.quantization; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF sources)
+QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")
 SHARD_BYTES = 512 << 20
@@ -107,9 +108,12 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
                   force: bool = False, revision: str | None = None, progress=None) -> Path:
     preset = apply_overrides(presets.load(device), list(overrides))
-    quant = quantization or preset.quantization
+    from .gguf import is_gguf
+
+    from_gguf = Path(source).expanduser().is_file() and is_gguf(Path(source).expanduser())
+    quant = quantization or ("gguf" if from_gguf else preset.quantization)
     if quant not in QUANTIZATIONS:
-        raise DeployError(f"quantization {quant} is not available yet; supported: {', '.join(QUANTIZATIONS)}")
+        raise DeployError(f"quantization {quant} is not available; supported: {', '.join(QUANTIZATIONS)}")
     from .quantization import quantize
 
     model = quantize(load_model(source, revision), quant)

@@ -482,3 +482,45 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
     ids = ours.encode("hello world")
     assert ids[0] == 1 and ours.convert_ids_to_tokens(ids[1:]) == ["\u2581hello", "\u2581wor", "l", "d"]
     assert ours.convert_ids_to_tokens(ours.encode("é")[2:]) == ["<0xC3>", "<0xA9>"]  # byte fallback
+
+
+@pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu"])
+@pytest.mark.parametrize("kquants", [False, True])
+def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
+    """A .gguf compiles with its quantized blocks kept by default (quantization "gguf"): the params
+    hold the packed words, and the package's logits equal the kept-blocks reference."""
+    from deploycc.package import compile_model
+    from deploycc.runtime.devices import DeviceError
+    from deploycc.runtime.engine import Engine
+
+    if kquants:  # K-quant super-blocks are 256 wide
+        path, _ = write_tiny(tmp_path, K_MIXED, hidden_size=256, intermediate_size=256, head_dim=64)
+    else:
+        path, _ = write_tiny(tmp_path, MIXED)
+    out = compile_model(str(path), preset, out=str(tmp_path / "pkg"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["quantization"] == "gguf"
+    assert any(p["dtype"] == "uint32" for p in manifest["params"])
+    try:
+        engine = Engine.load(out)
+    except DeviceError as e:
+        pytest.skip(str(e))
+    ref = reference_session(deploycc.load_model(str(path)), quantization="gguf")
+    # atol 1e-4 + rtol 1e-4, as for every kernel (the K-quant model's logits reach |5|)
+    np.testing.assert_allclose(logits(engine), logits(ref), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.model
+def test_smollm2_gguf_package(smollm2_gguf, tmp_path):
+    """SmolLM2's Q4_1/Q8_0 GGUF compiled as-is for cpu-opencl: logits on natural text within 5e-4 of
+    the kept-blocks reference (fast-math kernels, 30 layers; observed ~1e-4), and it names Paris."""
+    from deploycc.package import compile_model
+    from deploycc.runtime.engine import Engine
+
+    out = compile_model(str(smollm2_gguf), "cpu-opencl", out=str(tmp_path / "pkg"), context_window=256)
+    engine = Engine.load(out)
+    ids = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog. In 2024, Paris hosted the Games.",
+                                  add_special_tokens=False)
+    ref = reference_session(deploycc.load_model(str(smollm2_gguf)), context_window=256, quantization="gguf")
+    assert np.abs(engine.prefill(ids, all_logits=True) - ref.prefill(ids, all_logits=True)).max() <= 5e-4
+    assert "Paris" in "".join(engine.generate("What is the capital of France?", max_tokens=12))
