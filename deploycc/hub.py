@@ -9,7 +9,6 @@ precisely. Nothing in a checkpoint is ever executed: JSON and safetensors only.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import struct
@@ -134,15 +133,14 @@ class SafetensorsFile:
                 raise DeployError(f"{path} is corrupted or truncated: tensor {name} needs bytes "
                                   f"{start}..{end} of data but the file holds {size - self.data_start}; re-download it")
             self.entries[name] = _Entry(path, dtype, shape, start, end)
-        self._mm: mmap.mmap | None = None
 
     def read(self, name: str) -> np.ndarray:
         e = self.entries[name]
-        if self._mm is None:
-            with open(self.path, "rb") as f:
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        raw = np.frombuffer(self._mm, dtype=_ST_DTYPES[e.dtype], count=int(np.prod(e.shape, dtype=np.int64)),
-                            offset=self.data_start + e.start).reshape(e.shape)
+        # A read into a fresh array rather than a view of a memory map: once the caller drops it the
+        # memory is gone, so streaming conversion holds one tensor at a time (mapped file pages would
+        # stay resident and count towards peak RSS).
+        raw = np.fromfile(self.path, dtype=_ST_DTYPES[e.dtype], count=int(np.prod(e.shape, dtype=np.int64)),
+                          offset=self.data_start + e.start).reshape(e.shape)
         if e.dtype == "BF16":
             return (raw.astype(np.uint32) << 16).view(np.float32)
         return raw

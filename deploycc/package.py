@@ -14,6 +14,7 @@ so an interrupted compile leaves nothing that looks like a package.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import tempfile
@@ -226,7 +227,8 @@ def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:
             shard, size, n = {}, 0, n + 1
 
     dtypes = {k: p.dtype for k, p in model.build().named_parameters()}  # packed weights: uint32, float16
-    items = list(model.params()) + [(k, v) for k, v in constants.items()]
+    # A generator, never a list: one converted tensor in memory at a time, plus the shard being filled.
+    items = itertools.chain(model.params(), constants.items())
     for name, arr in items:
         arr = np.ascontiguousarray(arr, dtype=dtypes.get(name, "float32"))
         if size + arr.nbytes > SHARD_BYTES:
