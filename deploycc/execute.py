@@ -10,7 +10,6 @@ import numpy as np
 
 from .ir import sym
 from .ir.kernel import Kernel, scheduled
-from .ir.module import IRModule
 from .ir.tir import TensorProgram
 from .ir.tir_interp import NP_DTYPES, bind_shapes
 
@@ -38,7 +37,7 @@ def launch_grid(groups: int, max_grid: int) -> tuple[int, int, int]:
 class KernelRunner:
     """Builds each program's kernels once per device and runs them on numpy inputs."""
 
-    def __init__(self, device, target, module: IRModule | None = None):
+    def __init__(self, device, target):
         self.device = device
         self.target = target
         self.built: dict[int, dict] = {}
@@ -96,15 +95,11 @@ def expand_ranges(bufs: list, split: dict) -> list:
     """Bind each split buffer as its ranges (see targets/wgsl.split_plan): index -> (bytes, parts)."""
     if not split:
         return bufs
-    from .runtime.devices import BufferRange
+    from .runtime.devices import buffer_ranges
 
     out = []
     for i, b in enumerate(bufs):
-        if i not in split:
-            out.append(b)
-            continue
-        chunk, parts = split[i]
-        out += [BufferRange(b, p * chunk, min(chunk, b.nbytes - p * chunk)) for p in range(parts)]
+        out += buffer_ranges(b, *split[i]) if i in split else [b]
     return out
 
 

@@ -148,7 +148,7 @@ class VM:
         block = (threads, 1, 1)
         split = getattr(kernel, "meta", {}).get("split") or {}
         if split:
-            from .devices import BufferRange
+            from .devices import buffer_ranges
 
         def run(regs, heap):
             g = groups(heap)
@@ -160,8 +160,7 @@ class VM:
                 v = b(regs, heap)
                 v = v.buf if isinstance(v, DTensor) else v
                 if i in split:  # a tensor bound as several ranges
-                    chunk, parts = split[i]
-                    bs += [BufferRange(v, p * chunk, min(chunk, v.nbytes - p * chunk)) for p in range(parts)]
+                    bs += buffer_ranges(v, *split[i])
                 else:
                     bs.append(v)
             launch(kernel, bs + [s(heap) for s in scalars], grid, block)

@@ -1,15 +1,13 @@
 """Shape manipulation: reshape, permute_dims, concat, split, strided_slice, arange."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..ir import annotation as A
 from ..ir import sym, tir
 from ..ir.op import register
-from ..ir.tir import Block, Buffer, Seq, Store
-from ._common import OpError, ShapeMap, emit_tir, known_shape, norm_axis, same, shape_values, tensor
+from ..ir.tir import Block, Seq, Store
+from ._common import OpError, ShapeMap, emit_tir, known_shape, norm_axis, same, shape_values
 
 
 def _prod(shape) -> sym.Expr:
@@ -198,4 +196,3 @@ def _arange_legalize(call, module):
 register("arange", _arange_infer, lambda b, dtype="int32": np.arange(b[0], b[1], dtype=np.dtype(dtype)),
          _arange_legalize)
 
-_ = (math, Buffer, tensor)

@@ -71,12 +71,11 @@ def kv_copy_program() -> TensorProgram:
 
 
 class _FnLowering:
-    def __init__(self, fn: Function, mod: IRModule, out: Lowered, plan, storage_base: int, bounds: sym.Bounds):
+    def __init__(self, fn: Function, mod: IRModule, out: Lowered, plan, bounds: sym.Bounds):
         self.fn, self.mod, self.out, self.plan, self.bounds = fn, mod, out, plan, bounds
         self.regs: dict[object, int] = {}
         self.code: list[dict] = []
         self.names: dict[sym.SymVar, str] = {}
-        self.storage_base = storage_base
 
     def name(self, v: sym.SymVar) -> str:
         if v not in self.names:
@@ -133,7 +132,7 @@ class _FnLowering:
     def storage(self, var, k: int = 0) -> int:
         ids = self.plan.tensors.get(var)
         if isinstance(ids, int) and k == 0:
-            return self.storage_base + ids
+            return ids
         # Not planned (a tuple field): a storage of its own, sized at the bounds.
         ann = var.ann.fields[k] if isinstance(var.ann, A.TupleAnn) else var.ann
         return self._extra_storage(ann)
@@ -230,7 +229,7 @@ class _FnLowering:
         ws_ids = self.plan.workspace.get(var, [])
         for i, w in enumerate(sched.workspace):
             wann = A.Tensor(tuple(sym.substitute(d, env) for d in w.shape), w.dtype)
-            sid = self.storage_base + ws_ids[i] if i < len(ws_ids) else self._extra_storage(wann)
+            sid = ws_ids[i] if i < len(ws_ids) else self._extra_storage(wann)
             r = self.reg((var, "ws", i))
             self.alloc(sid, wann, r)
             regs[w] = {"r": r}
@@ -258,7 +257,7 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
         for st in plans[fname].storages:
             out.storages[st.id]["bytes"] = max(out.storages[st.id]["bytes"], int(st.bound))
     for fname in functions:
-        fl = _FnLowering(mod[fname], mod, out, plans[fname], 0, bounds[fname])
+        fl = _FnLowering(mod[fname], mod, out, plans[fname], bounds[fname])
         fl.ctx = ctx
         fl.fn_total = _total_len(mod[fname])
         out.bytecode["functions"][fname] = fl.lower()

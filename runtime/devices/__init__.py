@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from .base import Buffer, BufferRange, Device, DeviceError, Kernel
+from .base import Buffer, BufferRange, Device, DeviceError, Kernel, buffer_ranges
 
 # kind -> (module, device class)
 BACKENDS = {"opencl": ("opencl", "OpenCLDevice"), "webgpu": ("webgpu", "WebGPUDevice"),
@@ -45,4 +45,5 @@ def available() -> list[dict]:
     return found
 
 
-__all__ = ["BACKENDS", "KINDS", "Buffer", "BufferRange", "Device", "DeviceError", "Kernel", "available", "open_device"]
+__all__ = ["BACKENDS", "KINDS", "Buffer", "BufferRange",
+           "buffer_ranges", "Device", "DeviceError", "Kernel", "available", "open_device"]

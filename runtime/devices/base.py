@@ -47,6 +47,11 @@ class BufferRange:
         return f"BufferRange({self.buffer!r}, offset={self.offset}, size={self.size})"
 
 
+def buffer_ranges(buf: Buffer, chunk: int, parts: int) -> list[BufferRange]:
+    """`buf` as `parts` consecutive ranges of `chunk` bytes (the last may be shorter)."""
+    return [BufferRange(buf, p * chunk, min(chunk, buf.nbytes - p * chunk)) for p in range(parts)]
+
+
 class Kernel:
     """A built entry point; `handle` is the backend's kernel/function/pipeline object."""
 
