@@ -72,6 +72,9 @@ def cli():
               help="Device preset name (see `deploycc devices`) or a preset YAML file.")
 @click.option("--quantization", default=None,
               help="Weight quantization (default: the preset's; available: q0f32, q0f16, q4f16_1, q4f32_1, q4f16_2, q8f16_0).")
+@click.option("--head-quantization", default=None,
+              help="Quantization of the token embedding and output head (default: the same as --quantization); "
+                   "q8f16_0 keeps them at 8 bits, as llama.cpp's Q4 files do.")
 @click.option("--context-window", type=click.IntRange(min=1), default=None,
               help="Upper bound of total_len (default: the smaller of the preset's and the model's).")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -80,13 +83,14 @@ def cli():
 @click.option("--force", is_flag=True, help="Replace OUTPUT even when it exists and is not a deploycc package.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no progress display).")
-def compile_cmd(model, device, quantization, context_window, overrides, output, force, revision, as_json):
+def compile_cmd(model, device, quantization, head_quantization, context_window, overrides, output, force, revision,
+                as_json):
     """Compile MODEL into a self-contained package directory for a device preset."""
     from .package import compile_model
 
     with _CompileProgress(enabled=not as_json) as progress:
         path = compile_model(_source(model), device, quantization, context_window, tuple(overrides), output, force,
-                             revision, progress=progress)
+                             revision, progress=progress, head_quantization=head_quantization)
     manifest = json.loads((path / "manifest.json").read_text())
     summary = _package_summary(path, manifest)
     if as_json:
@@ -108,7 +112,9 @@ def _source(model: str) -> str:
 def _package_summary(path: Path, manifest: dict) -> dict:
     return {"package": str(path), "model": manifest["model"]["architecture"], "source": manifest["model"]["source"],
             "preset": manifest["preset"]["name"], "backend": manifest["preset"]["backend"],
-            "quantization": manifest["quantization"], "context_window": manifest["bounds"]["context_window"],
+            "quantization": manifest["quantization"],
+            "head_quantization": manifest.get("head_quantization", manifest["quantization"]),
+            "context_window": manifest["bounds"]["context_window"],
             "prefill_chunk": manifest["bounds"]["prefill_chunk"], "kernels": len(manifest["kernels"]["entries"]),
             "memory": manifest.get("memory", {})}
 

@@ -107,7 +107,8 @@ def lower_to_vm(exported, target, prefill_chunk: int):
 
 def compile_model(source: str, device: str = "cpu-opencl", quantization: str | None = None,
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
-                  force: bool = False, revision: str | None = None, progress=None) -> Path:
+                  force: bool = False, revision: str | None = None, progress=None,
+                  head_quantization: str | None = None) -> Path:
     preset = apply_overrides(presets.load(device), list(overrides))
     from .gguf import is_gguf
 
@@ -115,9 +116,13 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
     quant = quantization or ("gguf" if from_gguf else preset.quantization)
     if quant not in QUANTIZATIONS:
         raise DeployError(f"quantization {quant} is not available; supported: {', '.join(QUANTIZATIONS)}")
+    if head_quantization is not None and head_quantization not in QUANTIZATIONS[:-1]:
+        raise DeployError(f"head quantization {head_quantization} is not available; "
+                          f"supported: {', '.join(QUANTIZATIONS[:-1])}")
     from .quantization import quantize
 
-    model = quantize(load_model(source, revision), quant)
+    head = None if head_quantization == quant else head_quantization
+    model = quantize(load_model(source, revision), quant, head)
     out_dir = Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}")
     _check_output(out_dir, force)
     ctx = context_window or min(preset.context_window, model.config.context_window)
@@ -153,6 +158,7 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
             "format": "deploycc-package", "format_version": FORMAT_VERSION,
             "model": {"architecture": model.architecture, "source": str(source), "hf_config": model.hf_config},
             "quantization": quant,
+            "head_quantization": head or quant,
             "preset": {"name": preset.name, "backend": preset.backend, "description": preset.description},
             "target": preset.target.to_dict(),
             "bounds": {"context_window": ctx, "prefill_chunk": chunk},

@@ -76,11 +76,11 @@ class ReferenceSession:
 
 
 def reference_session(model: LoadedModel | str, stage: str = "exported", context_window: int | None = None,
-                      quantization: str | None = None) -> ReferenceSession:
+                      quantization: str | None = None, head_quantization: str | None = None) -> ReferenceSession:
     if isinstance(model, str):
         from .hub import load_model
 
         model = load_model(model)
     from .quantization import quantize
 
-    return ReferenceSession(quantize(model, quantization), stage, context_window)
+    return ReferenceSession(quantize(model, quantization, head_quantization), stage, context_window)

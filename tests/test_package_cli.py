@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fixtures import make_tiny
@@ -160,6 +161,29 @@ def test_compile_json(model_dir, tmp_path):
     assert out["prefill_chunk"] == 16 and out["context_window"] == 128 and out["quantization"] == "q0f32"
     assert out["kernels"] == len(m["kernels"]["entries"]) and out["memory"] == m["memory"]
     assert out["source"] == str(model_dir.resolve())
+
+
+def test_compile_head_quantization(model_dir, tmp_path):
+    """--head-quantization: the embedding (the tied head) in another scheme, recorded in the manifest; the
+    package runs and its logits equal the reference session of the same two schemes (1e-4)."""
+    needs("opencl")
+    r = cli("compile", model_dir, "-o", tmp_path / "pkg", "--quantization", "q4f16_2", "--head-quantization",
+            "q8f16_0", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["quantization"], out["head_quantization"]) == ("q4f16_2", "q8f16_0")
+    params = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["params"]
+    names = json.dumps(params)
+    assert "embed_tokens.q_weight" in names and "q_min" in names
+    from deploycc.runtime.engine import Engine
+    from deploycc.session import reference_session
+
+    ids = [3, 1, 4, 1, 5]
+    want = reference_session(str(model_dir), quantization="q4f16_2", head_quantization="q8f16_0").prefill(ids)
+    np.testing.assert_allclose(Engine.load(tmp_path / "pkg").prefill(ids), want, atol=1e-4, rtol=0)
+    assert_one_line_error(cli("compile", model_dir, "-o", tmp_path / "bad", "--head-quantization", "q3"),
+                          "head quantization q3 is not available")
+    assert not (tmp_path / "bad").exists()
 
 
 # ---- run ---------------------------------------------------------------------------------------

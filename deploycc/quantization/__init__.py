@@ -47,6 +47,7 @@ class QuantizedModel:
 
     base: object
     scheme: Scheme
+    head: Scheme | None = None  # embeddings and the output head (None: `scheme`)
     _module: object = field(default=None, repr=False)
 
     def __getattr__(self, name):
@@ -56,19 +57,19 @@ class QuantizedModel:
 
     def build(self):
         if self._module is None:
-            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme)
+            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head)
         return self._module
 
-    def quantized_names(self) -> set[str]:
-        """Our names of the float weights the swap replaced (`<module>.weight`)."""
-        return {f"{name}.weight" for name, _ in _quantized_modules(self.build())}
+    def quantized_names(self) -> dict[str, Scheme]:
+        """Our names of the float weights the swap replaced (`<module>.weight`), with their schemes."""
+        return {f"{name}.weight": mod.scheme for name, mod in _quantized_modules(self.build())}
 
     def params(self) -> Iterator[tuple[str, np.ndarray]]:
         names = self.quantized_names()
         for name, arr in self.base.params():
             if name in names:
                 prefix = name[: -len(".weight")]
-                for suffix, packed in self.scheme.quantize(np.asarray(arr, np.float32)).items():
+                for suffix, packed in names[name].quantize(np.asarray(arr, np.float32)).items():
                     yield f"{prefix}.{suffix}", packed
             else:
                 yield name, arr
@@ -84,14 +85,19 @@ def _quantized_modules(module, prefix: str = ""):
             yield from _quantized_modules(value, f"{prefix}{name}.")
 
 
-def quantize(model, name: str | None):
-    """`model` (a LoadedModel) under scheme `name`; q0f32 (or None) returns the model itself."""
-    if name is None or name == "q0f32":
+def quantize(model, name: str | None, head: str | None = None):
+    """`model` (a LoadedModel) under scheme `name`, its embeddings and output head under `head`
+    (None: the same scheme); q0f32 (or None) with no other head returns the model itself."""
+    head_scheme = get(head) if head else None
+    if (name is None or name == "q0f32") and head_scheme is None:
         get(name or "q0f32")
         return model
     if name == "gguf":  # a .gguf file's Q4_0/Q4_1/Q8_0 tensors kept as stored (quantization/gguf_blocks.py)
+        if head_scheme is not None:
+            raise DeployError("--head-quantization does not apply to a GGUF kept as stored; "
+                              "give --quantization too to re-quantize it")
         return keep_blocks(model)
-    return QuantizedModel(model, get(name))
+    return QuantizedModel(model, get(name or "q0f32"), head_scheme)
 
 
 __all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel",

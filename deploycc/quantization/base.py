@@ -129,13 +129,22 @@ class QuantizedEmbedding(_Quantized):
         return call_program(prog, args, (*ids.shape, self.shape[1]))
 
 
-def swap_modules(module: nn.Module, scheme: Scheme) -> nn.Module:
-    """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form."""
+HEAD_LINEARS = ("lm_head",)
+
+
+def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None) -> nn.Module:
+    """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form.
+    Embeddings (and with them a tied output head) and an untied `lm_head` take `head` when given
+    (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float."""
+    head = head or scheme
     for name, value in list(vars(module).items()):
         if isinstance(value, nn.Linear):
-            setattr(module, name, QuantizedLinear(value, scheme))
+            s = head if name in HEAD_LINEARS else scheme
+            if s.swaps:
+                setattr(module, name, QuantizedLinear(value, s))
         elif isinstance(value, nn.Embedding):
-            setattr(module, name, QuantizedEmbedding(value, scheme))
+            if head.swaps:
+                setattr(module, name, QuantizedEmbedding(value, head))
         elif isinstance(value, nn.Module):
-            swap_modules(value, scheme)
+            swap_modules(value, scheme, head)
     return module

@@ -7,7 +7,7 @@ import pytest
 import deploycc
 from deploycc import presets
 from deploycc.pipeline import kernel_report
-from deploycc.quantization import QUANTIZATION, quantize
+from deploycc.quantization import quantize
 from deploycc.session import export, reference_session
 from fixtures import make_tiny
 
@@ -16,16 +16,15 @@ SCHEMES = ["q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0"]
 IDS = [3, 1, 4, 1, 5, 9, 2]
 
 
-def dequantized(path, name):
+def dequantized(path, name, head=None):
     """A float32 LoadedModel whose quantized weights are replaced by their numpy round trip."""
-    scheme = QUANTIZATION[name]
     model = deploycc.load_model(str(path))
-    names = quantize(deploycc.load_model(str(path)), name).quantized_names()
+    names = quantize(deploycc.load_model(str(path)), name, head).quantized_names()
     params = model.params
 
     def round_trip():
         for n, a in params():
-            yield n, (scheme.dequantize(scheme.quantize(a), a.shape[1]) if n in names else a)
+            yield n, (names[n].dequantize(names[n].quantize(a), a.shape[1]) if n in names else a)
     model.params = round_trip
     return model
 
@@ -45,6 +44,23 @@ def test_reference_equals_dequantized_float_model(model, name):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
     plain = logits(reference_session(deploycc.load_model(str(path))))
     assert not np.array_equal(got, plain)  # the scheme did change the weights
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_head_quantization_keeps_embedding_and_head_at_8_bits(model):
+    """--head-quantization q8f16_0: embeddings (and the tied or untied head) take the 8-bit scheme, every
+    other Linear the 4-bit one; the reference equals the float model with those round trips (1e-4)."""
+    path = make_tiny(model)
+    names = quantize(deploycc.load_model(str(path)), "q4f16_2", "q8f16_0").quantized_names()
+    heads = {n for n, s in names.items() if s.name == "q8f16_0"}
+    assert heads and all(n.split(".")[-2] in ("embed_tokens", "wte", "wpe", "lm_head") for n in heads)
+    assert {s.name for n, s in names.items() if n not in heads} == {"q4f16_2"}
+    got = logits(reference_session(deploycc.load_model(str(path)), quantization="q4f16_2",
+                                   head_quantization="q8f16_0"))
+    np.testing.assert_allclose(got, logits(reference_session(dequantized(path, "q4f16_2", "q8f16_0"))),
+                               atol=1e-4, rtol=0)
+    all4 = logits(reference_session(deploycc.load_model(str(path)), quantization="q4f16_2"))
+    assert not np.allclose(got, all4, atol=1e-4)
 
 
 @pytest.mark.parametrize("model", MODELS)
