@@ -144,7 +144,7 @@ class VM:
         sep = next(i for i, a in enumerate(args) if a.get("str") == "|")
         bufs = [self.operand(a, fn) for a in args[3:sep]]
         scalars = [compile_expr(a["s"], fn.slot) for a in args[sep + 1:]]
-        launch, max_grid, vm = self.device.launch, self.max_grid, self
+        site, max_grid, vm = self.device.launcher(kernel), self.max_grid, self
         block = (threads, 1, 1)
         split = getattr(kernel, "meta", {}).get("split") or {}
         if split:
@@ -163,7 +163,7 @@ class VM:
                     bs += buffer_ranges(v, *split[i])
                 else:
                     bs.append(v)
-            launch(kernel, bs + [s(heap) for s in scalars], grid, block)
+            site(bs, [s(heap) for s in scalars], grid, block)
             vm.launches += 1
         return run
 

@@ -112,6 +112,12 @@ class Device(abc.ABC):
     def launch(self, kernel: Kernel, args: list, grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
         """Enqueue `kernel` over `grid` work-groups of `block` work-items (asynchronous)."""
 
+    def launcher(self, kernel: Kernel):
+        """A launch site: `site(bufs, ints, grid, block)` for one place in the bytecode that launches
+        `kernel` again and again. Backends that can keep a site's arguments bound (OpenCL) set only
+        what changed since the site's last launch; the default is launch()."""
+        return lambda bufs, ints, grid, block: self.launch(kernel, [*bufs, *ints], grid, block)
+
     @abc.abstractmethod
     def synchronize(self) -> None:
         """Wait until every enqueued launch and copy has finished."""

@@ -196,6 +196,53 @@ class OpenCLDevice(Device):
             raise DeviceError(f"OpenCL launch of {kernel.name} (grid {grid}, block {block}) failed: "
                               f"{first_lines(e, 1)}") from None
 
+    def launcher(self, kernel: Kernel) -> _Site:
+        return _Site(self, kernel)
+
     def synchronize(self) -> None:
         self.queue.finish()
+
+
+class _Site:
+    """One launch site with its own cl.Kernel, so its arguments stay bound between launches: a decode
+    step sets only the scalars (total_len, ...) that changed and enqueues, the replay half of
+    graph capture. The first launch goes through OpenCLDevice.launch and its checks."""
+
+    __slots__ = ("device", "kernel", "handle", "bufs", "ints", "dims", "gsize", "lsize")
+
+    def __init__(self, device: OpenCLDevice, kernel: Kernel):
+        self.device, self.kernel = device, kernel
+        cl = device._cl
+        self.handle = cl.Kernel(kernel.handle.get_info(cl.kernel_info.PROGRAM), kernel.name)
+        self.bufs: list | None = None
+        self.ints: list = []
+        self.dims = None
+
+    def __call__(self, bufs: list, ints: list, grid, block) -> None:
+        k, last = self.handle, self.bufs
+        if last is None:
+            self.device.launch(Kernel(self.kernel.name, k, self.device, self.kernel.meta), [*bufs, *ints], grid, block)
+            self.bufs, self.ints = list(bufs), list(ints)
+            return
+        for i, b in enumerate(bufs):
+            if b is not last[i]:
+                k.set_arg(i, b.handle)
+                last[i] = b
+        n, prev = len(bufs), self.ints
+        for j, v in enumerate(ints):
+            if v != prev[j]:
+                k.set_arg(n + j, np.int32(v))
+                prev[j] = v
+        key = (grid, block)
+        if key != self.dims:
+            g, b = self.device._dims(self.kernel, grid, block)
+            d = 3 if g[2] * b[2] > 1 else 2 if g[1] * b[1] > 1 else 1
+            self.dims, self.gsize, self.lsize = key, tuple(x * y for x, y in zip(g, b))[:d], b[:d]
+        if 0 in self.gsize:
+            return
+        try:
+            self.device._cl.enqueue_nd_range_kernel(self.device.queue, k, self.gsize, self.lsize)
+        except self.device._cl.Error as e:
+            raise DeviceError(f"OpenCL launch of {self.kernel.name} (grid {grid}, block {block}) failed: "
+                              f"{first_lines(e, 1)}") from None
 

@@ -170,3 +170,20 @@ def test_platform_choice():
         open_device("opencl", platform="no such platform")
     with pytest.raises(DeviceError, match="no index 9"):
         open_device("opencl", device=9)
+
+
+def test_launch_site_rebinds_only_what_changed_and_stays_correct(dev):
+    """A launch site keeps its arguments bound between launches (decode replay): each call must still
+    see the buffers and scalars it is given, whichever of them changed since the last call."""
+    site = dev.launcher(dev.build(ADD2D, ["add2d"])["add2d"])
+    a = [np.arange(12, dtype=np.float32).reshape(3, 4) * k for k in (1, 10)]
+    bufs = [dev.upload(x) for x in a]
+    out = [dev.alloc(48), dev.alloc(48)]
+    for b0, b1, o, rows in [(0, 1, 0, 3), (0, 1, 0, 3), (1, 1, 1, 3), (1, 0, 0, 2), (0, 0, 1, 1)]:
+        dev.write(out[o], np.full((3, 4), -1, np.float32))
+        site([bufs[b0], bufs[b1], out[o]], [rows, 4, 4, 4], (4, rows, 1), (1, 1, 1))
+        got = dev.download(out[o], (3, 4), np.float32)
+        np.testing.assert_array_equal(got[:rows], a[b0][:rows] + a[b1][:rows])
+        assert (got[rows:] == -1).all()
+    with pytest.raises(DeviceError, match="takes 7 arguments"):
+        dev.launcher(dev.build(ADD2D, ["add2d"])["add2d"])([bufs[0]], [1], (1, 1, 1), (1, 1, 1))
