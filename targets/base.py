@@ -30,6 +30,12 @@ class Target:
     # LLVM vectorise the reductions, about 5x faster prefill and 1.8x decode on SmolLM2 here. Kernels
     # never rely on infinities (attention uses a finite -1e30), and the tests hold them to 1e-4.
     fast_math: bool = False
+    # Register tiles of the one-row-per-thread rule: a thread computes `row_tile_m` rows of the
+    # second-to-last output dimension (prefill tokens: each dequantized weight is reused that many
+    # times) or, when that dimension is 1 (decode), `row_tile_n` outputs of the last one (the input
+    # vector is loaded once for all of them). 1: off.
+    row_tile_m: int = 1
+    row_tile_n: int = 1
 
     def __post_init__(self):
         if self.kind not in ("opencl", "cuda", "webgpu"):

@@ -197,9 +197,25 @@ def floordiv(a: IntLike, b: IntLike) -> Expr:
                 if rest.is_const:
                     return q + rest.value // d
                 return q + floordiv(rest, d)
+            h, x, c = _common_factor(a, d)
+            if h > 1:  # (h*x + c) // (h*e) == x // e when 0 <= c < h
+                return floordiv(x, d // h)
     elif a == b:
         return as_expr(1)
     return _atom_expr(Atom("floordiv", args=(a, b)))
+
+
+def _common_factor(a: Expr, d: int) -> tuple[int, Expr, int]:
+    """(h, x, c) with a == h*x + c, h the gcd of d and a's non-constant coefficients, when 0 <= c < h
+    (so the constant never carries into a multiple of h); h == 1 when there is no such split."""
+    h = d
+    for m, k in a.terms:
+        if len(m):
+            h = math.gcd(h, k)
+    c = a.const_value() if hasattr(a, "const_value") else sum(k for m, k in a.terms if not len(m))
+    if h <= 1 or not 0 <= c < h:
+        return 1, a, 0
+    return h, Expr._make({m: k // h for m, k in a.terms if len(m)}), c
 
 
 def mod(a: IntLike, b: IntLike) -> Expr:
@@ -219,6 +235,9 @@ def mod(a: IntLike, b: IntLike) -> Expr:
                 return as_expr(a2.value % d)
             if a2 != a:
                 return mod(a2, d)
+            h, x, c = _common_factor(a, d)
+            if h > 1:  # (h*x + c) % (h*e) == h*(x % e) + c when 0 <= c < h
+                return mod(x, d // h) * h + c
     elif a == b:
         return as_expr(0)
     return _atom_expr(Atom("mod", args=(a, b)))

@@ -30,9 +30,65 @@ def unravel(flat: sym.Expr, extents: list[sym.Expr]) -> list[sym.Expr]:
     return out
 
 
-def lower_block(b: Block, fixed: dict[sym.SymVar, sym.Expr], acc_name: str) -> Stmt:
+def lower_rows(b: Block, rows: list[dict[sym.SymVar, sym.Expr]], acc_name: str, lanes: int = 0,
+               guards: list[V | None] | None = None) -> Stmt:
+    """`b` for several rows (a register tile): a reduction whose iterators are all fixed except
+    its reduce ones runs ONE loop nest with an accumulator per row, so what the rows share (a
+    dequantized weight, an input vector) is computed once per iteration; anything else is the
+    rows one after another. A row with a guard (a tile's rows past the end, clamped to the last
+    one so their loads stay in bounds) stores only when its guard holds."""
+    if len(rows) == 1:
+        return lower_block(b, rows[0], acc_name, lanes)
+    guards = guards or [None] * len(rows)
+
+    def guarded(g, st: Stmt) -> Stmt:
+        return st if g is None else IfThenElse(g, st)
+    free = [it for it in b.iters if it.var not in rows[0]]
+    if not b.reduce or any(it.kind != "reduce" for it in free):
+        return Seq(tuple(guarded(g, lower_block(b, fx, f"{acc_name}_{i}", lanes))
+                         for i, (fx, g) in enumerate(zip(rows, guards))))
+    loops = [(sym.SymVar(it.var.name), it.extent) for it in free]
+    combine, rhs = reduction_parts(b)
+    subs = [Substitute(syms={**fx, **{it.var: sym.as_expr(lv) for it, (lv, _) in zip(free, loops)}}, fresh=False)
+            for fx in rows]
+    stores = [sb.store(b.body) for sb in subs]
+    accs = [Buffer(f"{acc_name}_{i}", (1,), st.buffer.dtype, "local") for i, st in enumerate(stores)]
+    zero = (sym.as_expr(0),)
+    values = [sb.value(rhs) for sb in subs]
+    inits = [Store(acc, zero, sb.store(b.init).value) for acc, sb in zip(accs, subs)]
+    finals = [guarded(g, Store(st.buffer, st.indices, acc[0])) for st, acc, g in zip(stores, accs, guards)]
+
+    def nest(levels, body: Stmt) -> Stmt:
+        for lv, ext in reversed(levels):
+            body = For(lv, subs[0].expr(ext), body)
+        return body
+
+    (lv, extent), outer = loops[-1], loops[:-1]
+    extent = sym.as_expr(subs[0].expr(extent))
+    n = lanes or UNROLL
+    if extent.is_const and extent.value % n and n != UNROLL:
+        n = UNROLL
+    if extent.is_const and extent.value % n == 0 and extent.value >= n:
+        ko = sym.SymVar(f"{lv.name}o")
+        body = []
+        for acc, v in zip(accs, values):
+            for c in range(n):
+                vc = Substitute(syms={lv: sym.as_expr(ko) * n + c}, fresh=False).value(v)
+                body.append(Store(acc, zero, tir.V(combine, acc.dtype, (acc[0], vc))))
+        loop = nest(outer, For(ko, sym.as_expr(extent.value // n), Seq(tuple(body)), kind="lanes"))
+    else:
+        loop = nest(loops, Seq(tuple(Store(acc, zero, tir.V(combine, acc.dtype, (acc[0], v)))
+                                     for acc, v in zip(accs, values))))
+    out: Stmt = Seq((*inits, loop, *finals))
+    for acc in reversed(accs):
+        out = Alloc(acc, out)
+    return out
+
+
+def lower_block(b: Block, fixed: dict[sym.SymVar, sym.Expr], acc_name: str, lanes: int = 0) -> Stmt:
     """A block as serial loops over its iterators not in `fixed` (those become loop variables).
-    A reduction accumulates in a thread-local scalar and stores once."""
+    A reduction accumulates in a thread-local scalar and stores once; its innermost loop is split by
+    `lanes` (0: UNROLL) into a `lanes` loop whose body holds one update per lane (see _unrolled)."""
     mapping: dict[sym.SymVar, sym.Expr] = dict(fixed)
     loops: list[tuple[sym.SymVar, sym.Expr, str]] = []
     for it in b.iters:
@@ -59,7 +115,7 @@ def lower_block(b: Block, fixed: dict[sym.SymVar, sym.Expr], acc_name: str) -> S
     zero = (sym.as_expr(0),)
     value = sub.value(rhs)
     update = Store(acc, zero, tir.V(combine, acc.dtype, (acc[0], value)))
-    loop = _unrolled(reduce[-1], reduce[:-1], acc, combine, value, nest) if reduce else None
+    loop = _unrolled(reduce[-1], reduce[:-1], acc, combine, value, nest, lanes) if reduce else None
     inner = Seq((Store(acc, zero, init.value), loop or nest(reduce, update),
                  Store(store.buffer, store.indices, acc[0])))
     return nest(spatial, Alloc(acc, inner))
@@ -68,26 +124,49 @@ def lower_block(b: Block, fixed: dict[sym.SymVar, sym.Expr], acc_name: str) -> S
 UNROLL = 8
 
 
-def _unrolled(last, outer, acc: Buffer, combine: str, value: V, nest) -> Stmt | None:
-    """The innermost reduction loop split by UNROLL with the inner copies written out. Each copy's
-    index is `UNROLL * ko + c` with c a constant, so the canonical form folds the index arithmetic of
-    packed weights ((8*ko + 3) // 8 -> ko, (8*ko + 3) % 8 -> 3) and neighbouring loads are adjacent."""
+def reduce_lanes(target) -> int:
+    """Lanes of the split reduction loop: the target's vector width where its renderer turns a `lanes`
+    loop into vector code (OpenCL: float16 on AVX-512 PoCL), else UNROLL scalar copies."""
+    w = getattr(target, "vector_width", 0)
+    return w if getattr(target, "kind", "") == "opencl" and w in (4, 8, 16) else UNROLL
+
+
+def _unrolled(last, outer, acc: Buffer, combine: str, value: V, nest, lanes: int = 0) -> Stmt | None:
+    """The innermost reduction loop split by `lanes` with the inner copies written out, as a For of
+    kind "lanes". Each copy's index is `lanes * ko + c` with c a constant, so the canonical form folds
+    the index arithmetic of packed weights ((8*ko + 3) // 8 -> ko, (8*ko + 3) % 8 -> 3) and
+    neighbouring loads are adjacent; a vectorizing renderer reads lane c from copy c."""
     lv, extent, _ = last
     extent = sym.as_expr(extent)
-    if not extent.is_const or extent.value % UNROLL or extent.value < UNROLL:
+    n = lanes or UNROLL
+    if extent.is_const and extent.value % n and n != UNROLL:
+        n = UNROLL
+    if not extent.is_const or extent.value % n or extent.value < n:
         return None
     ko = sym.SymVar(f"{lv.name}o")
     zero = (sym.as_expr(0),)
     body = []
-    for c in range(UNROLL):
-        v = Substitute(syms={lv: sym.as_expr(ko) * UNROLL + c}, fresh=False).value(value)
+    for c in range(n):
+        v = Substitute(syms={lv: sym.as_expr(ko) * n + c}, fresh=False).value(value)
         body.append(Store(acc, zero, tir.V(combine, acc.dtype, (acc[0], v))))
-    return nest(outer, For(ko, sym.as_expr(extent.value // UNROLL), Seq(tuple(body))))
+    return nest(outer, For(ko, sym.as_expr(extent.value // n), Seq(tuple(body)), kind="lanes"))
 
 
-def localize(stmt: Stmt, buf: Buffer, local: Buffer, lead: int) -> Stmt:
+def localize(stmt: Stmt, buf: Buffer, local: Buffer | list[tuple[tuple, Buffer]], lead: int) -> Stmt:
     """Rewrite stores to and loads from `buf` as accesses to the thread-local `local`, dropping the
-    first `lead` indices (the row the thread owns)."""
+    first `lead` indices (the row the thread owns). With a register tile, `local` lists
+    (row's leading indices, its local buffer) and each access goes to its own row's buffer."""
+    rows = local if isinstance(local, list) else None
+
+    def target(indices) -> Buffer:
+        if rows is None:
+            return local
+        head = tuple(sym.as_expr(i) for i in indices[:lead])
+        for key, loc in rows:
+            if head == key:
+                return loc
+        raise ValueError(f"localize: {buf.name} accessed at {head}, which is no row of the tile")
+
     def idx(indices):
         rest = tuple(indices[lead:])
         return rest if rest else (sym.as_expr(0),)
@@ -95,7 +174,8 @@ def localize(stmt: Stmt, buf: Buffer, local: Buffer, lead: int) -> Stmt:
     def value(v: V) -> V:
         def f(x: V):
             if x.op == "load" and x.arg[0] is buf:
-                return V("load", local.dtype, (), (local, idx(x.arg[1])))
+                loc = target(x.arg[1])
+                return V("load", loc.dtype, (), (loc, idx(x.arg[1])))
             return None
         return map_value(v, f)
 
@@ -103,7 +183,7 @@ def localize(stmt: Stmt, buf: Buffer, local: Buffer, lead: int) -> Stmt:
         if isinstance(st, Seq):
             return Seq(tuple(visit(s) for s in st.stmts))
         if isinstance(st, Store):
-            b = local if st.buffer is buf else st.buffer
+            b = target(st.indices) if st.buffer is buf else st.buffer
             indices = idx(st.indices) if st.buffer is buf else st.indices
             return Store(b, indices, value(st.value))
         if isinstance(st, For):
