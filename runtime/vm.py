@@ -40,6 +40,7 @@ class Function:
         self.num_inputs = spec["num_inputs"]
         self.nregs = spec["registers"]
         self.heap_names: list[str] = []
+        self.static = _static_registers(spec)
         self.code = [vm.prepare(ins, self) for ins in spec["instructions"]]
         self.preset: dict[int, object] = {}
 
@@ -149,6 +150,26 @@ class VM:
         split = getattr(kernel, "meta", {}).get("split") or {}
         if split:
             from .devices import buffer_ranges
+        else:  # capture: buffers that are the same object on every run are looked up once
+            dynamic = [(i, b) for i, (a, b) in enumerate(zip(args[3:sep], bufs)) if a.get("r") not in fn.static]
+            consts = [s({}) if isinstance(a["s"], int) else None for a, s in zip(args[sep + 1:], scalars)]
+            if all(c is not None for c in consts):
+                scalars = [(lambda c: lambda heap: c)(c) for c in consts]
+            captured: list = []
+
+            def replay(regs, heap):
+                g = groups(heap)
+                if g <= 0:
+                    return
+                grid = (g, 1, 1) if g <= max_grid else (max_grid, -(-g // max_grid), 1)
+                if not captured:
+                    captured.append([_buf(b(regs, heap)) for b in bufs])
+                bs = captured[0]
+                for i, b in dynamic:
+                    bs[i] = _buf(b(regs, heap))
+                site(bs, [s(heap) for s in scalars], grid, block)
+                vm.launches += 1
+            return replay
 
         def run(regs, heap):
             g = groups(heap)
@@ -168,6 +189,7 @@ class VM:
         return run
 
     # ---- execution --------------------------------------------------------------------------
+
     def run(self, name: str, *inputs):
         fn = self.functions[name]
         regs = [None] * fn.nregs
@@ -185,3 +207,29 @@ class VM:
             else:
                 return ins[1](regs, heap)
         raise VMError(f"{name}: fell off the end without ret")
+
+
+def _buf(v):
+    return v.buf if isinstance(v, DTensor) else v
+
+
+def _static_registers(spec: dict) -> set[int]:
+    """Registers that hold the same object on every run of a function: parameters and constants
+    (registers no instruction writes, past the inputs), views of planned storages (vm.alloc) and
+    moves of those. A launch binds them once; everything else (inputs, KV-cache views, tuple items)
+    is read on each run."""
+    written: dict[int, dict] = {}
+    for ins in spec["instructions"]:
+        if ins.get("dst") is not None:
+            if ins["dst"] in written:
+                written[ins["dst"]] = {"fn": "redefined"}
+            else:
+                written[ins["dst"]] = ins
+    static = {r for r in range(spec["num_inputs"], spec["registers"]) if r not in written}
+    for ins in spec["instructions"]:
+        r = ins.get("dst")
+        if r is None or written.get(r) is not ins:
+            continue
+        if ins.get("fn") == "vm.alloc" or (ins.get("fn") == "vm.move" and ins["args"][0].get("r") in static):
+            static.add(r)
+    return static
