@@ -57,3 +57,53 @@ def test_vector_lanes_gemv_on_pocl(scheme, width):
     got = [*ins, x, res, np.zeros(rows, np.float32)]
     KernelRunner(device, target)(scheduled, got, [])
     np.testing.assert_allclose(got[-1], want[-1], rtol=1e-5, atol=1e-5)
+
+
+def matmul_program(scheme, rows: int, cols: int) -> tir.TensorProgram:
+    """y[m, n] = sum_k x[m, k] * W[n, k], then y[m, n] += b[n] in place (a second block writing the same
+    output: a tile's rows past the end must not add the bias twice), m symbolic."""
+    from deploycc.ir import sym
+
+    m = sym.SymVar("m")
+    bufs = scheme.buffers(rows, cols)
+    X = tir.Buffer("x", (m, cols), "float32")
+    B = tir.Buffer("b", (rows,), "float32")
+    Y = tir.Buffer("y", (m, rows), "float32")
+    its = tir.iters("i n k", (m, rows, cols), "SSR")
+    i, n, k = (tir.v(it) for it in its)
+    mm = tir.Block("mm", its, tir.Store(Y, (i, n), Y[i, n] + X[i, k] * scheme.value(bufs, n, k)),
+                   init=tir.Store(Y, (i, n), tir.const(0.0)))
+    it2 = tir.iters("i n", (m, rows))
+    i2, n2 = (tir.v(it) for it in it2)
+    bias = tir.Block("bias", it2, tir.Store(Y, (i2, n2), Y[i2, n2] + B[n2]))
+    return tir.TensorProgram("qmm", (*bufs, X, B, Y), tir.seq(mm, bias))
+
+
+@pytest.mark.parametrize("tile", [(16, 2), (4, 1), (1, 2), (3, 4)])
+@pytest.mark.parametrize("m", [1, 5, 17])
+def test_register_tiles_on_pocl(tile, m):
+    """Row-rule register tiles (row_tile_m x row_tile_n rows per thread, clamped and guarded past the
+    end of the symbolic m) against the interpreter (rtol 1e-5)."""
+    from deploycc.runtime.devices import DeviceError, open_device
+
+    target = dataclasses.replace(presets.load("cpu-opencl").target, row_tile_m=tile[0], row_tile_n=tile[1])
+    try:
+        device = open_device("opencl")
+    except DeviceError as e:
+        pytest.skip(str(e))
+    s = QUANTIZATION["q4f16_2"]
+    rows, cols = 38, 64
+    prog = matmul_program(s, rows, cols)
+    rng = np.random.default_rng(2)
+    packed = s.quantize(rng.standard_normal((rows, cols)).astype(np.float32))
+    ins = [packed[n] for n in s.param_shapes(rows, cols)]
+    x, b = rng.standard_normal((m, cols)).astype(np.float32), rng.standard_normal(rows).astype(np.float32)
+    want = [*ins, x, b, np.zeros((m, rows), np.float32)]
+    run_program(prog, want, [m])
+    np.testing.assert_allclose(want[-1], x @ s.dequantize(packed, cols).T + b, rtol=1e-5, atol=1e-5)
+    scheduled = schedule_program(prog, target)
+    source = render(list(scheduled.attrs["schedule"].kernels), target)
+    assert ("min(" in source) == (tile[0] > 1 and m > 0)  # the m tile clamps its rows
+    got = [*ins, x, b, np.zeros((m, rows), np.float32)]
+    KernelRunner(device, target)(scheduled, got, [m])
+    np.testing.assert_allclose(got[-1], want[-1], rtol=1e-5, atol=1e-5)
