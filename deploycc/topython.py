@@ -64,6 +64,20 @@ def apply_rope(x, inv_freq, offset):
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 ''',
+    "rope_table": '''\
+def rope_table(inv_freq, offset, n):
+    """[n, head_dim / 2, 2]: cos and sin of the rotary angles of positions offset .. offset + n - 1."""
+    angle = torch.outer(torch.arange(offset, offset + n, dtype=torch.float32), inv_freq)
+    return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1)
+''',
+    "apply_rope_table": '''\
+def apply_rope_table(x, table):
+    """Rotary embedding, rotate-half form, of x [..., seq, heads, head_dim] with a rope_table."""
+    d = x.shape[-1]
+    cos, sin = table[:, None, :, 0], table[:, None, :, 1]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+''',
     "causal_attention": '''\
 def causal_attention(q, k, v, scale):
     """q [seq_len, heads, head_dim], k and v [total_len, kv_heads, head_dim] (grouped-query heads):
@@ -542,6 +556,8 @@ OPS: dict[str, Callable[[_FunctionPrinter, Call], str]] = {
                                 f"eps={_float(c.attrs['eps'])})"),
     "softmax": lambda p, c: f"torch.softmax({_a(p, c)}, dim={c.attrs.get('axis', -1)})",
     "rope": lambda p, c: f"apply_rope({_a(p, c)}, {_a(p, c, 1)}, {p.values(c.args[2])[0]})",
+    "rope_table": lambda p, c: f"rope_table({_a(p, c)}, {', '.join(p.values(c.args[1]))})",
+    "rope_apply": lambda p, c: f"apply_rope_table({_a(p, c)}, {_a(p, c, 1)})",
     "attention": lambda p, c: f"causal_attention({_a(p, c)}, {_a(p, c, 1)}, {_a(p, c, 2)}, scale={_float(c.attrs['scale'])})",
     "reshape": lambda p, c: f"{_a(p, c)}.reshape({', '.join(p.values(c.args[1]))})",
     "permute_dims": lambda p, c: f"{_a(p, c)}.permute({', '.join(str(a) for a in c.attrs['axes'])})",

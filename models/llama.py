@@ -63,12 +63,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.heads * d, h, bias=cfg.o_bias)
         self.inv_freq = inv_freq(d, cfg.rope_theta, cfg.rope_scaling)
 
-    def forward(self, x: nn.Tensor, cache: nn.Cache, layer: int, offset) -> nn.Tensor:
+    def forward(self, x: nn.Tensor, cache: nn.Cache, layer: int, rope) -> nn.Tensor:
+        """rope: the step's cos/sin table (op.rope_table), computed once for all layers."""
         n = x.shape[1]
         q = self.q_proj(x).reshape(n, self.heads, self.head_dim)
         k = self.k_proj(x).reshape(n, self.kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(n, self.kv_heads, self.head_dim)
-        q, k = op.rope(q, self.inv_freq, offset), op.rope(k, self.inv_freq, offset)
+        q, k = op.rope_apply(q, rope), op.rope_apply(k, rope)
         cache.append(layer, k, v)
         keys, values = cache.view(layer, self.kv_heads, self.head_dim)
         o = op.attention(q, keys, values, scale=self.head_dim ** -0.5)
@@ -93,8 +94,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: nn.Tensor, cache: nn.Cache, layer: int, offset) -> nn.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cache, layer, offset)
+    def forward(self, x: nn.Tensor, cache: nn.Cache, layer: int, rope) -> nn.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cache, layer, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -115,8 +116,9 @@ class LlamaForCausalLM(nn.Module):
         n = input_ids.shape[1]
         total = cache.begin(n)
         h = self.model.embed_tokens(input_ids)
+        rope = op.rope_table(h, self.model.layers[0].self_attn.inv_freq, total - n)
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cache, i, total - n)
+            h = layer(h, cache, i, rope)
         if last_only:  # generation needs the last position's logits only: skip the head elsewhere
             h = op.strided_slice(h, n - 1, n, axis=1)
         h = self.model.norm(h)

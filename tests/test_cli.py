@@ -26,8 +26,9 @@ def test_inspect_stages():
     legalized = cli("inspect", path, "--stage", "legalized")
     assert exported.returncode == 0 and legalized.returncode == 0
     assert "kv.begin(cache, shape([seq_len]))" in exported.stdout
-    assert "= attention(rope, k_all, v_all, scale=" in exported.stdout
-    assert "call_tir(attention, [rope, k_all, v_all]" in legalized.stdout
+    assert "= attention(rope_apply, k_all, v_all, scale=" in exported.stdout
+    assert "= rope_table(const(" in exported.stdout  # once per step, shared by every layer
+    assert "call_tir(attention, [rope_apply, k_all, v_all]" in legalized.stdout
     assert "@tensor_program" in legalized.stdout and "@tensor_program" not in exported.stdout
 
 

@@ -84,10 +84,21 @@ def rope(x, inv_freq: np.ndarray, offset) -> Tensor:
     return call("rope", x, const(np.asarray(inv_freq, np.float32), tracer), shape(offset))
 
 
+def rope_table(x, inv_freq: np.ndarray, offset) -> Tensor:
+    """[n, head_dim / 2, 2] for the n positions of x [..., n, hidden] from `offset` on: cos and sin of
+    (offset + p) * inv_freq, for rope_apply."""
+    x = as_tensor(x)
+    return call("rope_table", const(np.asarray(inv_freq, np.float32), _tracer(x)), shape(offset, x.shape[-2]))
+
+
+def rope_apply(x, table) -> Tensor:
+    return call("rope_apply", x, table)
+
+
 def attention(q, k, v, scale: float) -> Tensor:
     return call("attention", q, k, v, scale=float(scale))
 
 
 __all__ = ["Parameter", "add", "subtract", "multiply", "divide", "silu", "gelu_tanh", "softmax", "take", "matmul",
            "rms_norm", "layer_norm", "permute_dims", "linear", "reshape", "concat", "split", "strided_slice",
-           "arange", "rope", "attention", "shape", "call"]
+           "arange", "rope", "rope_table", "rope_apply", "attention", "shape", "call"]

@@ -62,6 +62,82 @@ def _rope_legalize(call, module):
 register("rope", _rope_infer, lambda x, f, off: rope_reference(x, f, off), _rope_legalize)
 
 
+# rope_table(inv_freq, shape([offset, n])) -> [n, head_dim / 2, 2]: cos and sin of (offset + p) * inv_freq[i],
+# computed once per step and shared by every layer's rope_apply (q and k of all heads), so the
+# transcendental functions run n * head_dim / 2 times a step instead of once per rotated element.
+
+def _rope_table_infer(args, attrs):
+    f = known_shape(args[0], "rope_table", "inv_freq")
+    vals = shape_values(args[1], "rope_table")
+    if len(f) != 1 or len(vals) != 2:
+        raise OpError("rope_table: expects inv_freq [head_dim / 2] and shape([offset, n])")
+    return A.Tensor((vals[1], f[0], sym.as_expr(2)), "float32")
+
+
+def rope_table_reference(inv_freq, vals):
+    off, n = int(vals[0]), int(vals[1])
+    ang = np.outer(np.arange(off, off + n, dtype=np.float32), inv_freq).astype(np.float32)
+    return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+
+
+def _rope_table_legalize(call, module):
+    smap = ShapeMap()
+    F = smap.buffer("inv_freq", call.args[0].ann)
+    T = smap.buffer("table", call.ann)
+    off = smap.dim(shape_values(call.args[1], "rope_table")[0])
+    its = tir.iters("p i", T.shape[:2])
+    pp, i = (tir.v(it) for it in its)
+    ang = tir.cast("float32", tir.index(pp + off)) * F[i]
+    body = Seq((Block("rope_cos", its, Store(T, (pp, i, sym.as_expr(0)), tir.unary("cos", ang))),
+                Block("rope_sin", its, Store(T, (pp, i, sym.as_expr(1)), tir.unary("sin", ang)))))
+    return emit_tir(module, "rope_table", smap, (F,), (T,), body, call.args[:1], call.ann)
+
+
+register("rope_table", _rope_table_infer, lambda f, vals: rope_table_reference(f, vals), _rope_table_legalize)
+
+
+# rope_apply(x, table): the rotate-half rotary embedding of x [..., n, heads, head_dim] with the
+# cos/sin table of rope_table (row p for the p-th of the n positions).
+
+def _rope_apply_infer(args, attrs):
+    x = known_shape(args[0], "rope_apply", "x")
+    t = known_shape(args[1], "rope_apply", "table")
+    if len(x) < 3 or len(t) != 3:
+        raise OpError("rope_apply: x must be [..., seq, heads, head_dim] and table [seq, head_dim / 2, 2]")
+    if not same(t[0], x[-3]) or not same(t[1] * 2, x[-1]):
+        raise OpError(f"rope_apply: table must be [{sym.to_python(x[-3])}, {sym.to_python(x[-1] // 2)}, 2]")
+    return args[0].ann
+
+
+def rope_apply_reference(x, table):
+    d = x.shape[-1]
+    cos, sin = table[:, None, :, 0], table[:, None, :, 1]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _rope_apply_legalize(call, module):
+    smap = ShapeMap()
+    X, T = smap.buffer("x", call.args[0].ann), smap.buffer("table", call.args[1].ann)
+    Y = smap.buffer("y", call.ann)
+    half = T.shape[1]
+    nd = len(X.shape)
+    blocks = []
+    for part in ("lo", "hi"):
+        its = tir.iters(" ".join(f"i{k}" for k in range(nd)), X.shape[:-1] + (half,))
+        idx = tuple(tir.v(it) for it in its)
+        lo, hi = idx[:-1] + (idx[-1],), idx[:-1] + (idx[-1] + half,)
+        c, s = T[idx[-3], idx[-1], sym.as_expr(0)], T[idx[-3], idx[-1], sym.as_expr(1)]
+        if part == "lo":
+            blocks.append(Block("rope_lo", its, Store(Y, lo, X[lo] * c - X[hi] * s)))
+        else:
+            blocks.append(Block("rope_hi", its, Store(Y, hi, X[hi] * c + X[lo] * s)))
+    return emit_tir(module, "rope_apply", smap, (X, T), (Y,), Seq(tuple(blocks)), call.args[:2], call.ann)
+
+
+register("rope_apply", _rope_apply_infer, lambda x, t: rope_apply_reference(x, t), _rope_apply_legalize)
+
+
 # ---- causal attention ----------------------------------------------------------------------
 
 def _attn_infer(args, attrs):

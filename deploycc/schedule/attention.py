@@ -4,13 +4,15 @@ The legalized attention program materialises scores [heads, seq, total_len]; thi
 Each thread streams over the keys it may see (j <= i + total_len - seq_len), keeping the running
 maximum, the running sum and the output row in registers (the flash-attention recurrence), so
 memory is O(head_dim) per thread for any total_len. Grouped-query heads read kv head h // group.
+The score is a "lanes" reduction (vector code on OpenCL), and each key costs one exp: a key above
+the running maximum rescales the sums by exp(m - s) and weighs 1, any other weighs exp(s - m).
 """
 from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
-from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Store, TensorProgram
-from .lowering import thread_grid
+from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from .lowering import reduce_lanes, thread_grid
 
 NEG = -1e30  # a finite -infinity: exp(NEG - s) == 0, and fast-math builds may assume no infinities
 
@@ -26,33 +28,49 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
 
+    lanes = reduce_lanes(target)
+
     def body_of(r):
         hh, i = sym.floordiv(r, n), sym.mod(r, n)
         kv = sym.floordiv(hh, group)
         z = (sym.as_expr(0),)
-        m, l, s, mn, corr, pr = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "s", "m_new", "corr", "p"))
+        m, l, s, corr, pr = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "s", "corr", "p"))
         acc = Buffer("acc", (d,), "float32", "local")
-        j, k, c, c2, c3 = (sym.SymVar(x) for x in ("j", "k", "c", "c", "c"))
-        J, Kk, C, C2, C3 = (sym.as_expr(x) for x in (j, k, c, c2, c3))
+        j, c, c1, c2, c3 = (sym.SymVar(x) for x in ("j", "c", "c", "c", "c"))
+        J, C, C1, C2, C3 = (sym.as_expr(x) for x in (j, c, c1, c2, c3))
+        if d.value % lanes == 0:  # the score as a lanes loop: vector code where the target renders it
+            ko = sym.SymVar("ko")
+            score: Stmt = For(ko, sym.as_expr(d.value // lanes), Seq(tuple(
+                Store(s, z, s[0] + Q[i, hh, sym.as_expr(ko) * lanes + q] * K[J, kv, sym.as_expr(ko) * lanes + q])
+                for q in range(lanes))), kind="lanes")
+        else:
+            k = sym.SymVar("k")
+            score = For(k, d, Store(s, z, s[0] + Q[i, hh, sym.as_expr(k)] * K[J, kv, sym.as_expr(k)]))
+        # One exp per key: a new maximum rescales what was summed so far, any other key is weighed.
+        new_max = Seq((
+            Store(corr, z, tir.unary("exp", m[0] - s[0])),
+            Store(l, z, l[0] * corr[0] + 1.0),
+            For(c, d, Store(acc, (C,), acc[C] * corr[0] + Vb[J, kv, C])),
+            Store(m, z, s[0]),
+        ))
+        weighed = Seq((
+            Store(pr, z, tir.unary("exp", s[0] - m[0])),
+            Store(l, z, l[0] + pr[0]),
+            For(c1, d, Store(acc, (C1,), acc[C1] + pr[0] * Vb[J, kv, C1])),
+        ))
         step = Seq((
             Store(s, z, tir.const(0.0)),
-            For(k, d, Store(s, z, s[0] + Q[i, hh, Kk] * K[J, kv, Kk])),
+            score,
             Store(s, z, s[0] * scale),
-            Store(mn, z, tir.vmax(m[0], s[0])),
-            Store(corr, z, tir.unary("exp", m[0] - mn[0])),
-            Store(pr, z, tir.unary("exp", s[0] - mn[0])),
-            Store(l, z, l[0] * corr[0] + pr[0]),
-            For(c, d, Store(acc, (C,), acc[C] * corr[0] + pr[0] * Vb[J, kv, C])),
-            Store(m, z, mn[0]),
+            IfThenElse(s[0].cmp("gt", m[0]), new_max, weighed),
         ))
-        visible = tir.index(J).cmp("le", tir.index(i + t - n))
         body = Seq((
             Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
             For(c2, d, Store(acc, (C2,), tir.const(0.0))),
-            For(j, t, IfThenElse(visible, step)),
+            For(j, i + t - n + 1, step),  # the keys this query may see (causal, after the cached ones)
             For(c3, d, Store(O, (i, hh, C3), acc[C3] / l[0])),
         ))
-        for buf in (m, l, s, mn, corr, pr, acc):
+        for buf in (m, l, s, corr, pr, acc):
             body = Alloc(buf, body)
         return body
 
