@@ -40,11 +40,33 @@ class OpenCLRenderer(CStyleRenderer):
 
     # ---- vectorized reduction loops -------------------------------------------------------------
     def stmt(self, st, depth: int) -> list[str]:
-        if isinstance(st, For) and st.kind == "lanes":
-            lines = self.lanes_loop(st, depth)
+        if isinstance(st, For) and st.kind in ("lanes", "vector"):
+            lines = self.lanes_loop(st, depth) if st.kind == "lanes" else self.vector_loop(st, depth)
             if lines is not None:
                 return lines
         return super().stmt(st, depth)
+
+    def vector_loop(self, st: For, depth: int) -> list[str] | None:
+        """A loop of kind "vector": n stores per iteration to consecutive elements of one float32
+        buffer, written as one vstoreN of the vector of their values."""
+        stores = st.body.stmts if isinstance(st.body, Seq) else (st.body,)
+        n = len(stores)
+        if n not in (4, 8, 16) or not all(isinstance(x, Store) and x.buffer is stores[0].buffer for x in stores):
+            return None
+        buf = stores[0].buffer
+        idx = [self.sym_flat(buf, x.indices) for x in stores]
+        if buf.dtype != "float32" or any(i is None for i in idx) or not all(
+                sym.prove_eq(i - idx[0], sym.as_expr(c)) for c, i in enumerate(idx)):
+            return None
+        try:
+            vec, is_vec = self.vector([x.value for x in stores])
+        except _NotVectorizable:
+            return None
+        ind = self.indent * depth
+        value = vec if is_vec else f"(float{n})({vec})"
+        return [ind + self.for_loop(self.sv(st.var), self.int_expr(st.extent)),
+                f"{ind}{self.indent}vstore{n}({value}, 0, {self.name(buf, buf.name)} + {self.int_expr(idx[0])});",
+                ind + "}"]
 
     def lanes_loop(self, st: For, depth: int) -> list[str] | None:
         stores = st.body.stmts if isinstance(st.body, Seq) else (st.body,)

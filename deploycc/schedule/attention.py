@@ -37,7 +37,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         m, l, s, corr, pr = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "s", "corr", "p"))
         acc = Buffer("acc", (d,), "float32", "local")
         j, c, c1, c2, c3 = (sym.SymVar(x) for x in ("j", "c", "c", "c", "c"))
-        J, C, C1, C2, C3 = (sym.as_expr(x) for x in (j, c, c1, c2, c3))
+        J = sym.as_expr(j)
         if d.value % lanes == 0:  # the score as a lanes loop: vector code where the target renders it
             ko = sym.SymVar("ko")
             score: Stmt = For(ko, sym.as_expr(d.value // lanes), Seq(tuple(
@@ -46,17 +46,24 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         else:
             k = sym.SymVar("k")
             score = For(k, d, Store(s, z, s[0] + Q[i, hh, sym.as_expr(k)] * K[J, kv, sym.as_expr(k)]))
+        def over_d(var, store_of) -> Stmt:
+            """`for var in range(d): store_of(index)`, as a "vector" loop of `lanes` stores when it divides d."""
+            if d.value % lanes:
+                return For(var, d, store_of(sym.as_expr(var)))
+            return For(var, sym.as_expr(d.value // lanes), Seq(tuple(
+                store_of(sym.as_expr(var) * lanes + q) for q in range(lanes))), kind="vector")
+
         # One exp per key: a new maximum rescales what was summed so far, any other key is weighed.
         new_max = Seq((
             Store(corr, z, tir.unary("exp", m[0] - s[0])),
             Store(l, z, l[0] * corr[0] + 1.0),
-            For(c, d, Store(acc, (C,), acc[C] * corr[0] + Vb[J, kv, C])),
+            over_d(c, lambda e: Store(acc, (e,), acc[e] * corr[0] + Vb[J, kv, e])),
             Store(m, z, s[0]),
         ))
         weighed = Seq((
             Store(pr, z, tir.unary("exp", s[0] - m[0])),
             Store(l, z, l[0] + pr[0]),
-            For(c1, d, Store(acc, (C1,), acc[C1] + pr[0] * Vb[J, kv, C1])),
+            over_d(c1, lambda e: Store(acc, (e,), acc[e] + pr[0] * Vb[J, kv, e])),
         ))
         step = Seq((
             Store(s, z, tir.const(0.0)),
@@ -66,9 +73,9 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         ))
         body = Seq((
             Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
-            For(c2, d, Store(acc, (C2,), tir.const(0.0))),
+            over_d(c2, lambda e: Store(acc, (e,), tir.const(0.0))),
             For(j, i + t - n + 1, step),  # the keys this query may see (causal, after the cached ones)
-            For(c3, d, Store(O, (i, hh, C3), acc[C3] / l[0])),
+            over_d(c3, lambda e: Store(O, (i, hh, e), acc[e] / l[0])),
         ))
         for buf in (m, l, s, corr, pr, acc):
             body = Alloc(buf, body)
