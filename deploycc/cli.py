@@ -331,16 +331,21 @@ def chat(model, system, max_tokens, temperature, top_p, top_k, repetition_penalt
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
 @click.option("--device", default=None, help="Compile an uncompiled MODEL for this preset first (cached).")
+@click.option("--profile", is_flag=True,
+              help="Also break a decode step down: device time per kernel, host (VM + enqueue) time (OpenCL).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench(package, prompt_len, gen_len, repeat, seed, device, as_json):
+def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json):
     """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory."""
     from .runtime.cli import bench as run_bench
+    from .runtime.cli import profile_decode
 
     opened = _open_package(package, device, None, None, as_json)
     if opened is None:
         raise DeployError(f"{package} is not a compiled package; compile it (deploycc compile {package} --device PRESET) "
                           f"or pass --device PRESET")
     r = run_bench(opened[0], prompt_len, gen_len, repeat, seed)
+    if profile:
+        r["profile"] = profile_decode(opened[0], prompt_len)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
@@ -358,6 +363,17 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, as_json):
                  ("  KV cache", _size(m["kv_cache_bytes"])), ("  activations", _size(m["activation_bytes"]))]:
         t.add_row(k, v)
     Console().print(t)
+    if profile:
+        pr = r["profile"]
+        pt = Table(title=(f"decode step: {pr['wall_ms_per_token']:.2f} ms wall, {pr['kernel_ms_per_token']:.2f} ms in "
+                          f"{pr['launches_per_token']:.0f} kernels, {pr['host_ms_per_token']:.2f} ms host (VM + enqueue, "
+                          f"overlapping the kernels)"))
+        for col in ("kernel", "launches / token", "us each", "ms / token", "share"):
+            pt.add_column(col, justify="left" if col == "kernel" else "right")
+        for k in pr["kernels"][:15]:
+            pt.add_row(k["kernel"], f"{k['launches_per_token']:.0f}", f"{k['us_each']:.1f}", f"{k['ms_per_token']:.2f}",
+                       f"{100 * k['share']:.1f}%")
+        Console(width=max(Console().width, 150)).print(pt)
 
 
 @cli.command(short_help="Perplexity of a package on a text file (sliding windows).")

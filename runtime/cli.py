@@ -25,7 +25,7 @@ from .safetensors_io import SafetensorsError
 from .sampler import Sampler
 from .symexpr import SymExprError
 from .tokenizer import TokenizerError
-from .vm import VMError
+from .vm import DTensor, VMError
 
 
 class UsageError(ValueError):
@@ -272,6 +272,51 @@ def bench(engine, prompt_len: int = 128, gen_len: int = 128, repeat: int = 3, se
 
 def mb(n) -> str:
     return "-" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
+    """Where a decode step's time goes: wall time per token, the device time of every kernel (profiling
+    events), and the host's own time to run the step's bytecode and enqueue its launches, measured with
+    the device held idle (so kernels do not compete with it for the cores). OpenCL only."""
+    dev = engine.device
+    if not hasattr(dev, "start_profile"):
+        raise UsageError(f"--profile needs the opencl backend; this package runs on {engine.manifest['preset']['backend']}")
+    window = int(engine.context_window)
+    if prompt_len + 3 * steps + 8 > window:
+        raise UsageError(f"--prompt-len {prompt_len} leaves no room for {3 * steps + 8} profiled decode steps in the "
+                         f"context window of {window}")
+    ids = np.random.default_rng(0).integers(0, int(engine.vocab_size), prompt_len).tolist()
+    engine.reset()
+    tok = int(np.argmax(engine.prefill(ids)))
+    for _ in range(4):
+        tok = int(np.argmax(engine.decode(tok)))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tok = int(np.argmax(engine.decode(tok)))
+    wall = (time.perf_counter() - t0) / steps
+    host = []
+    for _ in range(steps):
+        dev.write(engine.ids_buf, np.array([[tok]], np.int32))
+        release = dev.gate()
+        t = time.perf_counter()
+        res = engine.vm.run("decode", DTensor(engine.ids_buf, (1, 1), "int32"), engine.cache)
+        host.append(time.perf_counter() - t)
+        release()
+        tok = int(np.argmax(engine._download(res)[0, -1]))
+    dev.start_profile()
+    for _ in range(steps):
+        tok = int(np.argmax(engine.decode(tok)))
+    timed = dev.take_profile()
+    kernels: dict[str, list] = {}
+    for name, sec in timed:
+        kernels.setdefault(name, []).append(sec)
+    total = sum(sec for _, sec in timed) / steps
+    rows = sorted(({"kernel": k, "launches_per_token": len(v) / steps, "us_each": 1e6 * sum(v) / len(v),
+                    "ms_per_token": 1e3 * sum(v) / steps, "share": sum(v) / steps / total if total else 0.0}
+                   for k, v in kernels.items()), key=lambda r: -r["ms_per_token"])
+    return {"steps": steps, "wall_ms_per_token": 1e3 * wall, "kernel_ms_per_token": 1e3 * total,
+            "host_ms_per_token": 1e3 * float(np.median(host)), "launches_per_token": len(timed) / steps,
+            "kernels": rows}
 
 
 def bench_lines(r: dict) -> list[str]:

@@ -311,6 +311,23 @@ def test_bench(opencl_package):
     assert_one_line_error(cli("bench", opencl_package, "--prompt-len", "120", "--gen-len", "20"), "context window of 128")
 
 
+def test_bench_profile(opencl_package):
+    """--profile: every decode launch is timed on the device; the kernels listed account for all of them,
+    as many per token as the bytecode's decode function launches."""
+    r = cli("bench", opencl_package, "--prompt-len", "8", "--gen-len", "4", "--repeat", "1", "--profile", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["profile"]
+    bytecode = json.loads((opencl_package / "bytecode.json").read_text())["functions"]["decode"]
+    launches = sum(1 for i in bytecode["instructions"] if i.get("fn") == "vm.launch")
+    assert p["launches_per_token"] == launches == sum(k["launches_per_token"] for k in p["kernels"])
+    assert 0 < p["kernel_ms_per_token"] and 0 < p["host_ms_per_token"] and 0 < p["wall_ms_per_token"]
+    assert abs(sum(k["share"] for k in p["kernels"]) - 1) < 1e-6
+    table = cli("bench", opencl_package, "--prompt-len", "8", "--gen-len", "4", "--repeat", "1", "--profile")
+    assert table.returncode == 0 and "decode step:" in table.stdout and "kv_copy" in table.stdout
+    assert_one_line_error(cli("bench", opencl_package, "--prompt-len", "100", "--gen-len", "4", "--profile"),
+                          "profiled decode steps")
+
+
 def test_verify(package):
     r = cli("verify", package, "--steps", "3", "--json")
     assert r.returncode == 0, r.stderr

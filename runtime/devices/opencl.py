@@ -191,16 +191,44 @@ class OpenCLDevice(Device):
         dims = 3 if grid[2] * block[2] > 1 else 2 if grid[1] * block[1] > 1 else 1
         gsize = tuple(g * b for g, b in zip(grid, block))[:dims]
         try:
-            self._cl.enqueue_nd_range_kernel(self.queue, k, gsize, block[:dims])
+            ev = self._cl.enqueue_nd_range_kernel(self.queue, k, gsize, block[:dims])
         except self._cl.Error as e:
             raise DeviceError(f"OpenCL launch of {kernel.name} (grid {grid}, block {block}) failed: "
                               f"{first_lines(e, 1)}") from None
+        if self.events is not None:
+            self.events.append((kernel.name, ev))
 
     def launcher(self, kernel: Kernel) -> _Site:
         return _Site(self, kernel)
 
     def synchronize(self) -> None:
         self.queue.finish()
+
+    # -- profiling -------------------------------------------------------------------------------------
+    events: list | None = None
+
+    def start_profile(self) -> None:
+        """From now on every launch is timed by the device (a profiling queue; events kept)."""
+        self.synchronize()
+        cl = self._cl
+        self.queue = cl.CommandQueue(self.context, self.cl_device,
+                                     properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.events = []
+
+    def take_profile(self) -> list[tuple[str, float]]:
+        """(kernel name, device seconds) of the launches since the last call (waits for them)."""
+        self.synchronize()
+        out = [(name, (ev.profile.end - ev.profile.start) * 1e-9) for name, ev in self.events or []]
+        self.events = [] if self.events is not None else None
+        return out
+
+    def gate(self):
+        """Hold back the queue's next commands until the returned function is called: lets a caller time
+        its own enqueueing with the device idle (host cost alone)."""
+        cl = self._cl
+        ev = cl.UserEvent(self.context)
+        cl.enqueue_marker(self.queue, wait_for=[ev])
+        return lambda: ev.set_status(cl.command_execution_status.COMPLETE)
 
 
 class _Site:
@@ -240,9 +268,12 @@ class _Site:
             self.dims, self.gsize, self.lsize = key, tuple(x * y for x, y in zip(g, b))[:d], b[:d]
         if 0 in self.gsize:
             return
+        dev = self.device
         try:
-            self.device._cl.enqueue_nd_range_kernel(self.device.queue, k, self.gsize, self.lsize)
-        except self.device._cl.Error as e:
+            ev = dev._cl.enqueue_nd_range_kernel(dev.queue, k, self.gsize, self.lsize)
+        except dev._cl.Error as e:
             raise DeviceError(f"OpenCL launch of {self.kernel.name} (grid {grid}, block {block}) failed: "
                               f"{first_lines(e, 1)}") from None
+        if dev.events is not None:
+            dev.events.append((self.kernel.name, ev))
 
