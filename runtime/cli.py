@@ -222,6 +222,15 @@ def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = N
 # ---- bench -------------------------------------------------------------------------------------
 
 def peak_rss_bytes() -> int | None:
+    """Peak resident set of this process. On Linux VmHWM: ru_maxrss survives execve, so a process started
+    by a large parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:  # pragma: no cover - Windows

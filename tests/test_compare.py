@@ -1,0 +1,149 @@
+"""benchmarks/compare.py: its perplexity matches deploycc's, and its ratios, limits and table are right.
+
+The peers themselves (llama.cpp, PyTorch) are not run here: building llama-cpp-python takes 10-20 minutes.
+The numbers the benchmark prints rest on these functions.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploycc.perplexity import perplexity
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("compare_bench", ROOT / "benchmarks" / "compare.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Session:
+    """A deterministic 'model': logits of position i depend on the window's tokens up to i."""
+
+    vocab = 11
+
+    def __init__(self):
+        self.calls = []
+
+    def reset(self):
+        pass
+
+    def logits(self, ids):
+        ids = np.asarray(ids, dtype=np.float64)
+        pos = np.arange(len(ids))[:, None]
+        v = np.arange(self.vocab)[None, :]
+        return np.sin(np.cumsum(ids)[:, None] * 0.37 + v * 1.3 + pos * 0.11).astype(np.float32)
+
+    def prefill(self, ids, all_logits=False):
+        self.calls.append(len(ids))
+        out = self.logits(ids)
+        return out if all_logits else out[-1]
+
+
+@pytest.mark.parametrize("n,window,stride", [(1300, 512, 512), (1300, 512, 256), (512, 512, 512), (7, 4, 3)])
+def test_perplexity_equals_deploycc_perplexity(compare, n, window, stride):
+    ids = list(np.random.default_rng(n).integers(0, _Session.vocab, n))
+    ours = perplexity(_Session(), ids, window, stride)
+    s = _Session()
+    theirs = compare.sliding_perplexity(lambda x: s.logits(x), ids, window, stride)
+    assert theirs["windows"] == ours.windows
+    assert theirs["tokens_scored"] == ours.tokens_scored
+    # every token after the first once, except a window's first token when windows do not overlap
+    assert ours.tokens_scored == n - 1 - (len(range(0, n, stride)) - 1 if stride == window else 0)
+    assert theirs["perplexity"] == pytest.approx(ours.perplexity, rel=1e-12)
+
+
+def test_windows_cover_each_token_once(compare):
+    wins = compare.perplexity_windows(1300, 512, 256)
+    scored = [i for _, end, first in wins for i in range(first, end)]
+    assert scored == list(range(1, 1300))
+    assert all(end - begin <= 512 for begin, end, _ in wins)
+    with pytest.raises(ValueError):
+        compare.perplexity_windows(1)
+    with pytest.raises(ValueError):
+        compare.perplexity_windows(10, 4, 5)
+
+
+def test_nll_is_log_softmax(compare):
+    logits = np.array([[0.0, 0.0], [math.log(3.0), 0.0]], dtype=np.float32)
+    np.testing.assert_allclose(compare.nll_of_targets(logits, [0, 1]), [math.log(2.0), math.log(4.0)], rtol=1e-6)
+
+
+def _row(compare, tool, key, pre=None, dec=None, wbytes=None, ppl=None, tokens=None):
+    r = compare.new_row(tool, key, key)
+    r.update(prefill_tok_s=pre or {}, decode_tok_s=dec, weights_bytes=wbytes, perplexity=ppl, tokens=tokens)
+    return r
+
+
+def test_derive_ratios_limits_and_headline(compare):
+    rows = [
+        _row(compare, "deploycc", "q4f16_2-q8head", {"128": 400.0, "512": 350.0}, 130.0, 100_000_000, 15.42),
+        _row(compare, "deploycc", "q0f32", {"128": 100.0}, 20.0, 500_000_000, 15.41),
+        _row(compare, "llama.cpp", "Q4_1", {"128": 150.0}, 65.0, 90_000_000, 15.46),
+        _row(compare, "llama.cpp", "Q4_0", {"128": 400.0}, 89.0, 80_000_000, 15.9),
+        _row(compare, "pytorch", "float32", {"128": 500.0}, 15.0, 540_000_000),
+    ]
+    out = compare.derive(rows, {"read_gb_s": 10.0}, [128, 512])
+    refs = out["references"]
+    assert refs["llama_best_prefill_format"] == "Q4_0" and refs["llama_best_prefill_tok_s"] == 400.0
+    assert refs["llama_q4_1_decode_tok_s"] == 65.0 and refs["llama_q4_1_perplexity"] == 15.46
+    assert rows[0]["decode_limit_tok_s"] == pytest.approx(100.0)  # 10 GB/s / 100 MB
+    assert rows[0]["pct_of_limit"] == pytest.approx(130.0)
+    assert rows[0]["prefill_ratio"] == pytest.approx(1.0)
+    assert rows[0]["decode_ratio"] == pytest.approx(2.0)
+    assert rows[4]["prefill_ratio"] == pytest.approx(1.25)  # PyTorch is compared with llama.cpp's best too
+    h = out["headline"]
+    assert h["format"] == "q4f16_2-q8head" and h["decode_ratio"] == pytest.approx(2.0)
+    assert h["perplexity_le_llama_q4_1"] is True
+
+
+def test_failed_llama_rows_are_no_reference(compare):
+    rows = [_row(compare, "deploycc", "q4f16_1", {"128": 300.0}, 40.0, 100),
+            _row(compare, "llama.cpp", "Q4_1", {"128": 900.0}, 900.0, 100)]
+    rows[1]["error"] = "crashed (SIGSEGV)"
+    out = compare.derive(rows, None, [128])
+    assert out["references"]["llama_q4_1_decode_tok_s"] is None
+    assert rows[0]["decode_ratio"] is None and rows[0]["decode_limit_tok_s"] is None
+    assert out["headline"]["perplexity_le_llama_q4_1"] is None
+
+
+def test_greedy_agreement_counts_the_leading_run(compare):
+    rows = [_row(compare, "pytorch", "float32", tokens=[1, 2, 3, 4]),
+            _row(compare, "deploycc", "q4f16_1", tokens=[1, 2, 9, 4])]
+    assert compare.greedy_agreement(rows) == "pytorch float32"
+    assert rows[1]["greedy_match"] == "2/4" and rows[0]["greedy_match"] == "4/4"
+
+
+def test_table_cells_and_json(compare):
+    r = _row(compare, "llama.cpp", "F16", {"128": 123.45}, float("nan"), 270_000_000)
+    r["error"] = "crashed (SIGSEGV)"
+    cells = compare.table_cells(r, [128, 512])
+    cols = compare.table_columns([128, 512])
+    assert len(cells) == len(cols)
+    assert cells[cols.index("prefill@128 tok/s")] == "123.5"
+    assert cells[cols.index("prefill@512 tok/s")] == "—"
+    assert cells[cols.index("decode tok/s")] == "—"  # NaN is shown as missing
+    assert cells[cols.index("weights MB")] == "270.0"
+    assert cells[-1].startswith("failed: crashed")
+    assert json.loads(compare.to_json({"x": [float("inf"), 1.5]})) == {"x": [None, 1.5]}
+
+
+def test_arguments(compare):
+    a = compare.parse_args(["--quick"])
+    assert (a.repeat, a.prompt_lens, a.gen, a.perplexity) == (1, [32], 16, False)
+    a = compare.parse_args(["--quick", "--gen", "8", "--only", "deploycc,pytorch"])
+    assert a.gen == 8 and a.only == ["deploycc", "pytorch"]
+    a = compare.parse_args([])
+    assert (a.repeat, a.prompt_lens, a.gen, a.perplexity) == (3, [128, 512], 128, True)
+    for bad in (["--only", "vllm"], ["--prompt-lens", "0"], ["--prompt-lens", "2000"], ["--repeat", "x"]):
+        with pytest.raises(SystemExit):
+            compare.parse_args(bad)
