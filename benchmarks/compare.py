@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: repeat 1, prompt 32, gen 16, no perplexity (explicit options still win)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress on stderr)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    p.add_argument("--render", metavar="JSON", help="measure nothing: print the result a --json run saved")
     # worker mode (internal)
     p.add_argument("--worker", choices=[*TOOLS, "llama-quantize"], help=argparse.SUPPRESS)
     p.add_argument("--task", choices=["speed", "perplexity"], default="speed", help=argparse.SUPPRESS)
@@ -735,6 +737,15 @@ def render_text(result: dict, console=None) -> None:
         console.print(line, markup=False, highlight=False)
 
 
+def render_markdown(result: dict) -> str:
+    cols = table_columns(result["config"]["prompt_lens"])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" if i < 2 else "--:" for i in range(len(cols))) + "|"]
+    for r in result["rows"]:
+        cells = [c.replace("|", "\\|") for c in table_cells(r, result["config"]["prompt_lens"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""] + [f"- {x}" for x in summary_lines(result)])
+
+
 def to_json(result: dict) -> str:
     def clean(v):
         if isinstance(v, float) and not math.isfinite(v):
@@ -871,8 +882,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args)
-    result = run_all(args, argv)
-    if args.json:
+    if args.render:
+        try:
+            result = json.loads(Path(args.render).read_text())
+            result["rows"], result["config"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"error: {args.render} is not a saved compare.py --json result ({e}); "
+                             "save one with `benchmarks/compare.py --json > FILE`") from None
+    else:
+        result = run_all(args, argv)
+    if args.markdown:
+        print(render_markdown(result))
+    elif args.json:
         print(to_json(result))
     else:
         render_text(result)

@@ -147,3 +147,23 @@ def test_arguments(compare):
     for bad in (["--only", "vllm"], ["--prompt-lens", "0"], ["--prompt-lens", "2000"], ["--repeat", "x"]):
         with pytest.raises(SystemExit):
             compare.parse_args(bad)
+
+
+def test_markdown_and_render_of_a_saved_run(compare, tmp_path, capsys):
+    rows = [_row(compare, "deploycc", "q4f16_1", {"128": 300.0}, 40.0, 100_000_000, 15.5, [1, 2]),
+            _row(compare, "llama.cpp", "Q4_1", {"128": 150.0}, 80.0, 100_000_000, 15.4, [1, 3])]
+    rows[0]["notes"].append("a | b")
+    result = {"config": {"prompt_lens": [128], "gen": 2, "repeat": 1, "threads": 2, "perplexity": True},
+              "rows": rows, "machine": {}, "text": {"tokens": 10}, "command": "compare.py", "bandwidth": None,
+              **compare.derive(rows, None, [128])}
+    md = compare.render_markdown(result)
+    table = [ln for ln in md.splitlines() if ln.startswith("|")]
+    assert len(table) == 4 and table[2].startswith("| deploycc | q4f16_1 |")
+    assert "a \\| b" in table[2] and "0.50x" in table[2]  # decode 40 / llama.cpp Q4_1 80
+    saved = tmp_path / "run.json"
+    saved.write_text(compare.to_json(result))
+    assert compare.main(["--render", str(saved), "--markdown"]) == 0
+    assert capsys.readouterr().out.strip() == md
+    saved.write_text("{}")
+    with pytest.raises(SystemExit, match="not a saved compare.py --json result"):
+        compare.main(["--render", str(saved)])
