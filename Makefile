@@ -47,7 +47,7 @@ demo: model
 	printf 'What is the capital of France?\n/stats\n' | $(VENV)/bin/deploycc chat dist/smollm2
 
 lint: install
-	$(PY) -m ruff check deploycc models runtime targets tests scripts
+	$(PY) -m ruff check deploycc models runtime targets tests scripts benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
