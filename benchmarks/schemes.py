@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare import TEXT_CHARS, compiler_mtime, deploycc_cli, ensure_model, load_fetch_script, log  # noqa: E402
+from compare import TEXT_CHARS, deploycc_cli, ensure_model, load_fetch_script, log, package_is_current  # noqa: E402
 
 # (name, source, compile arguments); source "hf" = the checkpoint, "gguf" = the shipped Q4_1 GGUF file.
 SCHEMES = [
@@ -65,13 +65,12 @@ def main() -> int:
     cli, rows = deploycc_cli(), []
     for name, src, extra in SCHEMES:
         pkg = out_dir / name.replace(" ", "").replace("/", "_")
-        man = pkg / "manifest.json"
         source = hf_dir if src == "hf" else gguf
         row = {"scheme": name, "compile": shlex.join(["deploycc", "compile", str(source), "--device", args.device,
                                                       *extra, "-o", "PKG"])}
         rows.append(row)
         try:
-            if not man.exists() or man.stat().st_mtime < compiler_mtime():
+            if not package_is_current(pkg, source, args.device):
                 log(f"{name}: compiling")
                 run_json([*cli, "compile", str(source), "--device", args.device, *extra, "-o", str(pkg), "--force",
                           "--json"])

@@ -199,13 +199,18 @@ def _cache_key(model: str, revision: str | None, preset, quantization: str | Non
 
     src = resolve(model, revision)
     files = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(src.iterdir()) if p.is_file()]
-    roots = {Path(m.__file__).resolve().parent for m in _compiler_modules()}
-    code = max((p.stat().st_mtime_ns for r in roots for p in r.rglob("*.py")), default=0)
     key = {"source": str(src.resolve()), "revision": revision, "files": files, "target": preset.target.to_dict(),
            "backend": preset.backend, "preset": preset.name, "prefill_chunk": preset.prefill_chunk,
            "preset_context_window": preset.context_window, "quantization": quantization or preset.quantization,
-           "context_window": context_window, "deploycc": __version__, "code": code}
+           "context_window": context_window, "deploycc": __version__, "code": compiler_code_mtime_ns()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def compiler_code_mtime_ns() -> int:
+    """The newest modification time of the compiler's Python files (deploycc, models, runtime, targets): a
+    compiled package older than this may be stale (the package cache and benchmarks/ use it)."""
+    roots = {Path(m.__file__).resolve().parent for m in _compiler_modules()}
+    return max((p.stat().st_mtime_ns for r in roots for p in r.rglob("*.py")), default=0)
 
 
 def _compiler_modules():

@@ -21,6 +21,7 @@ from .devices import DeviceError
 from .generate import ContextWindowError, encode_prompt, generate
 from .kvcache import ContextWindowFull
 from .package import PackageError
+from .procstat import peak_rss_bytes
 from .safetensors_io import SafetensorsError
 from .sampler import Sampler
 from .symexpr import SymExprError
@@ -220,24 +221,6 @@ def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = N
 
 
 # ---- bench -------------------------------------------------------------------------------------
-
-def peak_rss_bytes() -> int | None:
-    """Peak resident set of this process. On Linux VmHWM: ru_maxrss survives execve, so a process started
-    by a large parent would report the parent's peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        return None
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # macOS reports bytes, Linux KiB
-
 
 def bench(engine, prompt_len: int = 128, gen_len: int = 128, repeat: int = 3, seed: int = 0) -> dict:
     """Prefill and decode speed on random prompt ids (seeded), after one warm-up run; medians over `repeat`.

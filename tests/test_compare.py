@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -51,31 +50,28 @@ class _Session:
 
 @pytest.mark.parametrize("n,window,stride", [(1300, 512, 512), (1300, 512, 256), (512, 512, 512), (7, 4, 3)])
 def test_perplexity_equals_deploycc_perplexity(compare, n, window, stride):
+    """The workers score peers with runtime/perplexity.py loaded by path (no deploycc in llama.cpp's venv),
+    through LogitsSession; that gives deploycc.perplexity's result exactly."""
+    import bench_workers
+
     ids = list(np.random.default_rng(n).integers(0, _Session.vocab, n))
     ours = perplexity(_Session(), ids, window, stride)
     s = _Session()
-    theirs = compare.sliding_perplexity(lambda x: s.logits(x), ids, window, stride)
+    by_path = bench_workers.load_runtime_module("perplexity")
+    theirs = by_path.perplexity(bench_workers.LogitsSession(s.logits), ids, window, stride).to_dict()
     assert theirs["windows"] == ours.windows
     assert theirs["tokens_scored"] == ours.tokens_scored
     # every token after the first once, except a window's first token when windows do not overlap
     assert ours.tokens_scored == n - 1 - (len(range(0, n, stride)) - 1 if stride == window else 0)
     assert theirs["perplexity"] == pytest.approx(ours.perplexity, rel=1e-12)
+    assert by_path.__file__ == str(ROOT / "runtime" / "perplexity.py")
 
 
-def test_windows_cover_each_token_once(compare):
-    wins = compare.perplexity_windows(1300, 512, 256)
-    scored = [i for _, end, first in wins for i in range(first, end)]
-    assert scored == list(range(1, 1300))
-    assert all(end - begin <= 512 for begin, end, _ in wins)
-    with pytest.raises(ValueError):
-        compare.perplexity_windows(1)
-    with pytest.raises(ValueError):
-        compare.perplexity_windows(10, 4, 5)
+def test_workers_measure_peak_rss_of_their_own_process(compare):
+    import bench_workers
 
-
-def test_nll_is_log_softmax(compare):
-    logits = np.array([[0.0, 0.0], [math.log(3.0), 0.0]], dtype=np.float32)
-    np.testing.assert_allclose(compare.nll_of_targets(logits, [0, 1]), [math.log(2.0), math.log(4.0)], rtol=1e-6)
+    rss = bench_workers.load_runtime_module("procstat").peak_rss_bytes()
+    assert 10 << 20 < rss < 64 << 30
 
 
 def _row(compare, tool, key, pre=None, dec=None, wbytes=None, ppl=None, tokens=None):

@@ -102,3 +102,25 @@ def test_windows_score_each_token_once_and_check_arguments(checkpoint):
         perplexity(ref, ids, window=64, stride=64)
     with pytest.raises(DeployError, match="stride"):
         perplexity(ref, ids, window=8, stride=9)
+
+
+def test_windows_cover_each_token_once():
+    from deploycc.perplexity import windows
+
+    wins = windows(1300, 512, 256)
+    scored = [i for _, end, first in wins for i in range(first, end)]
+    assert scored == list(range(1, 1300))
+    assert all(end - begin <= 512 for begin, end, _ in wins)
+    with pytest.raises(ValueError):
+        windows(1)
+    with pytest.raises(ValueError):
+        windows(10, 4, 5)
+
+
+def test_nll_is_log_softmax():
+    import math
+
+    from deploycc.perplexity import nll_of_targets
+
+    logits = np.array([[0.0, 0.0], [math.log(3.0), 0.0]], dtype=np.float32)
+    np.testing.assert_allclose(nll_of_targets(logits, [0, 1]), [math.log(2.0), math.log(4.0)], rtol=1e-6)
