@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,9 +27,10 @@ from .errors import DeployError
 from .hub import load_model
 from .ir import sym
 from .ir.kernel import Kernel
-from .runtime.package import sha256_of
+from .output import MARKER, Staging, check_output
+from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 from .session import export
-from .vm import FORMAT_VERSION, lower_vm
+from .vm import lower_vm
 
 # deploycc.quantization; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF sources)
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
@@ -119,12 +119,12 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
     if head_quantization is not None and head_quantization not in QUANTIZATIONS[:-1]:
         raise DeployError(f"head quantization {head_quantization} is not available; "
                           f"supported: {', '.join(QUANTIZATIONS[:-1])}")
+    # before any model work: a refused output costs nothing
+    out_dir = check_output(Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}"), force)
     from .quantization import quantize
 
     head = None if head_quantization == quant else head_quantization
     model = quantize(load_model(source, revision), quant, head)
-    out_dir = Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}")
-    _check_output(out_dir, force)
     ctx = context_window or min(preset.context_window, model.config.context_window)
     chunk = max(1, min(preset.prefill_chunk, ctx))
     step = progress or (lambda *a, **k: None)
@@ -134,10 +134,8 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
     step("compile")
     lowered, plans = lower_to_vm(exported, preset.target, chunk)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would make the package private to its builder
-    try:
+    staging = Staging(out_dir)
+    with staging as tmp:
         try:
             kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
         except ValueError as e:  # a target limit the kernels cannot meet
@@ -170,22 +168,13 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
             "kernels": kernel_files,
             "params": params_index,
         }
-        manifest["files"] = {str(p.relative_to(tmp)): sha256_of(p) for p in sorted(tmp.rglob("*"))
-                             if p.is_file() and "__pycache__" not in p.parts}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        manifest["files"] = {p.relative_to(tmp).as_posix(): sha256_of(p) for p in sorted(tmp.rglob("*"))
+                             if p.is_file() and "__pycache__" not in p.parts and p.name != MARKER}
+        manifest_bytes = json.dumps(manifest, indent=1).encode()
+        (tmp / "manifest.json").write_bytes(manifest_bytes)
+        (tmp / SEAL).write_text(seal_text(manifest_bytes))
+        staging.commit()
     return out_dir
-
-
-def _check_output(out_dir: Path, force: bool) -> None:
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        if not (out_dir / "manifest.json").exists() and not force:
-            raise DeployError(f"{out_dir} exists and is not a deploycc package; choose another -o or pass --force")
 
 
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:

@@ -7,7 +7,9 @@ import hashlib
 import json
 from pathlib import Path
 
-FORMAT_VERSION = 1
+# 2: manifest.sha256 seals the manifest (format 1 packages had no seal; recompile them)
+FORMAT_VERSION = 2
+SEAL = "manifest.sha256"
 REQUIRED = ("format", "format_version", "model", "quantization", "preset", "target", "bounds", "kv_cache",
             "storages", "kernels", "params", "files")
 
@@ -24,35 +26,68 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def seal_text(manifest_bytes: bytes) -> str:
+    """The content of manifest.sha256: sha256sum's format, so `sha256sum -c manifest.sha256` checks it too."""
+    return f"{hashlib.sha256(manifest_bytes).hexdigest()}  manifest.json\n"
+
+
 def read_manifest(path: Path) -> dict:
+    """The manifest, once its format marker, its version and its seal (manifest.sha256) are right. The format
+    is checked before the seal so that a package of a newer format says so instead of 'changed'."""
     mf = path / "manifest.json"
     if not path.is_dir():
         raise PackageError(f"{path} is not a package directory (compile one with deploycc compile)")
-    if not mf.exists():
+    if not mf.is_file():
         raise PackageError(f"{path} has no manifest.json; it is not a deploycc package (or an interrupted compile)")
     try:
-        manifest = json.loads(mf.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PackageError(f"{mf} is not valid JSON ({e}); recompile the package") from None
+        raw = mf.read_bytes()
+        manifest = json.loads(raw)
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+        raise PackageError(f"{mf} is not valid JSON ({_first_line(e)}); recompile the package") from None
     if not isinstance(manifest, dict) or manifest.get("format") != "deploycc-package":
         raise PackageError(f"{mf} is not a deploycc package manifest")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise PackageError(f"package format {version} is newer than this runtime supports ({FORMAT_VERSION}); "
+    if type(version) is not int or version > FORMAT_VERSION:
+        raise PackageError(f"package format {version!r} is newer than this runtime supports ({FORMAT_VERSION}); "
                            f"upgrade deploycc or recompile the package with this version")
+    if version < FORMAT_VERSION:
+        raise PackageError(f"package format {version} is older than this runtime supports ({FORMAT_VERSION}); "
+                           f"recompile the package with this version of deploycc")
+    try:
+        seal = (path / SEAL).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PackageError(f"{path} has no {SEAL}; the package is incomplete — recompile it") from None
+    except (OSError, ValueError) as e:
+        raise PackageError(f"{path / SEAL} is unreadable ({_first_line(e)}); recompile the package") from None
+    if seal != seal_text(raw):
+        raise PackageError(f"manifest.json in {path} was changed after compile (it does not match {SEAL}); "
+                           f"recompile the package")
     missing = [k for k in REQUIRED if k not in manifest]
     if missing:
         raise PackageError(f"{mf} lacks {missing[0]!r}; recompile the package")
     return manifest
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
 def verify(path: Path, manifest: dict, check_hashes: bool = True) -> dict:
     """Check every listed file; return the bytecode."""
     files = manifest["files"]
+    if not isinstance(files, dict) or "bytecode.json" not in files:
+        raise PackageError(f"manifest.json of {path}: 'files' must map every file of the package to its sha256; "
+                           f"recompile the package")
     for rel, digest in files.items():
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise PackageError(f"manifest.json of {path}: the sha256 of {rel!r} is not 64 hex digits; recompile the package")
+        if (not rel or "\\" in rel or "\x00" in rel or ".." in Path(rel).parts or Path(rel).is_absolute()
+                or rel in ("manifest.json", SEAL)):
+            raise PackageError(f"manifest lists a file outside the package: {rel!r}")
         f = path / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise PackageError(f"manifest lists a file outside the package: {rel}")
+        if path.resolve() not in f.resolve().parents:  # a symbolic link out of the package
+            raise PackageError(f"manifest lists a file outside the package: {rel!r}")
         if not f.is_file():
             raise PackageError(f"{path} is missing {rel}; the package is incomplete — recompile it")
         if check_hashes and sha256_of(f) != digest:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_device
 
 from fixtures import make_tiny
 
@@ -73,17 +74,9 @@ def assert_one_line_error(r, *fragments):
         assert f in lines[0], lines[0]
 
 
-_USABLE: set | None = None
-
-
 def needs(backend: str) -> None:
-    global _USABLE
-    if _USABLE is None:
-        from deploycc.runtime.devices import available
-
-        _USABLE = {d["kind"] for d in available() if d.get("name")}
-    if backend not in _USABLE:
-        pytest.skip(f"no {backend} device on this machine")
+    """Skip (locally) or fail (CI=true) without a `backend` device: conftest.require_device."""
+    require_device(backend)
 
 
 def copy_package(pkg: Path, dst: Path) -> Path:
@@ -95,9 +88,12 @@ def rehash(pkg: Path, rel: str) -> None:
     """Make the manifest agree with a file changed on purpose, to reach the checks behind the hash check."""
     import hashlib
 
+    from bad_inputs.common import seal_manifest
+
     m = json.loads((pkg / "manifest.json").read_text())
     m["files"][rel] = hashlib.sha256((pkg / rel).read_bytes()).hexdigest()
     (pkg / "manifest.json").write_text(json.dumps(m))
+    seal_manifest(pkg)
 
 
 # ---- fixtures ----------------------------------------------------------------------------------
@@ -471,13 +467,15 @@ def test_output_that_is_not_a_package_is_refused(model_dir, tmp_path):
     out = tmp_path / "dist" / "mine"
     out.mkdir(parents=True)
     (out / "notes.txt").write_text("keep me")
-    assert_one_line_error(cli("compile", model_dir, "-o", out), "is not a deploycc package", "--force")
-    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
-    assert [p.name for p in out.parent.iterdir()] == ["mine"]  # no temporary directory left beside it
+    for force in ((), ("--force",)):  # never, --force or not: only a package deploycc wrote is replaced
+        assert_one_line_error(cli("compile", model_dir, "-o", out, *force), "is not a deploycc package", "--force")
+        assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
+        assert [p.name for p in out.parent.iterdir()] == ["mine"]  # no temporary directory left beside it
     needs("opencl")
-    forced = cli("compile", model_dir, "-o", out, "--force")
-    assert forced.returncode == 0 and (out / "manifest.json").exists() and not (out / "notes.txt").exists()
-    assert cli("compile", model_dir, "-o", out).returncode == 0  # an existing package is replaced without --force
+    (out / "notes.txt").unlink()
+    assert cli("compile", model_dir, "-o", out).returncode == 0  # an empty directory is used
+    assert_one_line_error(cli("compile", model_dir, "-o", out), "holds a deploycc package", "--force")
+    assert cli("compile", model_dir, "-o", out, "--force").returncode == 0  # a package is replaced with --force
 
 
 def test_no_runtime_for_the_backend(model_dir, tmp_path):
@@ -507,7 +505,7 @@ def test_interrupted_compile_leaves_no_package(model_dir, tmp_path, monkeypatch)
     before = (dist / "pkg" / "manifest.json").read_text()
     monkeypatch.setattr(deploycc.package, "_write_params", boom)
     with pytest.raises(KeyboardInterrupt):  # an interrupted recompile keeps the old package intact
-        deploycc.package.compile_model(str(model_dir), "cpu-opencl", out=str(dist / "pkg"))
+        deploycc.package.compile_model(str(model_dir), "cpu-opencl", out=str(dist / "pkg"), force=True)
     assert [p.name for p in dist.iterdir()] == ["pkg"] and (dist / "pkg" / "manifest.json").read_text() == before
 
 
