@@ -66,10 +66,15 @@ def _reader(path: Path):
         from gguf import GGUFReader
     except ImportError:  # pragma: no cover
         raise DeployError("reading GGUF needs the gguf package; pip install gguf") from None
+    from .gguf_scan import scan
+
+    scan(path)  # counts, lengths, types, UTF-8 and tensor ranges, before the reader trusts them
     try:
         return GGUFReader(str(path))
-    except Exception as e:  # truncated or damaged files fail in numpy/struct with many error types
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except MemoryError:  # not a damaged file's symptom to hide: the scan bounds what the reader allocates
+        raise
+    except Exception as e:  # whatever the scan missed fails in numpy/struct with many error types
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise DeployError(f"{path} is not a readable GGUF file (truncated or corrupted?): {msg}") from None
 
 
@@ -77,8 +82,56 @@ def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
     if f is None:
         return default
-    v = f.contents()
-    return v
+    try:
+        return f.contents()
+    except MemoryError:
+        raise
+    except Exception as e:  # the reader decodes lazily; the scan has checked the UTF-8, this is a backstop
+        raise DeployError(f"{_name(reader)}: GGUF metadata {key} cannot be read ({type(e).__name__}); "
+                          f"re-download or re-convert it") from None
+
+
+def _name(reader) -> str:
+    """The file a reader reads (its memory map knows), for messages."""
+    return str(getattr(reader.data, "filename", None) or "GGUF file")
+
+
+# Value types of the metadata a loader reads (GGUF stores any integer width; a float is not a count).
+_INT_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}
+_FLOAT_TYPES = {6, 12} | _INT_TYPES
+
+
+def _typed(reader, key: str, kinds: set[int], words: str, default=None, array: bool = False):
+    """The field's contents if its GGUF value type is one of `kinds` (arrays: the element type), else a
+    DeployError naming the key; `default` where it is absent."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    types = [int(t) for t in f.types]
+    if array:  # [ARRAY, element type], or [ARRAY] alone for an empty array
+        ok = types[:1] == [9] and (len(types) == 1 or (len(types) == 2 and types[1] in kinds))
+    else:
+        ok = len(types) == 1 and types[0] in kinds
+    if not ok:
+        raise DeployError(f"{_name(reader)}: GGUF metadata {key} must be {'an array of ' if array else ''}{words}; "
+                          f"the file is damaged or was converted wrongly")
+    return _field(reader, key)
+
+
+def _int(reader, key, default=None):
+    return _typed(reader, key, _INT_TYPES, "an integer", default)
+
+
+def _float(reader, key, default=None):
+    return _typed(reader, key, _FLOAT_TYPES, "a number", default)
+
+
+def _str(reader, key, default=None):
+    return _typed(reader, key, {8}, "a string", default)
+
+
+def _bool(reader, key, default=None):
+    return _typed(reader, key, {7}, "true or false", default)
 
 
 def _permute_back(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -145,6 +198,9 @@ class GGUFWeights:
         except NotImplementedError:
             raise DeployError(f"{self.path}: tensor {t.name} has type {t.tensor_type.name}, which cannot be "
                               f"dequantized by this gguf package") from None
+        except (ValueError, TypeError) as e:  # a size the scan let through that numpy cannot reshape
+            raise DeployError(f"{self.path}: tensor {t.name} cannot be read ({str(e)[:120]}); "
+                              f"re-download or re-convert it") from None
         heads = self._heads(name)
         return _permute_back(arr, heads) if heads else arr
 
@@ -158,46 +214,63 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
+# Config keys -> the GGUF metadata they come from (for messages about a file's metadata).
+GGUF_KEYS = {"num_hidden_layers": "llama.block_count", "hidden_size": "llama.embedding_length",
+             "intermediate_size": "llama.feed_forward_length", "num_attention_heads": "llama.attention.head_count",
+             "num_key_value_heads": "llama.attention.head_count_kv", "head_dim": "llama.attention.key_length",
+             "vocab_size": "the vocabulary size (tokenizer.ggml.tokens)", "max_position_embeddings": "llama.context_length",
+             "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon", "rope_theta": "llama.rope.freq_base",
+             "rope_scaling.factor": "llama.rope.scaling.factor"}
+
+
+def gguf_names(message: str) -> str:
+    """A config-level message in the GGUF file's own key names."""
+    return re.sub(r"\b(" + "|".join(map(re.escape, sorted(GGUF_KEYS, key=len, reverse=True))) + r")\b",
+                  lambda m: GGUF_KEYS[m.group(1)], message)
+
+
 def hf_config(path: Path, reader) -> dict:
-    arch = _field(reader, "general.architecture")
+    """The metadata as a Hugging Face config dict. Only types are checked here (a count must be an
+    integer, ...); sizes and ranges are the architecture's from_hf's business, as for config.json."""
+    arch = _str(reader, "general.architecture")
     if arch != "llama":
         raise DeployError(f"{path}: GGUF architecture {arch!r} is not supported; supported: llama")
 
-    def need(key):
-        v = _field(reader, f"llama.{key}")
+    def need(key, read=_int):
+        v = read(reader, f"llama.{key}")
         if v is None:
             raise DeployError(f"{path}: GGUF metadata lacks llama.{key}")
         return v
 
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    vocab = len(tokens) if tokens is not None else int(need("vocab_size"))
+    tokens = _typed(reader, "tokenizer.ggml.tokens", {8}, "strings", array=True)
+    hidden, heads = need("embedding_length"), need("attention.head_count")
+    vocab = len(tokens) if tokens is not None else need("vocab_size")
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise DeployError(f"{path}: GGUF rope_freqs (Llama 3.1 rope scaling) is not supported yet")
+    head_dim = _int(reader, "llama.attention.key_length") or _int(reader, "llama.rope.dimension_count")
     cfg = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": int(need("block_count")), "num_attention_heads": heads,
-        "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", heads)),
-        "head_dim": int(_field(reader, "llama.attention.key_length", 0) or _field(reader, "llama.rope.dimension_count", 0)
-                        or hidden // heads),
-        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_field(reader, "llama.context_length", 2048)),
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": need("feed_forward_length"),
+        "num_hidden_layers": need("block_count"), "num_attention_heads": heads,
+        "num_key_value_heads": _int(reader, "llama.attention.head_count_kv", heads),
+        "head_dim": head_dim or None,
+        "rms_norm_eps": _float(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": _float(reader, "llama.rope.freq_base", 10000.0),
+        "max_position_embeddings": _int(reader, "llama.context_length", 2048),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
     }
-    scaling = _field(reader, "llama.rope.scaling.type")
+    scaling = _str(reader, "llama.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise DeployError(f"{path}: GGUF rope scaling {scaling!r} is not supported yet")
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, "llama.rope.scaling.factor"))}
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": _float(reader, "llama.rope.scaling.factor")}
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                     ("padding_token_id", "pad_token_id")):
-        v = _field(reader, f"tokenizer.ggml.{key}")
+        v = _int(reader, f"tokenizer.ggml.{key}")
         if v is not None:
-            cfg[hf] = int(v)
+            cfg[hf] = v
     return cfg
 
 
@@ -232,11 +305,14 @@ def _sentencepiece_json(reader, tokens: list[str], types: list[int], ids: dict) 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    scores = _field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+    scores = _typed(reader, "tokenizer.ggml.scores", _FLOAT_TYPES, "numbers", array=True) or [0.0] * len(tokens)
+    if len(scores) != len(tokens):
+        raise DeployError(f"{_name(reader)}: GGUF tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} "
+                          f"tokens; re-convert the model")
     unk = tokens[int(ids["unk_token"])] if ids.get("unk_token") is not None else None
     tok = Tokenizer(models.BPE(vocab=vocab, merges=_spm_merges(vocab, dict(zip(tokens, scores))), unk_token=unk,
                                fuse_unk=True, byte_fallback=True, dropout=None))
-    prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
+    prefix = _bool(reader, "tokenizer.ggml.add_space_prefix", True)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first" if prefix else "never",
                                                  split=False)
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
@@ -246,21 +322,37 @@ def _sentencepiece_json(reader, tokens: list[str], types: list[int], ids: dict) 
     return json.loads(tok.to_str())
 
 
+def _vocabulary(path: Path, reader) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges "a b") of the metadata, each checked for type and length."""
+    tokens = _typed(reader, "tokenizer.ggml.tokens", {8}, "strings", array=True)
+    if not tokens:
+        raise DeployError(f"{path}: GGUF metadata lacks tokenizer.ggml.tokens (the vocabulary); re-convert the model")
+    types = _typed(reader, "tokenizer.ggml.token_type", _INT_TYPES, "integers", array=True)
+    types = [1] * len(tokens) if types is None else types
+    if len(types) != len(tokens):
+        raise DeployError(f"{path}: GGUF tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens; "
+                          f"re-convert the model")
+    merges = _typed(reader, "tokenizer.ggml.merges", {8}, "strings", array=True) or []
+    bad = next((m for m in merges if " " not in m), None)
+    if bad is not None:
+        raise DeployError(f"{path}: GGUF merge {bad[:40]!r} is not two tokens separated by a space; re-convert the model")
+    return tokens, types, merges
+
+
 def tokenizer_files(path: Path, reader) -> dict[str, str]:
     """tokenizer.json, tokenizer_config.json (and chat_template.jinja, generation_config.json) as text."""
-    model = _field(reader, "tokenizer.ggml.model")
+    model = _str(reader, "tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
         raise DeployError(f"{path}: GGUF tokenizer model {model!r} is not supported yet "
                           f"(supported: byte-level BPE 'gpt2', SentencePiece-style 'llama')")
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    pre = _str(reader, "tokenizer.ggml.pre", "default")
     if model == "gpt2" and pre not in PRE_TOKENIZERS:
         raise DeployError(f"{path}: GGUF pre-tokenizer {pre!r} is not known; known: {', '.join(sorted(PRE_TOKENIZERS))}")
-    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
-    types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
-    merges = [m.split(" ", 1) for m in (_field(reader, "tokenizer.ggml.merges") or [])]
+    tokens, types, merges = _vocabulary(path, reader)
+    merges = [m.split(" ", 1) for m in merges]
     special = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
                "pad_token": "padding_token_id"}
-    ids = {k: _field(reader, f"tokenizer.ggml.{v}") for k, v in special.items()}
+    ids = {k: _token_id(path, reader, v, len(tokens)) for k, v in special.items()}
     # CONTROL (3) and USER_DEFINED (4) tokens are added tokens; the control ones are special.
     added = [{"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": types[i] == 3 or i in {int(v) for v in ids.values() if v is not None}}
@@ -268,9 +360,9 @@ def tokenizer_files(path: Path, reader) -> dict[str, str]:
     if model == "llama":
         tj = _sentencepiece_json(reader, tokens, types, ids)
         tj["added_tokens"] = added
-        add_bos = _field(reader, "tokenizer.ggml.add_bos_token", True)  # llama.cpp's default for SentencePiece
+        add_bos = _bool(reader, "tokenizer.ggml.add_bos_token", True)  # llama.cpp's default for SentencePiece
     else:
-        add_bos = _field(reader, "tokenizer.ggml.add_bos_token", False)
+        add_bos = _bool(reader, "tokenizer.ggml.add_bos_token", False)
         tj = _byte_level_json(pre, tokens, merges, added)
     if add_bos and ids["bos_token"] is not None:
         bos = tokens[int(ids["bos_token"])]
@@ -279,23 +371,30 @@ def tokenizer_files(path: Path, reader) -> dict[str, str]:
                                 "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
                                          {"Sequence": {"id": "B", "type_id": 1}}],
                                 "special_tokens": {bos: {"id": bos, "ids": [int(ids["bos_token"])], "tokens": [bos]}}}
-    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(_field(reader, "llama.context_length", 2048)),
+    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": _int(reader, "llama.context_length", 2048),
           "clean_up_tokenization_spaces": False}
     for k, v in ids.items():
         if v is not None and 0 <= int(v) < len(tokens):
             tc[k] = tokens[int(v)]
     files = {"tokenizer.json": json.dumps(tj, ensure_ascii=False)}
-    template = _field(reader, "tokenizer.chat_template")
+    template = _str(reader, "tokenizer.chat_template")
     if template:
         tc["chat_template"] = template
         files["chat_template.jinja"] = template
     files["tokenizer_config.json"] = json.dumps(tc, ensure_ascii=False, indent=2)
-    gen = {k: int(_field(reader, f"tokenizer.ggml.{g}")) for k, g in
-           (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"), ("pad_token_id", "padding_token_id"))
-           if _field(reader, f"tokenizer.ggml.{g}") is not None}
+    gen = {k: ids[t] for k, t in (("bos_token_id", "bos_token"), ("eos_token_id", "eos_token"), ("pad_token_id", "pad_token"))
+           if ids[t] is not None}
     if gen:
         files["generation_config.json"] = json.dumps(gen, indent=2)
     return files
+
+
+def _token_id(path: Path, reader, key: str, n_tokens: int) -> int | None:
+    v = _int(reader, f"tokenizer.ggml.{key}")
+    if v is not None and not 0 <= v < n_tokens:
+        raise DeployError(f"{path}: GGUF tokenizer.ggml.{key} is {v}, outside the vocabulary of {n_tokens} tokens; "
+                          f"re-convert the model")
+    return v
 
 
 def _home() -> Path:
@@ -327,7 +426,7 @@ def tokenizer_dir(path: Path, reader) -> Path:
 
 
 def load_gguf(path: Path, source: str = "", **overrides):
-    from .hub import LoadedModel
+    from .hub import LoadedModel, check_config
     from .models import lookup
 
     path = Path(path)
@@ -336,9 +435,14 @@ def load_gguf(path: Path, source: str = "", **overrides):
     arch = lookup(hf)
     try:
         config = arch.Config.from_hf(hf, **overrides)
-    except (KeyError, ValueError) as e:
-        raise DeployError(f"{path}: {e}") from None
-    weights = GGUFWeights(path, reader, hf["num_attention_heads"], hf["num_key_value_heads"])
-    model = LoadedModel(tokenizer_dir(path, reader), hf, arch, config, weights, source or str(path))
-    model.check()
+    except KeyError as e:
+        raise DeployError(f"{path}: GGUF metadata lacks {gguf_names(str(e.args[0]))}; re-convert the model") from None
+    except ValueError as e:
+        raise DeployError(f"{path}: {gguf_names(str(e))}; the GGUF metadata is wrong, re-convert the model") from None
+    weights = GGUFWeights(path, reader, config.num_attention_heads, config.num_key_value_heads)
+    check_config(str(path), arch, config, weights, "the GGUF metadata and tensors disagree; re-convert the model",
+                 GGUF_KEYS)
+    model = LoadedModel(path, hf, arch, config, weights, source or str(path))
+    model.check()  # every tensor present with its shape, before the tokenizer is built
+    model.path = tokenizer_dir(path, reader)  # the package writer copies tokenizer files from here
     return model

@@ -9,6 +9,7 @@ precisely. Nothing in a checkpoint is ever executed: JSON and safetensors only.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
@@ -72,14 +73,36 @@ def _quiet_tqdm() -> type:
     return Quiet
 
 
+MAX_JSON_BYTES = 64 << 20  # config.json and the shard index are kilobytes; never parse a huge file
+
+
+def read_json(file: Path, what: str) -> object:
+    """A small JSON file, or a DeployError that names it (bad UTF-8, bad JSON, too large or deep)."""
+    if not file.is_file():
+        raise DeployError(f"{file} is not a file; re-download the checkpoint")
+    if file.stat().st_size > MAX_JSON_BYTES:
+        raise DeployError(f"{file} is {file.stat().st_size} bytes, too large for {what}; re-download the checkpoint")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        reason = str(e).splitlines()[0] if isinstance(e, ValueError) and str(e) else type(e).__name__
+        raise DeployError(f"{file} is not valid JSON ({reason}); re-download the checkpoint") from None
+
+
 def read_config(path: Path) -> dict:
     cfg = path / "config.json"
     if not cfg.exists():
         raise DeployError(f"{path} has no config.json; is it a Hugging Face checkpoint directory?")
-    try:
-        return json.loads(cfg.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DeployError(f"{cfg} is not valid JSON ({e}); re-download the checkpoint") from None
+    data = read_json(cfg, "a model config")
+    if not isinstance(data, dict):
+        raise DeployError(f"{cfg} holds a JSON {_json_kind(data)}, not an object of model settings; "
+                          f"re-download the checkpoint or fix the file")
+    return data
+
+
+def _json_kind(v) -> str:
+    return {list: "list", str: "string", type(None): "null", bool: "boolean", int: "number", float: "number"}.get(
+        type(v), type(v).__name__)
 
 
 # ---- safetensors, read lazily ----------------------------------------------------------------
@@ -97,6 +120,41 @@ class _Entry:
     end: int
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json object_pairs_hook: a name given twice is an error, not the last one silently winning."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _header_entry(path: Path, name: str, info) -> tuple[str, tuple[int, ...], int, int]:
+    """(dtype, shape, start, end) of one header entry, each of the type and range the format allows."""
+    bad = f"{path} is corrupted: bad header entry for {name}"
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        raise DeployError(f"{bad}; re-download it (an entry needs dtype, shape and data_offsets)")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
+        raise DeployError(f"{path}: tensor {name} has unsupported dtype {str(dtype)[:40]!r} "
+                          f"(supported: {', '.join(_ST_DTYPES)}); convert the checkpoint to one of them")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(_is_int(d) and d >= 0 for d in shape):
+        raise DeployError(f"{bad}; re-download it (shape must be a list of at most 8 sizes >= 0)")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise DeployError(f"{bad}; re-download it (data_offsets must be [start, end] with 0 <= start <= end)")
+    return dtype, tuple(shape), offsets[0], offsets[1]
+
+
 class SafetensorsFile:
     """One .safetensors file: header parsed eagerly (and checked), data memory-mapped on demand."""
 
@@ -111,8 +169,10 @@ class SafetensorsFile:
             if n > size - 8 or n > 100_000_000:
                 raise DeployError(f"{path} is corrupted: header length {n} exceeds the file; re-download it")
             try:
-                header = json.loads(f.read(n))
-            except (json.JSONDecodeError, UnicodeDecodeError):
+                header = json.loads(f.read(n), object_pairs_hook=_unique_keys)
+            except _DuplicateKey as e:
+                raise DeployError(f"{path} is corrupted: its header names tensor {e.args[0]} twice; re-download it") from None
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 raise DeployError(f"{path} is corrupted: its header is not valid JSON; re-download it") from None
             if not isinstance(header, dict):
                 raise DeployError(f"{path} is corrupted: its header is not a JSON object; re-download it")
@@ -121,14 +181,8 @@ class SafetensorsFile:
         for name, info in header.items():
             if name == "__metadata__":
                 continue
-            try:
-                dtype, shape, (start, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
-                start, end = int(start), int(end)
-            except (KeyError, TypeError, ValueError):
-                raise DeployError(f"{path} is corrupted: bad header entry for {name}; re-download it") from None
-            if dtype not in _ST_DTYPES:
-                raise DeployError(f"{path}: tensor {name} has unsupported dtype {dtype}")
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(_ST_DTYPES[dtype]).itemsize
+            dtype, shape, start, end = _header_entry(path, name, info)
+            nbytes = math.prod(shape) * np.dtype(_ST_DTYPES[dtype]).itemsize
             if end - start != nbytes or self.data_start + end > size:
                 raise DeployError(f"{path} is corrupted or truncated: tensor {name} needs bytes "
                                   f"{start}..{end} of data but the file holds {size - self.data_start}; re-download it")
@@ -146,19 +200,29 @@ class SafetensorsFile:
         return raw
 
 
+def _weight_map(index: Path) -> dict[str, str]:
+    """model.safetensors.index.json's tensor -> shard map; shards are plain file names beside it."""
+    data = read_json(index, "a safetensors index")
+    wm = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise DeployError(f"{index} is not a valid safetensors index; re-download the checkpoint")
+    for shard in set(wm.values()):
+        if Path(shard).name != shard or shard in (".", "..") or not shard.endswith(".safetensors"):
+            raise DeployError(f"{index} names shard {shard[:100]!r}, which is not a .safetensors file beside it; "
+                              f"re-download the checkpoint")
+    return wm
+
+
 class Weights:
     """All tensors of a checkpoint by name, across shards; each read returns one numpy array."""
 
     def __init__(self, path: Path):
         self.path = path
-        files = sorted(path.glob("*.safetensors"))
+        files = sorted(f for f in path.glob("*.safetensors") if f.is_file())
         index = path / "model.safetensors.index.json"
         if index.exists():
-            try:
-                wm = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError):
-                raise DeployError(f"{index} is not a valid safetensors index; re-download the checkpoint") from None
-            missing = sorted({f for f in wm.values() if not (path / f).exists()})
+            wm = _weight_map(index)
+            missing = sorted({f for f in wm.values() if not (path / f).is_file()})
             if missing:
                 raise DeployError(f"{path} is missing shard {missing[0]} named in model.safetensors.index.json")
             files = [path / f for f in sorted(set(wm.values()))]
@@ -169,6 +233,9 @@ class Weights:
         self.where: dict[str, SafetensorsFile] = {}
         for f in self.files:
             for name in f.entries:
+                if name in self.where:
+                    raise DeployError(f"tensor {name} is in both {self.where[name].path.name} and {f.path.name}; "
+                                      f"remove the stray shard or re-download the checkpoint")
                 self.where[name] = f
 
     def __contains__(self, name: str) -> bool:
@@ -200,7 +267,9 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        return (self.hf_config.get("architectures") or [self.hf_config.get("model_type", "?")])[0]
+        from .models import name
+
+        return name(self.hf_config)
 
     def build(self):
         """The nn.Module of this model (built once)."""
@@ -248,14 +317,49 @@ def load_model(source: str, revision: str | None = None, **overrides) -> LoadedM
     hf = read_config(path)
     arch = lookup(hf)
     if arch is None:
-        name = (hf.get("architectures") or [hf.get("model_type", "unknown")])[0]
-        raise DeployError(f"unsupported architecture {name}; supported: {', '.join(supported())}")
+        from .models import name
+
+        raise DeployError(f"unsupported architecture {name(hf)}; supported: {', '.join(supported())}")
+    where = str(path / "config.json")
     try:
         config = arch.Config.from_hf(hf, **overrides)
     except KeyError as e:
-        raise DeployError(f"{path / 'config.json'} lacks {e.args[0]!r}, which {arch.__name__.split('.')[-1]} needs") from None
+        raise DeployError(f"{where} lacks {e.args[0]!r}, which {arch.__name__.split('.')[-1]} needs") from None
     except ValueError as e:
-        raise DeployError(f"{path / 'config.json'}: {e}") from None
-    model = LoadedModel(path, hf, arch, config, Weights(path), source)
+        raise DeployError(f"{where}: {e}; fix config.json") from None
+    weights = Weights(path)
+    check_config(where, arch, config, weights, fix="fix config.json to match the weights")
+    model = LoadedModel(path, hf, arch, config, weights, source)
     model.check()  # a missing or misshapen tensor is reported now, not halfway through a compile
     return model
+
+
+_LAYER_INDEX = r"(\d{1,9})\."
+
+
+def check_config(where: str, arch: ModuleType, config, weights, fix: str, keys: dict[str, str] | None = None) -> None:
+    """The config's sizes against the tensors present (names and shapes from the headers; nothing is
+    read or allocated). The layer count comes first: the model is built with one module per layer, so
+    a count of 10**9 must never reach `build`. `keys` renames config keys for messages (GGUF metadata)."""
+    keys = keys or {}
+    key, prefix = arch.LAYERS
+    pattern = re.compile(re.escape(prefix) + _LAYER_INDEX)
+    layers = {int(m.group(1)) for n in weights.names() if (m := pattern.match(n))}
+    n = config.num_hidden_layers
+    if len(layers) != n or max(layers, default=-1) != n - 1:  # distinct indices >= 0: exactly 0..n-1 (no range(n) built)
+        found = len(layers)
+        gap = next((i for i, layer in enumerate(sorted(layers)) if i != layer), None)
+        if gap is not None:
+            raise DeployError(f"{where}: the checkpoint has no tensors for layer {gap} ({prefix}{gap}.*) but has "
+                              f"some for layer {max(layers)}; the checkpoint is incomplete, re-download it")
+        raise DeployError(f"{where}: {keys.get(key, key)} is {n}, but the checkpoint holds tensors of {found} layers "
+                          f"({prefix}0..{found - 1}); {fix}" if found else
+                          f"{where}: {keys.get(key, key)} is {n}, but the checkpoint holds no layer tensors ({prefix}N.*); "
+                          f"is it a complete {arch.__name__.split('.')[-1]} checkpoint?")
+    for what, size, tensor, axis in arch.shape_facts(config):
+        if tensor not in weights:
+            continue  # reported as missing by LoadedModel.check
+        shape = tuple(weights.shape(tensor))
+        if len(shape) <= axis or shape[axis] != size:
+            named = " * ".join(keys.get(k, k) for k in what.split(" * "))
+            raise DeployError(f"{where}: {named} is {size}, but tensor {tensor} has shape {list(shape)}; {fix}")

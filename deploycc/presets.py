@@ -2,11 +2,14 @@
 
 A preset names the target kind and its parameters (deploycc.targets.base.Target), the runtime
 backend, the default quantization, the context window and the prefill chunk. Unknown keys are
-errors that name the key and the nearest valid one.
+errors that name the key and the nearest valid one; values are checked for type and range (the
+target's in targets/base.py: RANGES, the window and chunk here), and `--override` goes through the
+same checks, so a value no device or schedule can use is refused before any compile work.
 """
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,6 +22,12 @@ from .targets.base import Target
 TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk"}
 RUNTIME_KEYS = {"backend"}
 BACKENDS = ("opencl", "webgpu", "cuda", "host")
+# Tokens of KV cache per sequence, and tokens per prefill step: the symbolic bounds every memory
+# plan and kernel is compiled for; past these a plan is gigabytes for one sequence.
+CONTEXT_WINDOW = (1, 1 << 20)
+PREFILL_CHUNK = (1, 8192)
+MAX_PRESET_BYTES = 1 << 20  # a preset is a few hundred bytes; refuse to parse a huge file
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")  # part of the default output directory name
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ def names() -> list[str]:
 
 
 def _unknown(key: str, valid, where: str) -> DeployError:
+    key = str(key)
     near = difflib.get_close_matches(key, sorted(valid), n=1)
     hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys: {', '.join(sorted(valid))}"
     return DeployError(f"{where}: unknown key '{key}'{hint}")
@@ -62,7 +72,7 @@ def load(name_or_path: str) -> Preset:
     if name_or_path.endswith((".yaml", ".yml")) or path.exists():
         if not path.exists():
             raise DeployError(f"preset file {name_or_path} does not exist")
-        text, where = path.read_text(), str(path)
+        text, where = _read(path), str(path)
     else:
         f = resources.files("deploycc.configs") / f"{name_or_path}.yaml"
         if not f.is_file():
@@ -72,6 +82,8 @@ def load(name_or_path: str) -> Preset:
         text, where = f.read_text(), f"preset {name_or_path}"
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise DeployError(f"{where} is nested too deeply to be a preset") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -79,6 +91,23 @@ def load(name_or_path: str) -> Preset:
     if not isinstance(data, dict):
         raise DeployError(f"{where} must be a YAML mapping of preset keys")
     return from_dict(data, where)
+
+
+def _read(path: Path) -> str:
+    if not path.is_file():
+        raise DeployError(f"preset file {path} is not a file; give a .yaml preset or a preset name")
+    if path.stat().st_size > MAX_PRESET_BYTES:
+        raise DeployError(f"preset file {path} is {path.stat().st_size} bytes, more than a preset can be "
+                          f"({MAX_PRESET_BYTES}); is it the right file?")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DeployError(f"preset file {path} is not UTF-8 text; save it as UTF-8 YAML") from None
+
+
+def _check_range(value: int, lo: int, hi: int, what: str) -> None:
+    if not lo <= value <= hi:
+        raise DeployError(f"{what} is {value}, outside {lo}..{hi}; choose a value in that range")
 
 
 def from_dict(data: dict, where: str = "preset") -> Preset:
@@ -91,13 +120,15 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     tdata = data["target"]
     if not isinstance(tdata, dict):
         raise DeployError(f"{where}: 'target' must be a mapping")
+    if "kind" not in tdata:
+        raise DeployError(f"{where}: target: missing required key 'kind' (opencl, cuda or webgpu)")
     from dataclasses import fields
 
     tkeys = {f.name: f.type for f in fields(Target)}
     for k, v in tdata.items():
         if k not in tkeys:
             raise _unknown(k, tkeys, f"{where}: target")
-        _check_type(v, str(tkeys[k]), f"{where}: target: '{k}'", positive=True)
+        _check_type(v, str(tkeys[k]), f"{where}: target: '{k}'")
     try:
         target = Target(**tdata)
     except (TypeError, ValueError) as e:
@@ -105,6 +136,9 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     for k in ("name", "description", "quantization"):
         if k in data:
             _check_type(data[k], "str", f"{where}: '{k}'")
+    if not _NAME.match(data["name"]):
+        raise DeployError(f"{where}: 'name' {data['name']!r} must be 1-64 letters, digits, '.', '_', '+' or '-' "
+                          f"(it becomes part of the output directory's name)")
     runtime = data.get("runtime") or {}
     if not isinstance(runtime, dict):
         raise DeployError(f"{where}: 'runtime' must be a mapping (e.g. runtime: {{backend: opencl}})")
@@ -114,9 +148,14 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     backend = runtime.get("backend", target.kind)
     if backend not in BACKENDS:
         raise DeployError(f"{where}: runtime backend '{backend}' is not one of {', '.join(BACKENDS)}")
-    for k in ("context_window", "prefill_chunk"):
+    for k, (lo, hi) in (("context_window", CONTEXT_WINDOW), ("prefill_chunk", PREFILL_CHUNK)):
         if k in data:
             _check_type(data[k], "int", f"{where}: '{k}'", positive=True)
+            _check_range(data[k], lo, hi, f"{where}: '{k}'")
+    ctx, chunk = data.get("context_window", 4096), data.get("prefill_chunk", 512)
+    if chunk > ctx:
+        raise DeployError(f"{where}: 'prefill_chunk' {chunk} exceeds 'context_window' {ctx}; a prefill step cannot "
+                          f"hold more tokens than the cache (lower prefill_chunk to {ctx} or less)")
     return Preset(str(data["name"]), str(data.get("description", "")), target, backend,
                   str(data.get("quantization", "q0f32")), int(data.get("context_window", 4096)),
                   int(data.get("prefill_chunk", 512)), where)

@@ -19,9 +19,19 @@ def supported() -> list[str]:
 
 
 def lookup(hf_config: dict) -> ModuleType | None:
-    for arch in hf_config.get("architectures") or []:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    if hf_config.get("architectures"):
+    archs = hf_config.get("architectures")
+    if isinstance(archs, list) and archs:
+        for arch in archs:
+            if isinstance(arch, str) and arch in ARCHITECTURES:
+                return ARCHITECTURES[arch]
         return None
-    return MODEL_TYPES.get(hf_config.get("model_type", ""))
+    model_type = hf_config.get("model_type")
+    return MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+
+
+def name(hf_config: dict) -> str:
+    """The architecture a config names, for messages (whatever types its keys hold)."""
+    archs = hf_config.get("architectures")
+    if isinstance(archs, list) and archs:
+        return str(archs[0])[:100]
+    return str(hf_config.get("model_type", "unknown"))[:100]

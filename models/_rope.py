@@ -5,15 +5,37 @@ import math
 
 import numpy as np
 
+from ._config import check_positive
+
+# The scaling types inv_freq implements, and the numbers each needs.
+SCALING_KEYS = {"linear": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
 
 def rope_parameters(hf: dict) -> tuple[float, dict | None]:
     """(theta, scaling) from a config dict, in either the transformers 4 (`rope_theta`,
-    `rope_scaling`) or the transformers 5 (`rope_parameters`) spelling."""
+    `rope_scaling`) or the transformers 5 (`rope_parameters`) spelling; checked here, while the
+    config is read, so that a bad value names its key instead of failing inside inv_freq."""
     params = hf.get("rope_parameters") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if not isinstance(params, dict):
+        raise ValueError(f"rope_parameters must be a mapping, got {params!r}")
+    theta = params.get("rope_theta", hf.get("rope_theta"))
+    theta = check_positive("rope_theta", 10000.0 if theta is None else theta)
     scaling = hf.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    return theta, (None if kind == "default" else dict(scaling, rope_type=kind))
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling must be a mapping or null, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if not isinstance(kind, str) or kind not in SCALING_KEYS:
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, {', '.join(SCALING_KEYS)})")
+    for key in SCALING_KEYS[kind]:
+        if key not in scaling:
+            raise ValueError(f"rope_scaling of type {kind} lacks {key!r}")
+        check_positive(f"rope_scaling.{key}", scaling[key])
+    if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        raise ValueError("rope_scaling.low_freq_factor must be smaller than high_freq_factor")
+    return theta, dict(scaling, rope_type=kind)
 
 
 def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from deploycc import nn
 from deploycc.nn import op
 
+from ._config import apply_overrides, count, positive, text
+
 
 @dataclass
 class GPT2Config:
@@ -24,14 +26,16 @@ class GPT2Config:
 
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> GPT2Config:
-        cfg = cls(vocab_size=hf["vocab_size"], n_embd=hf["n_embd"], n_layer=hf["n_layer"], n_head=hf["n_head"],
-                  n_inner=hf.get("n_inner") or 4 * hf["n_embd"], n_positions=hf["n_positions"],
-                  layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5))
-        act = hf.get("activation_function", "gelu_new")
+        embd, heads = count(hf, "n_embd"), count(hf, "n_head")
+        if embd % heads:
+            raise ValueError(f"n_head {heads} does not divide n_embd {embd}; fix one of them")
+        cfg = cls(vocab_size=count(hf, "vocab_size"), n_embd=embd, n_layer=count(hf, "n_layer"), n_head=heads,
+                  n_inner=count(hf, "n_inner", 4 * embd), n_positions=count(hf, "n_positions"),
+                  layer_norm_epsilon=positive(hf, "layer_norm_epsilon", 1e-5, hi=1.0))
+        act = text(hf, "activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"GPT-2 activation {act!r} is not supported (supported: gelu_new, gelu_pytorch_tanh)")
-        for k, v in overrides.items():
-            setattr(cfg, k, v)
+        apply_overrides(cfg, overrides)
         # Learned positions end at n_positions: the context window cannot exceed it.
         cfg.context_window = min(cfg.context_window or cfg.n_positions, cfg.n_positions)
         return cfg
@@ -135,6 +139,17 @@ def weight_map(cfg: GPT2Config) -> dict[str, tuple[str, str | None]]:
             name = f"transformer.h.{i}.{m}.weight"
             out[name] = (name, "transpose")
     return out
+
+
+LAYERS = ("n_layer", "transformer.h.")
+
+
+def shape_facts(cfg: GPT2Config) -> list[tuple[str, int, str, int]]:
+    """As llama.shape_facts; Conv1D weights are stored [in, out]."""
+    return [("vocab_size", cfg.vocab_size, "transformer.wte.weight", 0),
+            ("n_embd", cfg.n_embd, "transformer.wte.weight", 1),
+            ("n_positions", cfg.n_positions, "transformer.wpe.weight", 0),
+            ("n_inner", cfg.n_inner, "transformer.h.0.mlp.c_fc.weight", 1)]
 
 
 Config = GPT2Config

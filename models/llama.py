@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from deploycc import nn
 from deploycc.nn import op
 
+from ._config import apply_overrides, count, flag, positive
 from ._rope import inv_freq, rope_parameters
 
 
@@ -34,23 +35,38 @@ class LlamaConfig:
 
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> LlamaConfig:
-        heads = hf["num_attention_heads"]
+        hidden, heads = count(hf, "hidden_size"), count(hf, "num_attention_heads")
+        kv_heads = count(hf, "num_key_value_heads", heads)
+        if "head_dim" not in hf or hf["head_dim"] is None:
+            if hidden % heads:
+                raise ValueError(f"num_attention_heads {heads} does not divide hidden_size {hidden}; "
+                                 f"fix one of them or give head_dim")
+            head_dim = hidden // heads
+        else:
+            head_dim = count(hf, "head_dim")
+        if heads % kv_heads:
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        if head_dim % 2:
+            raise ValueError(f"head_dim {head_dim} is odd; rotary embeddings rotate pairs of dimensions")
         theta, scaling = rope_parameters(hf)
-        bias = bool(hf.get("attention_bias", False))
+        bias = flag(hf, "attention_bias", False)
         cfg = cls(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads,
-            num_key_value_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=theta, rope_scaling=scaling, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            qkv_bias=bias, o_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)),
+            vocab_size=count(hf, "vocab_size"), hidden_size=hidden, intermediate_size=count(hf, "intermediate_size"),
+            num_hidden_layers=count(hf, "num_hidden_layers"), num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim, rms_norm_eps=positive(hf, "rms_norm_eps", 1e-6, hi=1.0),
+            rope_theta=theta, rope_scaling=scaling, tie_word_embeddings=flag(hf, "tie_word_embeddings", False),
+            max_position_embeddings=count(hf, "max_position_embeddings", 2048),
+            qkv_bias=bias, o_bias=bias, mlp_bias=flag(hf, "mlp_bias", False),
         )
-        for k, v in overrides.items():
-            setattr(cfg, k, v)
+        apply_overrides(cfg, overrides)
         if not cfg.context_window:
             cfg.context_window = min(cfg.max_position_embeddings, 4096)
         return cfg
+
+    @property
+    def max_context_window(self) -> int:
+        """Positions the model was trained for: a longer cache would rotate keys past anything it saw."""
+        return self.max_position_embeddings
 
 
 class LlamaAttention(nn.Module):
@@ -138,6 +154,22 @@ class LlamaForCausalLM(nn.Module):
 def weight_map(cfg) -> dict[str, tuple[str, str | None]]:
     """Ours -> (Hugging Face name, transform). Identity here: names and layouts agree."""
     return {}
+
+
+# The config key that counts layers, and the prefix of every layer's tensors.
+LAYERS = ("num_hidden_layers", "model.layers.")
+
+
+def shape_facts(cfg: LlamaConfig) -> list[tuple[str, int, str, int]]:
+    """(config keys, the size they give, a checkpoint tensor, the axis of it that must equal that size):
+    checked against the safetensors headers before the model is built, so that a config that
+    disagrees with its weights is named by key."""
+    attn = "model.layers.0.self_attn."
+    return [("vocab_size", cfg.vocab_size, "model.embed_tokens.weight", 0),
+            ("hidden_size", cfg.hidden_size, "model.embed_tokens.weight", 1),
+            ("intermediate_size", cfg.intermediate_size, "model.layers.0.mlp.down_proj.weight", 1),
+            ("num_attention_heads * head_dim", cfg.num_attention_heads * cfg.head_dim, attn + "q_proj.weight", 0),
+            ("num_key_value_heads * head_dim", cfg.num_key_value_heads * cfg.head_dim, attn + "k_proj.weight", 0)]
 
 
 Config = LlamaConfig

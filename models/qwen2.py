@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .llama import LlamaConfig, LlamaForCausalLM, weight_map  # noqa: F401
+from .llama import LAYERS, LlamaConfig, LlamaForCausalLM, shape_facts, weight_map  # noqa: F401
 
 
 @dataclass

@@ -1,10 +1,36 @@
 """Target descriptions: what a kernel language and a device allow, read by schedules and renderers.
 
-Presets in configs/*.yaml fill these in; the runtime side of presets comes with the VM.
+Presets in configs/*.yaml fill these in; the runtime side of presets comes with the VM. Every
+numeric field has a range (RANGES): hardware limits of the kinds we target, and the sizes past which
+a schedule stops making sense (a register tile of 100000 rows unrolls into a kernel that takes
+minutes to compile and never fits in registers).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
+
+KINDS = ("opencl", "cuda", "webgpu")
+# The most threads a block may have, per kind: CUDA's 1024 on every architecture, WebGPU's largest
+# maxComputeInvocationsPerWorkgroup (1024 on desktop adapters), OpenCL's largest on devices we know
+# (PoCL on a CPU reports 4096).
+MAX_THREADS = {"cuda": 1024, "webgpu": 1024, "opencl": 4096}
+GiB = 1 << 30
+# field -> (lowest, highest) allowed, inclusive.
+RANGES = {
+    "max_threads_per_block": (1, 4096),
+    "threads_per_block": (1, 4096),
+    "subgroup_size": (1, 128),
+    "max_shared_memory": (1, 1 << 30),
+    "max_storage_binding": (4, 1 << 48),
+    "max_storage_buffers": (4, 1024),
+    "max_grid": (1, (1 << 31) - 1),
+    "row_tile_m": (1, 64),
+    "row_tile_n": (1, 16),
+    "memory_bytes": (0, 1 << 50),
+}
+VECTOR_WIDTHS = (1, 2, 4, 8, 16)
+_ARCH = re.compile(r"^(sm_\d{2,3}[a-z]?)?$")  # passed to nvcc as -arch=: a name, never an option string
 
 
 @dataclass(frozen=True)
@@ -36,13 +62,24 @@ class Target:
     # vector is loaded once for all of them). 1: off.
     row_tile_m: int = 1
     row_tile_n: int = 1
+    # Device memory in bytes that weights, KV cache and activations must fit in; 0: the RAM of the
+    # machine that compiles (CPU presets, where the package runs where it is built).
+    memory_bytes: int = 0
 
     def __post_init__(self):
-        if self.kind not in ("opencl", "cuda", "webgpu"):
+        if self.kind not in KINDS:
             raise ValueError(f"unknown target kind {self.kind!r}; choose opencl, cuda or webgpu")
+        for key, (lo, hi) in RANGES.items():
+            if key == "max_threads_per_block":
+                hi = MAX_THREADS[self.kind]
+            _within(key, getattr(self, key), lo, hi, f" for {self.kind}" if key == "max_threads_per_block" else "")
+        if self.vector_width not in VECTOR_WIDTHS:
+            raise ValueError(f"'vector_width' is {self.vector_width!r}; choose one of {', '.join(map(str, VECTOR_WIDTHS))}")
         if self.threads_per_block > self.max_threads_per_block:
             raise ValueError(f"threads_per_block {self.threads_per_block} exceeds max_threads_per_block "
                              f"{self.max_threads_per_block}")
+        if not isinstance(self.arch, str) or not _ARCH.match(self.arch):
+            raise ValueError(f"'arch' is {self.arch!r}; give a CUDA architecture such as sm_90 (or leave it empty)")
 
     @classmethod
     def from_dict(cls, d: dict) -> Target:
@@ -54,3 +91,10 @@ class Target:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _within(key: str, value, lo: int, hi: int, where: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"'{key}' must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"'{key}' is {value}, outside {lo}..{hi}{where}; choose a value in that range")
