@@ -31,6 +31,7 @@ from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 from .session import export
 from .vm import lower_vm
+from .vm.lower import kernel_args
 
 # deploycc.quantization; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF sources)
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
@@ -125,6 +126,15 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
 
     head = None if head_quantization == quant else head_quantization
     model = quantize(load_model(source, revision), quant, head)
+    from .limits import check_compile
+
+    check_compile(model, preset, context_window)  # context window and device memory, before anything is built
+    if (model.path / "tokenizer.json").exists():  # a broken tokenizer fails the compile, not the first run
+        from .runtime.tokenizer import Tokenizer, TokenizerError
+        try:
+            Tokenizer.from_dir(model.path, vocab_size=model.config.vocab_size)
+        except TokenizerError as e:
+            raise DeployError(str(e)) from None
     ctx = context_window or min(preset.context_window, model.config.context_window)
     chunk = max(1, min(preset.prefill_chunk, ctx))
     step = progress or (lambda *a, **k: None)
@@ -198,6 +208,8 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
         fname = {"opencl": "kernels.cl", "cuda": "kernels.cu"}[kind]
         (kdir / fname).write_text(render(kernels, preset.target))
         entries = {k.name: {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads} for k in kernels}
+    for k in kernels:  # the calling convention the runtime checks every launch against at load
+        entries[k.name]["args"] = kernel_args(k)
     return {"language": {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl"}[kind], "entries": entries}
 
 

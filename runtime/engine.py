@@ -15,7 +15,7 @@ from .devices import DeviceError, open_device
 from .kvcache import ContextWindowFull, KVCache
 from .package import PackageError, load_params, read_manifest, verify
 from .safetensors_io import SafetensorsError
-from .vm import NP, VM, DTensor
+from .vm import NP, VM, DTensor, VMError
 
 INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',
            "webgpu": "pip install wgpu (and apt-get install mesa-vulkan-drivers libvulkan1 for a CPU)",
@@ -38,7 +38,8 @@ class Engine:
         kv = manifest["kv_cache"]
         self.cache = KVCache(device, kv["layers"], self.context_window, kv["kv_heads"], kv["head_dim"], kv["dtype"])
         max_grid = manifest["target"].get("max_grid", 65535)
-        self.vm = VM(bytecode, device, kernels, storages, self.cache, max_grid)
+        self.vm = VM(bytecode, device, kernels, storages, self.cache, max_grid,
+                     bounds={"seq_len": self.prefill_chunk, "total_len": self.context_window})
         weights = {name: DTensor(device.upload(np.ascontiguousarray(a)), a.shape, str(a.dtype))
                    for name, a in params.items()}
         self.weights_bytes = sum(int(a.nbytes) for a in params.values())
@@ -57,7 +58,11 @@ class Engine:
     def load(cls, path, device: str | None = None, check_hashes: bool = True) -> Engine:
         path = Path(path)
         manifest = read_manifest(path)
-        bytecode = verify(path, manifest, check_hashes)
+        bytecode = verify(path, manifest, check_hashes)  # the whole package, before any device is opened
+        try:
+            params = load_params(path, manifest)
+        except SafetensorsError as e:
+            raise PackageError(str(e)) from None
         kind = device or manifest["preset"]["backend"]
         if kind != manifest["target"]["kind"]:
             raise PackageError(f"this package has {manifest['target']['kind']} kernels; it cannot run on {kind}")
@@ -67,10 +72,6 @@ class Engine:
             msg = str(e)
             hint = "" if "install" in msg else f"; install it: {INSTALL.get(kind, '')}"
             raise DeviceError(f"no {kind} runtime on this machine ({msg}){hint}") from None
-        try:
-            params = load_params(path, manifest)
-        except SafetensorsError as e:
-            raise PackageError(str(e)) from None
         return cls(path, manifest, bytecode, dev, params)
 
     def _build_kernels(self) -> dict:
@@ -94,11 +95,14 @@ class Engine:
         if self._tokenizer is None:
             from .tokenizer import Tokenizer
 
-            self._tokenizer = Tokenizer.from_dir(self.path)
+            self._tokenizer = Tokenizer.from_dir(self.path, vocab_size=self.vocab_size)
         return self._tokenizer
 
     # ---- the session contract ---------------------------------------------------------------
     def _step(self, fn: str, ids: np.ndarray) -> DTensor:
+        if ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab_size:  # kernels index tables with them
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise VMError(f"token id {bad} is outside the vocabulary of {self.vocab_size}; use the package's tokenizer")
         self.device.write(self.ids_buf, ids)
         return self.vm.run(fn, DTensor(self.ids_buf, (1, ids.shape[1]), "int32"), self.cache)
 
@@ -137,6 +141,10 @@ class Engine:
 
     def reset(self) -> None:
         self.cache.reset()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n cached positions (runtime/generate.py: PrefixCache reuses them)."""
+        self.cache.truncate(n)
 
     def generate(self, prompt_or_messages, max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, repetition_penalty: float = 1.0, seed: int = 0, stop=(), chat: bool = True,

@@ -92,28 +92,54 @@ def verify(path: Path, manifest: dict, check_hashes: bool = True) -> dict:
             raise PackageError(f"{path} is missing {rel}; the package is incomplete — recompile it")
         if check_hashes and sha256_of(f) != digest:
             raise PackageError(f"{rel} in {path} was changed after compile (sha256 mismatch); recompile the package")
-    try:
-        bytecode = json.loads((path / "bytecode.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise PackageError(f"{path / 'bytecode.json'} is unreadable ({e}); recompile the package") from None
-    from .vm import BUILTINS
-
-    kernels = manifest["kernels"]["entries"]
-    for fname, fn in bytecode.get("functions", {}).items():
-        for ins in fn["instructions"]:
-            if ins["op"] not in ("call", "ret", "goto", "if"):
-                raise PackageError(f"bytecode of {fname} has unknown opcode {ins['op']!r}")
-            if ins["op"] == "call":
-                if ins["fn"] not in BUILTINS:
-                    raise PackageError(f"bytecode of {fname} calls unknown builtin {ins['fn']!r}")
-                for a in ins["args"]:
-                    if "k" in a and a["k"] not in kernels:
-                        raise PackageError(f"bytecode of {fname} launches unknown kernel {a['k']!r}")
+    bytecode = _read_bytecode(path)
+    check_package(path, manifest, bytecode)
     return bytecode
 
 
+def load_manifest(path: Path) -> dict:
+    """read_manifest, then every field the runtime reads checked (runtime/validate.py): for callers that use the
+    manifest before Engine.load."""
+    from .validate import check_manifest
+
+    manifest = read_manifest(path)
+    check_manifest(manifest)
+    return manifest
+
+
+def _read_bytecode(path: Path):
+    try:
+        return json.loads((path / "bytecode.json").read_bytes())
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+        raise PackageError(f"{path / 'bytecode.json'} is unreadable ({_first_line(e)}); recompile the package") from None
+
+
+def check_package(path: Path, manifest: dict, bytecode) -> None:
+    """Everything but the hashes, before any device is opened: the manifest's schema, the bytecode's structure
+    and references (validate.py), the memory plan and every launch at the bounds (dryrun.py), and kernel
+    sources that are text."""
+    from .dryrun import check_plan
+    from .validate import check_bytecode, check_manifest
+
+    check_manifest(manifest)
+    check_bytecode(bytecode, manifest)
+    check_plan(manifest, bytecode)
+    for f in sorted({e["file"] for e in manifest["kernels"]["entries"].values()}):
+        try:
+            (path / f).read_bytes().decode("utf-8")
+        except OSError as e:
+            raise PackageError(f"{path / f} is unreadable ({_first_line(e)}); recompile the package") from None
+        except UnicodeDecodeError:
+            raise PackageError(f"{path / f} is not UTF-8 text, so it holds no kernel source; recompile the package") \
+                from None
+
+
+SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "int32": "I32", "uint32": "U32", "int8": "I8", "uint8": "U8"}
+
+
 def load_params(path: Path, manifest: dict) -> dict:
-    """name -> numpy array (memory-mapped), checked against the params index."""
+    """name -> numpy array (memory-mapped), checked against the params index (which check_manifest passed):
+    each tensor's header entry must say the manifest's dtype and shape before a byte of it is read."""
     import numpy as np
 
     from .safetensors_io import SafetensorsReader
@@ -124,9 +150,26 @@ def load_params(path: Path, manifest: dict) -> dict:
         f = p["file"]
         if f not in readers:
             readers[f] = SafetensorsReader(path / f)
-        arr = readers[f].read(p["name"])
-        if list(arr.shape) != p["shape"] or str(arr.dtype) != p["dtype"]:
-            raise PackageError(f"{f}: tensor {p['name']} is {list(arr.shape)} {arr.dtype}, the manifest says "
-                               f"{p['shape']} {p['dtype']}; recompile the package")
-        out[p["name"]] = np.asarray(arr)
+            if type(readers[f].header) is not dict:
+                raise PackageError(f"{f}: the safetensors header is not an object; recompile the package")
+        info = readers[f].header.get(p["name"])
+        if not _header_agrees(info, p):
+            raise PackageError(f"{f}: tensor {p['name']} is {_describe(info)}, the manifest says {p['shape']} "
+                               f"{p['dtype']}; recompile the package")
+        out[p["name"]] = np.asarray(readers[f].read(p["name"]))
     return out
+
+
+def _header_agrees(info, p: dict) -> bool:
+    if type(info) is not dict:
+        return False
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    return (info.get("dtype") == SAFETENSORS_DTYPES[p["dtype"]] and type(shape) is list
+            and all(type(d) is int for d in shape) and shape == p["shape"] and type(offsets) is list
+            and len(offsets) == 2 and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1])
+
+
+def _describe(info) -> str:
+    if type(info) is not dict:
+        return "missing" if info is None else "a malformed header entry"
+    return f"{str(info.get('shape'))[:40]} {str(info.get('dtype'))[:10]}"

@@ -51,12 +51,17 @@ class Function:
 
 
 class VM:
-    def __init__(self, bytecode: dict, device, kernels: dict, storages: list, kv_cache=None, max_grid: int = 65535):
+    def __init__(self, bytecode: dict, device, kernels: dict, storages: list, kv_cache=None, max_grid: int = 65535,
+                 bounds: dict[str, int] | None = None):
+        """`bounds`: shape variable -> the largest value the memory plan allows (seq_len: the prefill chunk,
+        total_len: the context window); vm.match_shape refuses a value outside 1..bound, so no input reaches a
+        launch whose buffers the plan did not size for it."""
         self.device = device
         self.kernels = kernels
         self.storages = storages
         self.cache = kv_cache
         self.max_grid = max_grid
+        self.bounds = bounds or {}
         self.launches = 0
         self.functions = {name: Function(name, spec, self) for name, spec in bytecode["functions"].items()}
 
@@ -119,18 +124,29 @@ class VM:
                 checks.append((k, "bind", fn.slot(a["bind"]), a["bind"]))
             else:
                 checks.append((k, "check", compile_expr(a["s"], fn.slot), None))
+        bounds, vm = self.bounds, self
 
         def match(regs, heap):
             v = get(regs, heap)
             shape = v.shape if isinstance(v, DTensor) else v
             if len(shape) != len(checks):
                 raise VMError(f"{fn.name}: expected {len(checks)} dims, got {tuple(shape)}")
-            for k, kind, f, _name in checks:
+            for k, kind, f, name in checks:
                 if kind == "bind":
+                    if name in bounds:
+                        vm._check_bound(fn.name, name, shape[k])
                     heap[f] = shape[k]
                 elif f(heap) != shape[k]:
                     raise VMError(f"{fn.name}: dimension {k} of {tuple(shape)} should be {f(heap)}")
         return match
+
+    def _check_bound(self, fname: str, name: str, value: int) -> None:
+        hi = self.bounds[name]
+        if not 1 <= value <= hi:
+            raise VMError(f"{fname}: {name} = {value} is outside 1..{hi}, the range this package's memory plan is for; "
+                          f"split the input or recompile with larger bounds")
+        if name == "total_len" and self.cache is not None and value != self.cache.length:
+            raise VMError(f"{fname}: total_len = {value}, but the KV cache holds {self.cache.length} tokens")
 
     def _prep_alloc(self, args: list, fn: Function):
         sid, dtype = args[0]["i"], args[1]["str"]
@@ -146,6 +162,7 @@ class VM:
         bufs = [self.operand(a, fn) for a in args[3:sep]]
         scalars = [compile_expr(a["s"], fn.slot) for a in args[sep + 1:]]
         site, max_grid, vm = self.device.launcher(kernel), self.max_grid, self
+        max_groups = max_grid * max_grid  # a 2-D grid of max_grid x max_grid
         block = (threads, 1, 1)
         split = getattr(kernel, "meta", {}).get("split") or {}
         if split:
@@ -159,7 +176,8 @@ class VM:
 
             def replay(regs, heap):
                 g = groups(heap)
-                if g <= 0:
+                if not 0 < g <= max_groups:
+                    vm._no_groups(kernel, g)
                     return
                 grid = (g, 1, 1) if g <= max_grid else (max_grid, -(-g // max_grid), 1)
                 if not captured:
@@ -173,7 +191,8 @@ class VM:
 
         def run(regs, heap):
             g = groups(heap)
-            if g <= 0:
+            if not 0 < g <= max_groups:
+                vm._no_groups(kernel, g)
                 return
             grid = (g, 1, 1) if g <= max_grid else (max_grid, -(-g // max_grid), 1)
             bs = []
@@ -187,6 +206,12 @@ class VM:
             site(bs, [s(heap) for s in scalars], grid, block)
             vm.launches += 1
         return run
+
+    def _no_groups(self, kernel, g: int) -> None:
+        """A launch of no work-groups does nothing; more than a 2-D grid holds is a package fault."""
+        if g > self.max_grid * self.max_grid:
+            raise VMError(f"{getattr(kernel, 'name', kernel)}: {g} work-groups exceed the grid limit of "
+                          f"{self.max_grid}^2; recompile the package")
 
     # ---- execution --------------------------------------------------------------------------
 

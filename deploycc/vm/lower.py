@@ -48,6 +48,28 @@ def sym_json(e, name) -> object:
     return terms[0] if len(terms) == 1 else ["+", *terms]
 
 
+def kernel_args(k: Kernel) -> dict:
+    """A kernel's calling convention for the package manifest: its int arguments by name, each buffer's
+    shape in those names, dtype and whether the kernel stores to it, and its work-group count. The runtime
+    checks every launch against it at load (runtime/dryrun.py), so that a launch whose buffers are smaller
+    than the kernel touches is refused before it runs."""
+    names: dict[sym.SymVar, str] = {}
+    for v in k.scalars:
+        nm, i = v.name, 1
+        while nm in names.values():
+            nm, i = f"{v.name}_{i}", i + 1
+        names[v] = nm
+
+    def name(v: sym.SymVar) -> str:
+        if v not in names:  # the kernel could not be launched from its int arguments alone
+            raise ValueError(f"kernel {k.name}: a buffer or its group count uses {v.name}, which is not an int argument")
+        return names[v]
+
+    buffers = [{"shape": [sym_json(d, name) for d in b.shape], "dtype": b.dtype, "written": b in k.written}
+               for b in k.buffers]
+    return {"scalars": list(names.values()), "buffers": buffers, "groups": sym_json(k.groups, name)}
+
+
 @dataclass
 class Lowered:
     bytecode: dict

@@ -1,0 +1,525 @@
+"""The schema of a package, checked before any device is opened.
+
+Every field of manifest.json and bytecode.json that the runtime reads is checked here for its type and
+range, and every reference between them (kernel names and files, params, storages, registers, shape
+variables) is resolved, so nothing later can index past a list, miss a key or meet a string where it
+needs an int. What needs values — the memory plan, every launch at the bounds — is runtime/dryrun.py.
+
+A violation is one PackageError naming the field, e.g. `manifest.json: bounds.prefill_chunk must be an
+integer in 1..128, got 'x'; recompile the package`. Types are exact, as JSON gives them: true is not 1,
+1.0 is not 1, and null is never a default. Standard library only (the runtime ships in packages).
+"""
+from __future__ import annotations
+
+import re
+
+from .package import PackageError
+from .vm import BUILTINS, DTYPE_BYTES
+
+# target kind -> the kernel language its files are in (deploycc/package.py: _write_kernels)
+LANGUAGES = {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl"}
+QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
+SHAPE_VARS = ("seq_len", "total_len")  # the shape variables vm.match_shape binds (deploycc/vm/lower.py)
+FUNCTIONS = ("prefill", "prefill_all", "decode")  # what the engine calls
+NUM_INPUTS = 2  # input_ids and the KV cache
+BYTECODE_VERSION = 1
+OPS = ("+", "*", "//", "%", "min", "max")  # runtime/symexpr.py
+
+# Sane maxima: past these a field is damage, not a model. Kernels index with int32.
+INT32_MAX = (1 << 31) - 1
+MAX_CONTEXT = 1 << 22
+MAX_VOCAB = 1 << 24
+MAX_LAYERS = 1 << 12
+MAX_HEADS = 1 << 12
+MAX_HEAD_DIM = 1 << 14
+MAX_BYTES = 1 << 40  # one buffer
+MAX_TOTAL = 1 << 44  # all of them
+MAX_ITEMS = 1 << 16  # entries of a list or an object (kernels, params, storages, registers, operands)
+MAX_INSTRUCTIONS = 1 << 20
+MAX_DIMS = 8
+MAX_EXPR_DEPTH = 16
+MAX_EXPR_NODES = 256
+MAX_NAME = 512
+
+# targets/base.py: Target and its RANGES (the runtime cannot import the compiler)
+TARGET_INTS = {"max_threads_per_block": (1, 4096), "threads_per_block": (1, 4096), "subgroup_size": (1, 128),
+               "max_shared_memory": (1, 1 << 30), "max_storage_binding": (4, 1 << 48), "max_storage_buffers": (4, 1024),
+               "max_grid": (1, INT32_MAX), "row_tile_m": (1, 64), "row_tile_n": (1, 16), "memory_bytes": (0, 1 << 50),
+               "vector_width": (1, 16)}
+TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math")
+_ARCH = re.compile(r"(sm_\d{2,3}[a-z]?)?")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+# ---- field checks ------------------------------------------------------------------------------
+
+def fail(where: str, problem: str):
+    raise PackageError(f"{where} {problem}; recompile the package")
+
+
+def show(v) -> str:
+    """A value for a one-line message: repr escapes newlines; long values are cut."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def need_dict(v, where: str, required=()) -> dict:
+    if type(v) is not dict:
+        fail(where, f"must be an object, got {show(v)}")
+    if len(v) > MAX_ITEMS:
+        fail(where, f"has {len(v)} entries, more than {MAX_ITEMS}")
+    for k in required:
+        if k not in v:
+            fail(where, f"lacks {k!r}")
+    return v
+
+
+def need_list(v, where: str, lo: int = 0, hi: int = MAX_ITEMS) -> list:
+    if type(v) is not list:
+        fail(where, f"must be a list, got {show(v)}")
+    if not lo <= len(v) <= hi:
+        fail(where, f"must have {lo}..{hi} entries, has {len(v)}")
+    return v
+
+
+def need_int(v, where: str, lo: int = 0, hi: int = INT32_MAX) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        fail(where, f"must be an integer in {lo}..{hi}, got {show(v)}")
+    return v
+
+
+def need_bool(v, where: str) -> bool:
+    if type(v) is not bool:
+        fail(where, f"must be true or false, got {show(v)}")
+    return v
+
+
+def need_str(v, where: str, choices=None, pattern: re.Pattern | None = None, hi: int = MAX_NAME, lo: int = 1) -> str:
+    if type(v) is not str or not lo <= len(v) <= hi:
+        fail(where, f"must be a string of {lo}..{hi} characters, got {show(v)}")
+    if choices is not None and v not in choices:
+        fail(where, f"is {show(v)}; expected one of {', '.join(choices)}")
+    if pattern is not None and not pattern.fullmatch(v):
+        fail(where, f"is {show(v)}, not a valid name")
+    return v
+
+
+def nbytes(shape, dtype: str) -> int:
+    n = DTYPE_BYTES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+# ---- symbolic expressions (runtime/symexpr.py) ----------------------------------------------------
+
+def check_expr(e, where: str, names, depth: int = 0, budget: list | None = None) -> None:
+    """int | name | [op, args...] with a known op, names from `names`, int32 constants, a positive constant
+    divisor for // and % (so evaluation never divides by zero), bounded depth and size."""
+    budget = [MAX_EXPR_NODES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0 or depth > MAX_EXPR_DEPTH:
+        fail(where, f"is a symbolic expression larger than {MAX_EXPR_NODES} nodes or deeper than {MAX_EXPR_DEPTH}")
+    t = type(e)
+    if t is int:
+        if not -INT32_MAX <= e <= INT32_MAX:
+            fail(where, f"has the constant {show(e)}, outside the int32 range")
+    elif t is str:
+        if e not in names:
+            fail(where, f"uses the shape variable {show(e)}, which is not bound before it (bound: "
+                        f"{', '.join(sorted(names)) or 'none'})")
+    elif t is list and e and type(e[0]) is str and e[0] in OPS:
+        args = e[1:]
+        if e[0] in ("//", "%"):
+            if len(args) != 2 or type(args[1]) is not int or args[1] <= 0:
+                fail(where, f"has {show(e)}: {e[0]} needs two operands and a positive constant divisor")
+        elif not args:
+            fail(where, f"has {show(e)}: {e[0]} without operands")
+        for a in args:
+            check_expr(a, where, names, depth + 1, budget)
+    else:
+        fail(where, f"is not a symbolic expression (int, name or [op, ...] with op in {' '.join(OPS)}): {show(e)}")
+
+
+def monotone(e) -> bool:
+    """Non-decreasing in every variable (all of which are >= 0): so a size's largest value over the bounds is
+    its value at their upper corner, which is where runtime/dryrun.py evaluates it."""
+    if type(e) is int:
+        return e >= 0
+    if type(e) is str:
+        return True
+    op, *args = e
+    return op in ("+", "*", "min", "max", "//") and all(monotone(a) for a in (args[:1] if op == "//" else args))
+
+
+def names_in(e) -> set:
+    if type(e) is str:
+        return {e}
+    return set().union(*(names_in(a) for a in e[1:])) if type(e) is list else set()
+
+
+def affine(e) -> bool:
+    """A constant plus constant multiples of variables: fixed everywhere by its values at a few corners."""
+    if type(e) in (int, str):
+        return True
+    op, *args = e
+    if op == "+":
+        return all(affine(a) for a in args)
+    variable = [a for a in args if type(a) is not int]
+    return op == "*" and len(variable) <= 1 and all(affine(a) for a in variable)
+
+
+# ---- manifest.json -------------------------------------------------------------------------------
+
+M = "manifest.json:"
+
+
+def check_manifest(m) -> None:
+    """Every field of a manifest the runtime reads, and their agreement with each other."""
+    need_dict(m, "manifest.json", ("format", "format_version", "model", "quantization", "preset", "target", "bounds",
+                                   "kv_cache", "vocab_size", "storages", "memory", "kernels", "params", "files"))
+    need_str(m["format"], f"{M} format", ("deploycc-package",))
+    need_int(m["format_version"], f"{M} format_version", 1)
+    model = need_dict(m["model"], f"{M} model", ("architecture", "source"))
+    need_str(model["architecture"], f"{M} model.architecture")
+    need_str(model["source"], f"{M} model.source", hi=4096)
+    if "hf_config" in model:
+        need_dict(model["hf_config"], f"{M} model.hf_config")
+    need_str(m["quantization"], f"{M} quantization", QUANTIZATIONS)
+    if "head_quantization" in m:
+        need_str(m["head_quantization"], f"{M} head_quantization", QUANTIZATIONS)
+    _check_target(m)
+    _check_bounds(m)
+    need_int(m["vocab_size"], f"{M} vocab_size", 1, MAX_VOCAB)
+    files = need_dict(m["files"], f"{M} files")
+    for rel in files:
+        need_str(files[rel], f"{M} files[{show(rel)}]", hi=64)
+    storages = need_list(m["storages"], f"{M} storages")
+    for i, s in enumerate(storages):
+        need_int(need_dict(s, f"{M} storages[{i}]", ("bytes",))["bytes"], f"{M} storages[{i}].bytes", 0, MAX_BYTES)
+    _check_kernels(m)
+    _check_params(m)
+    _check_memory(m)
+
+
+def _check_target(m: dict) -> None:
+    preset = need_dict(m["preset"], f"{M} preset", ("name", "backend"))
+    need_str(preset["name"], f"{M} preset.name")
+    if "description" in preset and type(preset["description"]) is not str:
+        fail(f"{M} preset.description", f"must be a string, got {show(preset['description'])}")
+    target = need_dict(m["target"], f"{M} target", ("kind",))
+    kind = need_str(target["kind"], f"{M} target.kind", tuple(LANGUAGES))
+    need_str(preset["backend"], f"{M} preset.backend", (kind,))
+    for key, (lo, hi) in TARGET_INTS.items():
+        if key in target:
+            need_int(target[key], f"{M} target.{key}", lo, hi)
+    for key in TARGET_BOOLS:
+        if key in target:
+            need_bool(target[key], f"{M} target.{key}")
+    if "arch" in target:
+        need_str(target["arch"], f"{M} target.arch", pattern=_ARCH, hi=16, lo=0)
+
+
+def _check_bounds(m: dict) -> None:
+    b = need_dict(m["bounds"], f"{M} bounds", ("context_window", "prefill_chunk"))
+    ctx = need_int(b["context_window"], f"{M} bounds.context_window", 1, MAX_CONTEXT)
+    need_int(b["prefill_chunk"], f"{M} bounds.prefill_chunk", 1, ctx)
+    kv = need_dict(m["kv_cache"], f"{M} kv_cache", ("layers", "kv_heads", "head_dim", "dtype"))
+    need_int(kv["layers"], f"{M} kv_cache.layers", 1, MAX_LAYERS)
+    need_int(kv["kv_heads"], f"{M} kv_cache.kv_heads", 1, MAX_HEADS)
+    need_int(kv["head_dim"], f"{M} kv_cache.head_dim", 1, MAX_HEAD_DIM)
+    need_str(kv["dtype"], f"{M} kv_cache.dtype", ("float32", "float16"))
+    if nbytes((ctx, kv["kv_heads"], kv["head_dim"]), kv["dtype"]) > MAX_BYTES or kv_bytes(m) > MAX_TOTAL:
+        fail(f"{M} kv_cache", f"needs {kv_bytes(m)} bytes at a context window of {ctx}, more than any device has")
+
+
+def kv_bytes(m: dict) -> int:
+    """Keys and values of every layer for the whole context window."""
+    kv = m["kv_cache"]
+    return 2 * kv["layers"] * nbytes((m["bounds"]["context_window"], kv["kv_heads"], kv["head_dim"]), kv["dtype"])
+
+
+def _check_kernels(m: dict) -> None:
+    k = need_dict(m["kernels"], f"{M} kernels", ("language", "entries"))
+    kind = m["target"]["kind"]
+    need_str(k["language"], f"{M} kernels.language", (LANGUAGES[kind],))
+    entries = need_dict(k["entries"], f"{M} kernels.entries")
+    if not entries:
+        fail(f"{M} kernels.entries", "is empty")
+    max_threads = m["target"].get("max_threads_per_block", TARGET_INTS["max_threads_per_block"][1])
+    for name, e in entries.items():
+        where = f"{M} kernels.entries[{show(name)}]"
+        need_str(name, where)
+        need_dict(e, where, ("file", "entry", "threads", "args"))
+        f = need_str(e["file"], f"{where}.file", hi=1024)
+        if f not in m["files"] or not f.startswith("kernels/"):
+            fail(f"{where}.file", f"is {show(f)}, not a file of the package's kernels/ listed in files")
+        need_str(e["entry"], f"{where}.entry", pattern=_IDENT, hi=256)
+        if e["entry"] != entry_name(name):  # else two names could run one function under two calling conventions
+            fail(f"{where}.entry", f"is {show(e['entry'])}, but the kernel {show(name)} is compiled as "
+                                   f"{show(entry_name(name))}")
+        need_int(e["threads"], f"{where}.threads", 1, max_threads)
+        n_buffers = _check_kernel_args(e["args"], f"{where}.args")
+        if "split" in e:
+            _check_split(e["split"], f"{where}.split", n_buffers, kind)
+
+
+def entry_name(name: str) -> str:
+    """The function a kernel is compiled as (targets/cstyle.py: _ident)."""
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return out if out and not out[0].isdigit() else "_" + out
+
+
+def _check_kernel_args(a, where: str) -> int:
+    """The calling convention (deploycc/vm/lower.py: kernel_args); returns the number of buffers."""
+    need_dict(a, where, ("scalars", "buffers", "groups"))
+    scalars = need_list(a["scalars"], f"{where}.scalars", 0, 64)
+    for i, s in enumerate(scalars):
+        need_str(s, f"{where}.scalars[{i}]", pattern=_IDENT, hi=64)
+    if len(set(scalars)) != len(scalars):
+        fail(f"{where}.scalars", "names an argument twice")
+    buffers = need_list(a["buffers"], f"{where}.buffers", 0, 64)
+    for i, b in enumerate(buffers):
+        w = f"{where}.buffers[{i}]"
+        need_dict(b, w, ("shape", "dtype", "written"))
+        for j, d in enumerate(need_list(b["shape"], f"{w}.shape", 0, MAX_DIMS)):
+            check_expr(d, f"{w}.shape[{j}]", scalars)
+            if not monotone(d):
+                fail(f"{w}.shape[{j}]", f"is {show(d)}, not a size that grows with its arguments")
+        need_str(b["dtype"], f"{w}.dtype", tuple(DTYPE_BYTES))
+        need_bool(b["written"], f"{w}.written")
+    check_expr(a["groups"], f"{where}.groups", scalars)
+    return len(buffers)
+
+
+def _check_split(split, where: str, n_buffers: int, kind: str) -> None:
+    """WebGPU: buffer argument index -> [bytes per range, number of ranges]."""
+    if kind != "webgpu":
+        fail(where, "is a WebGPU binding feature, but the package is for " + kind)
+    for i, v in need_dict(split, where).items():
+        if not (type(i) is str and i.isdigit() and int(i) < n_buffers):
+            fail(where, f"has the key {show(i)}, not the index of one of the kernel's {n_buffers} buffers")
+        need_list(v, f"{where}[{i}]", 2, 2)
+        need_int(v[0], f"{where}[{i}][0]", 4, MAX_BYTES)
+        need_int(v[1], f"{where}[{i}][1]", 1, 1 << 16)
+
+
+def _check_params(m: dict) -> None:
+    seen = set()
+    for i, p in enumerate(need_list(m["params"], f"{M} params")):
+        where = f"{M} params[{i}]"
+        need_dict(p, where, ("name", "shape", "dtype", "file"))
+        name = need_str(p["name"], f"{where}.name")
+        if name in seen:
+            fail(f"{where}.name", f"{show(name)} appears twice")
+        seen.add(name)
+        shape = need_list(p["shape"], f"{where}.shape", 0, MAX_DIMS)
+        for j, d in enumerate(shape):
+            need_int(d, f"{where}.shape[{j}]", 0, MAX_BYTES)
+        dtype = need_str(p["dtype"], f"{where}.dtype", tuple(DTYPE_BYTES))
+        if nbytes(shape, dtype) > MAX_BYTES:
+            fail(where, f"is a tensor of {nbytes(shape, dtype)} bytes, more than any device has")
+        f = need_str(p["file"], f"{where}.file", hi=1024)
+        if f not in m["files"] or not f.endswith(".safetensors"):
+            fail(f"{where}.file", f"is {show(f)}, not a .safetensors file listed in files")
+
+
+def _check_memory(m: dict) -> None:
+    """The memory summary must agree with what it summarises: a field changed alone shows here."""
+    mem = need_dict(m["memory"], f"{M} memory", ("weights_bytes", "kv_cache_bytes", "activation_bytes"))
+    want = {"weights_bytes": sum(nbytes(p["shape"], p["dtype"]) for p in m["params"]),
+            "kv_cache_bytes": kv_bytes(m), "activation_bytes": sum(s["bytes"] for s in m["storages"])}
+    for key, value in want.items():
+        if mem[key] != value or type(mem[key]) is not int:
+            fail(f"{M} memory.{key}", f"is {show(mem[key])}, but the package's "
+                                      f"{'params' if key[0] == 'w' else 'KV cache' if key[0] == 'k' else 'storages'} "
+                                      f"add up to {value}")
+    if "unplanned_activation_bytes" in mem:
+        for k, v in need_dict(mem["unplanned_activation_bytes"], f"{M} memory.unplanned_activation_bytes").items():
+            if v is not None:
+                need_int(v, f"{M} memory.unplanned_activation_bytes[{show(k)}]", 0, MAX_BYTES * MAX_ITEMS)
+
+
+# ---- bytecode.json -------------------------------------------------------------------------------
+
+B = "bytecode.json:"
+# builtin -> (operand kinds, the kind of any further operands, writes a register); vm.launch is its own
+SIGNATURES = {
+    "vm.match_shape": (("r",), "dim", False),
+    "vm.alloc": (("i", "str"), "s", True),
+    "vm.tuple": ((), "r", True),
+    "vm.get": (("r", "i"), None, True),
+    "vm.move": (("r",), None, True),
+    "kv.begin": (("r", "s"), None, True),
+    "kv.view": (("r", "str", "i"), None, True),
+    "vm.launch": (("k", "s", "i"), "launch", False),
+}
+KINDS = {"dim": ("bind", "s"), "buf": ("r", "kv"), "launch": ("r", "kv", "str", "s")}
+
+
+def check_bytecode(bc, m: dict) -> None:
+    """The structure of the bytecode and its references into the manifest (which check_manifest passed)."""
+    need_dict(bc, "bytecode.json", ("version", "functions"))
+    need_int(bc["version"], f"{B} version", BYTECODE_VERSION, BYTECODE_VERSION)
+    functions = need_dict(bc["functions"], f"{B} functions", FUNCTIONS)
+    for name, spec in functions.items():
+        if name not in FUNCTIONS:
+            fail(f"{B} functions", f"has {show(name)}, which the runtime never calls (it has {', '.join(FUNCTIONS)})")
+        _FunctionCheck(name, spec, m).run()
+
+
+class _FunctionCheck:
+    """One pass over a function in order: registers are read only after they are written (inputs, weights
+    and constants are written at load), shape variables used only after vm.match_shape binds them."""
+
+    def __init__(self, name: str, spec, m: dict):
+        self.m, self.where = m, f"{B} functions.{name}"
+        w = self.where
+        need_dict(spec, w, ("params", "num_inputs", "registers", "constants", "instructions"))
+        need_int(spec["num_inputs"], f"{w}.num_inputs", NUM_INPUTS, NUM_INPUTS)
+        params = need_list(spec["params"], f"{w}.params", NUM_INPUTS)
+        self.nregs = need_int(spec["registers"], f"{w}.registers", len(params), MAX_ITEMS)
+        weights = {p["name"] for p in m["params"]}
+        for i, p in enumerate(params):
+            need_str(p, f"{w}.params[{i}]")
+            if i >= NUM_INPUTS and p not in weights:
+                fail(f"{w}.params[{i}]", f"is {show(p)}, which is not in manifest.json params")
+        self.defined = set(range(len(params)))
+        for i, c in enumerate(need_list(spec["constants"], f"{w}.constants")):
+            need_list(c, f"{w}.constants[{i}]", 2, 2)
+            if need_str(c[0], f"{w}.constants[{i}][0]") not in weights:
+                fail(f"{w}.constants[{i}][0]", f"is {show(c[0])}, which is not in manifest.json params")
+            r = need_int(c[1], f"{w}.constants[{i}][1]", len(params), self.nregs - 1)
+            if r in self.defined:
+                fail(f"{w}.constants[{i}][1]", f"is register {r}, which already holds another value")
+            self.defined.add(r)
+        self.preset = frozenset(self.defined)  # written at load: never an instruction's result
+        self.bound: set[str] = set()
+        self.code = need_list(spec["instructions"], f"{w}.instructions", 1, MAX_INSTRUCTIONS)
+
+    def run(self) -> None:
+        for pc, ins in enumerate(self.code):
+            self.instruction(f"{self.where}.instructions[{pc}]", ins, pc == len(self.code) - 1)
+
+    def instruction(self, w: str, ins, last: bool) -> None:
+        need_dict(ins, w, ("op", "args"))
+        unknown = sorted(set(ins) - {"op", "fn", "args", "dst"})
+        if unknown:
+            fail(w, f"has the unknown field {show(unknown[0])}")
+        op = need_str(ins["op"], f"{w}.op", ("call", "ret"))  # goto and if: no compiler emits them yet
+        args = need_list(ins["args"], f"{w}.args", 0, MAX_ITEMS)
+        if op == "ret":
+            if not last or "fn" in ins or "dst" in ins:
+                fail(w, "must be the one ret, at the end of the function, with no fn or dst")
+            need_list(args, f"{w}.args", 1, 1)
+            self.operand(args[0], f"{w}.args[0]", "r")
+            return
+        if last:
+            fail(w, "is not a ret; a function must end with one")
+        fn = need_str(ins.get("fn"), f"{w}.fn", BUILTINS)
+        fixed, rest, writes = SIGNATURES[fn]
+        if len(args) < len(fixed) or (rest is None and len(args) != len(fixed)):
+            fail(f"{w}.args", f"has {len(args)} operands; {fn} takes {len(fixed)}{' or more' if rest else ''}")
+        kinds = [*fixed, *(self.operand_kind(a, f"{w}.args[{i}]", KINDS.get(rest, (rest,)))
+                           for i, a in enumerate(args[len(fixed):], len(fixed)))]
+        values = [self.operand(a, f"{w}.args[{i}]", kind) for i, (a, kind) in enumerate(zip(args, kinds))]
+        if fn == "vm.launch":
+            self.launch(w, values, kinds)
+        else:
+            self.references(w, fn, values)
+        if not writes and "dst" in ins:
+            fail(f"{w}.dst", f"is set, but {fn} has no result")
+        if writes:
+            r = need_int(ins.get("dst"), f"{w}.dst", 0, self.nregs - 1)
+            if r in self.preset:
+                fail(f"{w}.dst", f"is register {r}, which holds an input, a weight or a constant")
+            self.defined.add(r)
+
+    def references(self, w: str, fn: str, values: list) -> None:
+        if fn == "vm.alloc":
+            n = len(self.m["storages"])
+            if values[0] >= n:
+                fail(f"{w}.args[0]", f"is storage {values[0]}, but manifest.json has {n} storages")
+            need_str(values[1], f"{w}.args[1].str", tuple(DTYPE_BYTES))
+            if len(values) - 2 > MAX_DIMS:
+                fail(w, f"allocates a tensor of {len(values) - 2} dimensions, more than {MAX_DIMS}")
+            for i, d in enumerate(values[2:], 2):
+                if not monotone(d):
+                    fail(f"{w}.args[{i}].s", f"is {show(d)}, not a size that grows with seq_len and total_len")
+        elif fn == "kv.begin" and not affine(values[1]):
+            fail(f"{w}.args[1].s", f"is {show(values[1])}; the tokens a step appends must be seq_len or a constant")
+        elif fn == "kv.view":
+            need_str(values[1], f"{w}.args[1].str", ("k", "v"))
+            need_int(values[2], f"{w}.args[2].i", 0, self.m["kv_cache"]["layers"] - 1)
+        elif fn == "vm.match_shape" and len(values) - 1 > MAX_DIMS:
+            fail(w, f"matches {len(values) - 1} dimensions, more than {MAX_DIMS}")
+
+    def launch(self, w: str, values: list, kinds: list) -> None:
+        """kernel, groups, threads, buffers..., "|", int arguments...: as many of each as the kernel takes, the
+        ints its buffer sizes depend on growing with seq_len and total_len, and for a kernel that writes the
+        KV cache an affine `offset` and `n` (the rows it writes), so dryrun.py's corners decide them."""
+        name, threads = values[0], values[2]
+        entry = self.m["kernels"]["entries"][name]
+        if threads != entry["threads"]:
+            fail(f"{w}.args[2]", f"launches {name} with {threads} threads, but it was compiled for {entry['threads']}")
+        seps = [i for i, k in enumerate(kinds) if k == "str"]
+        if len(seps) != 1 or values[seps[0]] != "|":
+            fail(f"{w}.args", "must separate the buffers from the int arguments with one '|'")
+        sep = seps[0]
+        for i, kind in enumerate(kinds[3:], 3):
+            if (i < sep and kind not in ("r", "kv")) or (i > sep and kind != "s"):
+                fail(f"{w}.args[{i}]", "must be a buffer (r or kv) before '|' and an int (s) after it")
+        sig = entry["args"]
+        bufs, ints = kinds[3:sep], values[sep + 1:]
+        if (len(bufs), len(ints)) != (len(sig["buffers"]), len(sig["scalars"])):
+            fail(f"{w}.args", f"passes {len(bufs)} buffers and {len(ints)} ints to {name}, which takes "
+                              f"{len(sig['buffers'])} and {len(sig['scalars'])}")
+        sized = set()
+        for b in sig["buffers"]:
+            for d in b["shape"]:
+                sized |= names_in(d)
+        for i, (arg, e) in enumerate(zip(sig["scalars"], ints)):
+            if arg in sized and not monotone(e):
+                fail(f"{w}.args[{sep + 1 + i}].s", f"is {show(e)}; {name}'s {arg} sizes a buffer, so it must grow "
+                                                   f"with seq_len and total_len")
+        if any(k == "kv" and b["written"] for k, b in zip(bufs, sig["buffers"])):
+            rows = dict(zip(sig["scalars"], ints))
+            if "offset" not in rows or "n" not in rows or not (affine(rows["offset"]) and affine(rows["n"])):
+                fail(f"{w}.args", f"lets {name} write the KV cache without affine int arguments offset and n "
+                                  f"(the rows it writes)")
+
+    # ---- operands ----
+    def operand_kind(self, a, w: str, allowed: tuple) -> str:
+        if type(a) is not dict or len(a) != 1 or next(iter(a)) not in allowed:
+            fail(w, f"must be one operand of kind {' or '.join(allowed)}, got {show(a)}")
+        return next(iter(a))
+
+    def operand(self, a, w: str, kind: str):
+        v = a[self.operand_kind(a, w, (kind,))]
+        if kind == "r":
+            self.register(v, f"{w}.r")
+        elif kind == "s":
+            check_expr(v, f"{w}.s", self.bound)
+        elif kind == "i":
+            need_int(v, f"{w}.i")
+        elif kind == "str":
+            need_str(v, f"{w}.str", hi=64)
+        elif kind == "k":
+            if need_str(v, f"{w}.k") not in self.m["kernels"]["entries"]:
+                fail(f"{w}.k", f"is {show(v)}, which is not in manifest.json kernels.entries")
+        elif kind == "kv":
+            need_list(v, f"{w}.kv", 3, 3)
+            self.register(v[0], f"{w}.kv[0]")
+            need_str(v[1], f"{w}.kv[1]", ("k", "v"))
+            need_int(v[2], f"{w}.kv[2]", 0, self.m["kv_cache"]["layers"] - 1)
+        elif kind == "bind":
+            if need_str(v, f"{w}.bind", SHAPE_VARS) in self.bound:
+                fail(f"{w}.bind", f"binds {v} a second time")
+            self.bound.add(v)
+        return v
+
+    def register(self, r, w: str) -> int:
+        need_int(r, w, 0, self.nregs - 1)
+        if r not in self.defined:
+            fail(w, f"reads register {r} before any instruction writes it")
+        return r

@@ -1,0 +1,31 @@
+"""A tiny compiled package for the tests of package loading (tests/runtime/test_package_schema.py,
+tests/bad_inputs/test_packages.py, tests/fuzz/test_fuzz_package.py): the llama fixture with a byte-level
+BPE tokenizer (tests/test_package_cli.py: with_tokenizer), compiled for cpu-opencl. Compiling needs no device."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from fixtures import make_tiny
+
+MODEL = "llama-gqa1"
+
+
+def compile_tiny_package(root: Path) -> Path:
+    from test_package_cli import with_tokenizer
+
+    from deploycc.package import compile_model
+
+    model = with_tokenizer(make_tiny(MODEL), root / "model")
+    return compile_model(str(model), "cpu-opencl", out=str(root / "pkg"))
+
+
+def copy_package(pkg: Path, dst: Path) -> Path:
+    shutil.copytree(pkg, dst)
+    return dst
+
+
+def read_docs(pkg: Path) -> tuple[dict, dict]:
+    """(manifest, bytecode) of a package, as JSON."""
+    return json.loads((pkg / "manifest.json").read_text()), json.loads((pkg / "bytecode.json").read_text())
