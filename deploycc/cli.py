@@ -4,7 +4,7 @@
     deploycc run PKG|MODEL --prompt TEXT                     one reply, streamed
     deploycc chat PKG|MODEL                                  a REPL (runtime/cli.py holds the loop)
     deploycc bench PKG                                       prefill / decode tok/s, memory
-    deploycc verify PKG                                      package logits against the numpy reference
+    deploycc verify PKG [--against numpy|transformers]       package logits against a reference
     deploycc devices                                         runtimes on this machine, presets they can run
     deploycc inspect MODEL [--stage S | --kernels | --memory]
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import click
 from .errors import DeployError
 from .pipeline import STAGES as PIPELINE_STAGES
 from .runtime.cli import USER_ERRORS
+from .verify import Against
 
 ERRORS = (DeployError, *USER_ERRORS)
 
@@ -80,7 +82,8 @@ def cli():
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Change a preset value: prefill_chunk=256, context_window=2048, target.threads_per_block=128, ...")
 @click.option("-o", "--output", default=None, help="Package directory (default: dist/MODEL-QUANT-PRESET).")
-@click.option("--force", is_flag=True, help="Replace OUTPUT even when it exists and is not a deploycc package.")
+@click.option("--force", is_flag=True,
+              help="Replace OUTPUT when it holds a package deploycc wrote (never a directory with anything else in it).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no progress display).")
 def compile_cmd(model, device, quantization, head_quantization, context_window, overrides, output, force, revision,
@@ -227,11 +230,11 @@ def _open_package(model: str, device: str | None, context_window: int | None, re
     None when MODEL is an uncompiled checkpoint and no --device was given."""
     from . import presets
     from .runtime.engine import Engine
-    from .runtime.package import PackageError, read_manifest
+    from .runtime.package import PackageError, load_manifest
 
     path = Path(model).expanduser()
     if _is_package(path):
-        manifest = read_manifest(path)
+        manifest = load_manifest(path)  # checked: the fields below are read before Engine.load
         if device is not None:
             preset = presets.load(device)
             if preset.target.to_dict() != manifest["target"] or preset.backend != manifest["preset"]["backend"]:
@@ -252,8 +255,10 @@ def _open_package(model: str, device: str | None, context_window: int | None, re
     if (out / "manifest.json").exists():
         try:
             return Engine.load(out), info
-        except PackageError:  # a damaged cache entry: compile it again
-            pass
+        except PackageError as e:  # a damaged entry of deploycc's own cache (named by its key): compile it anew
+            if not quiet:
+                click.echo(f"the cached package {out} is damaged ({e}); compiling it again", err=True)
+            shutil.rmtree(out, ignore_errors=True)
     if not quiet:
         click.echo(f"compiling {model} for {preset.name} into {out}", err=True)
     with _CompileProgress(enabled=not quiet) as progress:
@@ -261,21 +266,35 @@ def _open_package(model: str, device: str | None, context_window: int | None, re
     return Engine.load(out), info
 
 
-def _reference(model: str, context_window: int | None, revision: str | None):
+def _checked_tokenizer(model: str, revision: str | None, prompt: str | None, chat: bool):
+    """(loaded checkpoint, tokenizer) of an uncompiled MODEL, checked before any compile or model work: the
+    tokenizer loads and fits the model's vocabulary, and the chat template renders (run's prompt; for chat,
+    whose `prompt` is None, a one-message probe)."""
     from .hub import load_model
+    from .runtime.cli import require_chat_template
+    from .runtime.generate import encode_prompt
     from .runtime.tokenizer import Tokenizer
-    from .session import reference_session
 
     loaded = load_model(model, revision)
-    tok = Tokenizer.from_dir(loaded.path)
-    return reference_session(loaded, context_window=context_window), tok, {"model": model, "device": "reference"}
+    tok = Tokenizer.from_dir(loaded.path, vocab_size=loaded.config.vocab_size)
+    if prompt is None:
+        require_chat_template(tok, model)
+        encode_prompt(tok, [{"role": "user", "content": "Hello"}])
+    else:
+        encode_prompt(tok, prompt, chat)
+    return loaded, tok
 
 
-def _session(model, device, context_window, revision, quiet):
-    opened = _open_package(model, device, context_window, revision, quiet)
-    if opened is None:
-        return _reference(model, context_window, revision)
-    engine, info = opened
+def _session(model, device, context_window, revision, quiet, prompt: str | None = None, chat: bool = True):
+    """(session, tokenizer, info) for run (`prompt`) and chat (no prompt): a package's engine, MODEL compiled
+    for --device (cached), or MODEL on the numpy reference."""
+    if not _is_package(Path(model).expanduser()):
+        loaded, tok = _checked_tokenizer(model, revision, prompt, chat)
+        if device is None:
+            from .session import reference_session
+
+            return reference_session(loaded, context_window=context_window), tok, {"model": model, "device": "reference"}
+    engine, info = _open_package(model, device, context_window, revision, quiet)
     return engine, engine.tokenizer, info
 
 
@@ -296,9 +315,11 @@ def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, 
     it is compiled for that preset first (cached under ~/.cache/deploycc/packages); without --device
     it runs on the numpy reference interpreter, which is exact but slow."""
     from .runtime.cli import run_prompt, sampling_options
+    from .runtime.tokenizer import clean_text
 
     options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed)
-    session, tok, info = _session(model, device, context_window, revision, as_json)
+    prompt = clean_text(prompt)  # undecodable bytes of argv arrive as lone surrogates: U+FFFD, as chat clients show
+    session, tok, info = _session(model, device, context_window, revision, as_json, prompt, not no_chat)
     try:
         run_prompt(session, tok, prompt, chat=not no_chat, as_json=as_json, info=info, **options)
     except ERRORS:
@@ -392,9 +413,9 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def perplexity(package, text_file, window, stride, device, as_json):
     """exp(mean NLL) of every token of the text after the first, scored once, by PACKAGE."""
-    from .perplexity import package_perplexity
+    from .perplexity import package_perplexity, read_text_file
 
-    text = Path(text_file).read_text(encoding="utf-8")
+    text = read_text_file(text_file)
     r = package_perplexity(package, text, window, stride, device)
     if as_json:
         click.echo(json.dumps({"package": str(package), "text": str(text_file), **r.to_dict()}, indent=2))
@@ -405,81 +426,57 @@ def perplexity(package, text_file, window, stride, device, as_json):
 
 # ---- verify ------------------------------------------------------------------------------------
 
-@cli.command(short_help="Check a package's logits against the numpy reference.")
+@cli.command(short_help="Check a package's logits against a reference: numpy (same quantization) or transformers.")
 @click.argument("package")
 @click.option("--source", default=None, help="The model the package was compiled from (default: the manifest's source).")
+@click.option("--against", type=click.Choice([a.value for a in Against]), default=Against.NUMPY.value, show_default=True,
+              help="numpy: deploycc's numpy reference of the package's own quantization. transformers: the source "
+                   "under transformers in float32 (needs torch and transformers), its weights rounded by the package's "
+                   "scheme; the distance to the unrounded float model is reported too.")
 @click.option("--steps", type=click.IntRange(min=0), default=8, show_default=True, help="Decode steps per prompt.")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-3, show_default=True,
-              help="Largest allowed |logit difference|.")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=None,
+              help="Largest allowed |logit difference| (default: 1e-3, what a correct package meets on every backend).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def verify(package, source, steps, tolerance, seed, as_json):
-    """Run PACKAGE and the numpy reference side by side on random prompts (1, 7 and prefill_chunk+3 tokens,
-    at most 33) and decode steps; report the largest logit difference per step; exit 1 past --tolerance."""
-    import numpy as np
+def verify(package, source, against, steps, tolerance, seed, as_json):
+    """Run PACKAGE and a reference side by side on random prompts (1, 7 and prefill_chunk+3 tokens, at most
+    33) and greedy decode steps on the reference's path; report the difference per step; exit 1 when the
+    package fails the tolerance."""
+    from .verify import verify_package
 
-    from .hub import load_model
-    from .runtime.engine import Engine
-    from .session import reference_session
-
-    engine = Engine.load(package)
-    m = engine.manifest
-    ctx, chunk = m["bounds"]["context_window"], m["bounds"]["prefill_chunk"]
-    loaded = load_model(source or m["model"]["source"])
-    cfg, kv = loaded.config, m["kv_cache"]
-    theirs = (loaded.architecture, cfg.vocab_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
-    ours = (m["model"]["architecture"], m.get("vocab_size", cfg.vocab_size), kv["layers"], kv["kv_heads"], kv["head_dim"])
-    if theirs != ours:
-        raise DeployError(f"{source or m['model']['source']} is a {theirs[0]} with vocabulary {theirs[1]}, {theirs[2]} layers, "
-                          f"{theirs[3]} KV heads of {theirs[4]}; the package holds a {ours[0]} with {ours[1]}, {ours[2]}, "
-                          f"{ours[3]} of {ours[4]}; is --source the model this package was compiled from?")
-    ref = reference_session(loaded, context_window=ctx)
-    rng = np.random.default_rng(seed)
-    steps = min(steps, ctx - 1)
-    lengths = list(dict.fromkeys(max(1, min(n, ctx - steps)) for n in (1, 7, min(33, chunk + 3))))
-    rows = []
-
-    def compare(n: int, step, a: np.ndarray, b: np.ndarray) -> None:
-        if a.shape != b.shape:
-            raise DeployError(f"the package's logits are {list(a.shape)}, the reference's {list(b.shape)}; is "
-                              f"--source the model this package was compiled from?")
-        rows.append({"prompt_len": n, "step": step, "max_abs_diff": float(np.max(np.abs(a - b))),
-                     "argmax_match": bool(np.array_equal(a.argmax(-1), b.argmax(-1)))})
-
-    for n in lengths:
-        ids = rng.integers(0, engine.vocab_size or ref.model.config.vocab_size, n).tolist()
-        engine.reset()
-        ref.reset()
-        a, b = engine.prefill(ids, all_logits=True), ref.prefill(ids, all_logits=True)
-        compare(n, "prefill", a, b)
-        token = int(b[-1].argmax())
-        for i in range(steps):
-            a, b = engine.decode(token), ref.decode(token)
-            compare(n, i + 1, a, b)
-            token = int(b.argmax())  # both follow the reference's greedy path
-    worst = max(rows, key=lambda r: r["max_abs_diff"])
-    passed = worst["max_abs_diff"] <= tolerance
+    report = verify_package(package, source, Against(against), steps, tolerance, seed)
     if as_json:
-        click.echo(json.dumps({"package": str(package), "tolerance": tolerance, "passed": passed,
-                               "max_abs_diff": worst["max_abs_diff"], "steps": rows}, indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        from rich.console import Console
-        from rich.table import Table
+        _render_verify(report)
+    if not report.passed:
+        raise DeployError(report.failure)
 
-        t = Table(title=f"{package} against the numpy reference ({m['model']['architecture']})")
-        for col in ("prompt", "step", "max |diff|", "argmax"):
-            t.add_column(col, justify="right")
-        for r in rows:
-            bad = r["max_abs_diff"] > tolerance
-            diff = f"{r['max_abs_diff']:.3e}"
-            t.add_row(str(r["prompt_len"]), str(r["step"]), f"[red]{diff}[/red]" if bad else diff,
-                      "same" if r["argmax_match"] else "[yellow]differs[/yellow]")
-        Console().print(t)
-        if passed:
-            click.echo(f"ok: largest difference {worst['max_abs_diff']:.3e} <= tolerance {tolerance:g}")
-    if not passed:
-        raise DeployError(f"largest logit difference {worst['max_abs_diff']:.3e} exceeds the tolerance {tolerance:g} "
-                          f"(prompt of {worst['prompt_len']} tokens, step {worst['step']})")
+
+def _render_verify(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .verify import summary
+
+    limit = report.criterion.limit
+    t = Table(title=f"{report.package} against {report.reference}")
+    for col in ("prompt", "step", "max |diff|", "rel RMS", "KL", "top-1"):
+        t.add_column(col, justify="right")
+    for s in report.steps:
+        diff = f"{s.max_abs_diff:.3e}"
+        top1 = f"{s.top1_agree}/{s.positions}" if s.positions > 1 else ("same" if s.argmax_match else "differs")
+        t.add_row(str(s.prompt_len), str(s.step), f"[red]{diff}[/red]" if s.max_abs_diff > limit else diff,
+                  f"{s.rel_rms:.2e}", f"{s.kl:.2e}", top1 if s.argmax_match else f"[yellow]{top1}[/yellow]")
+    Console().print(t)
+    if report.float_steps:
+        f = summary(report.float_steps)
+        click.echo(f"the unrounded float model: largest difference {f['max_abs_diff']:.3g}, relative RMS error "
+                   f"{f['rel_rms']:.3g}, KL {f['kl']:.3g} nats, top-1 agreement {f['top1_agreement']:.1%} "
+                   f"(what {report.quantization} costs; not checked)")
+    if report.passed:
+        click.echo(f"ok: against {report.reference}: largest difference {report.worst.max_abs_diff:.3e} "
+                   f"<= tolerance {limit:g}")
 
 
 # ---- devices -----------------------------------------------------------------------------------

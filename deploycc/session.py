@@ -1,7 +1,7 @@
 """The reference session: a model's exported module run by the numpy reference interpreter.
 
 It has the same contract as the runtime engine of later stages, so every compiled package can be
-checked against it: `prefill(ids, all_logits)`, `decode(token)`, `reset()`.
+checked against it: `prefill(ids, all_logits)`, `decode(token)`, `reset()`, `truncate(n)`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
     ctx = context_window or cfg.context_window
     limit = getattr(cfg, "max_context_window", None)
     if limit is not None and ctx > limit:
-        raise DeployError(f"context window {ctx} exceeds this model's {limit} learned positions; "
+        raise DeployError(f"context window {ctx} exceeds the {limit} positions this model was trained for; "
                           f"use --context-window {limit} or less")
     spec = {
         # prefill returns the last position's logits (what generation needs), prefill_all every position's.
@@ -73,6 +73,12 @@ class ReferenceSession:
 
     def reset(self) -> None:
         self.cache.reset()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n cached positions (as the runtime engine's truncate)."""
+        if not 0 <= n <= self.cache.length:
+            raise DeployError(f"cannot keep {n} positions of a KV cache holding {self.cache.length}")
+        self.cache.length = n
 
 
 def reference_session(model: LoadedModel | str, stage: str = "exported", context_window: int | None = None,

@@ -3,7 +3,7 @@
 It runs where deploycc is not installed, so it uses argparse and the runtime alone (numpy, the
 backend binding, tokenizers, jinja2, safetensors). The pieces that do the work — one-shot generation,
 the chat REPL, the benchmark — take any session with the runtime contract (`prefill`, `decode`,
-`reset`, `context_window`) and a tokenizer, so `deploycc run/chat/bench` reuse them for packages and
+`reset`, `truncate`, `context_window`) and a tokenizer, so `deploycc run/chat/bench` reuse them for packages and
 for the numpy reference alike. Bad input is one line `error: ...` on stderr and exit 1.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .procstat import peak_rss_bytes
 from .safetensors_io import SafetensorsError
 from .sampler import Sampler
 from .symexpr import SymExprError
-from .tokenizer import TokenizerError
+from .tokenizer import TokenizerError, clean_text
 from .vm import DTensor, VMError
 
 
@@ -39,9 +39,13 @@ USER_ERRORS = (UsageError, PackageError, DeviceError, VMError, ContextWindowFull
 
 CHAT_HELP = """commands:
   /system TEXT   set the system prompt (no TEXT: remove it); the history is kept
-  /reset         forget the conversation (the system prompt stays)
-  /stats         prefill and decode speed of the last reply
+  /reset         forget the conversation (the system prompt stays); a conversation that outgrows the
+                 context window drops its oldest turns by itself, and says so
+  /stats         prefill and decode speed of the last reply (prefill counts the new tokens only: the
+                 earlier turns stay in the KV cache)
   /help          this list
+  Ctrl-C         stop a reply; what was shown of it stays in the conversation (a reply stopped
+                 before any text is dropped, with its message)
   /exit          leave (Ctrl-D too)"""
 
 
@@ -67,55 +71,90 @@ def timings(stats: dict) -> dict:
 
 # ---- run ---------------------------------------------------------------------------------------
 
-def run_prompt(session, tokenizer, prompt: str, *, chat: bool = True, as_json: bool = False, out=None,
-               info: dict | None = None, **options) -> dict:
-    """Generate one reply: stream it to `out`, or print one JSON object with `as_json`. Returns the object."""
-    out = out or sys.stdout
+def run_prompt(session, tokenizer, prompt: str, *, chat: bool = True, as_json: bool = False, out=None, err=None,
+               info: dict | None = None, **options) -> dict | None:
+    """Generate one reply: stream it to `out` and a timings line to `err`, or print one JSON object (with
+    the timings) with `as_json`. Returns the object; None when `out` was closed by its reader (`| head`),
+    which ends the run quietly."""
+    out, err = out or sys.stdout, err or sys.stderr
+    prompt = clean_text(prompt)
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
     if not prompt_ids:
         raise UsageError("the prompt encodes to no tokens; give some text")
     stats: dict = {}
     pieces = []
     t0 = time.perf_counter()
-    for piece in generate(session, tokenizer, prompt, chat=chat, stats=stats, **options):
-        pieces.append(piece)
-        if not as_json:
-            out.write(piece)
-            out.flush()
-    result = {**(info or {}), "prompt": prompt, "prompt_ids": [int(i) for i in prompt_ids],
-              "generated": [int(i) for i in stats.get("generated", [])], "text": "".join(pieces),
-              "finish_reason": stats.get("finish_reason"), "prompt_tokens": stats.get("prompt_tokens"),
-              "timings": {**timings(stats), "total_seconds": round(time.perf_counter() - t0, 6)}}
-    out.write(json.dumps(result) + "\n" if as_json else "\n")
-    out.flush()
+    try:
+        for piece in generate(session, tokenizer, prompt, chat=chat, stats=stats, **options):
+            pieces.append(piece)
+            if not as_json:
+                out.write(piece)
+                out.flush()
+        result = {**(info or {}), "prompt": prompt, "prompt_ids": [int(i) for i in prompt_ids],
+                  "generated": [int(i) for i in stats.get("generated", [])], "text": "".join(pieces),
+                  "finish_reason": stats.get("finish_reason"), "prompt_tokens": stats.get("prompt_tokens"),
+                  "timings": {**timings(stats), "total_seconds": round(time.perf_counter() - t0, 6)}}
+        out.write(json.dumps(result) + "\n" if as_json else "\n")
+        out.flush()
+    except BrokenPipeError:
+        quiet_stdout()
+        return None
+    if not as_json:
+        err.write(stats_line(stats) + "\n")
+        err.flush()
     return result
 
 
 # ---- chat --------------------------------------------------------------------------------------
 
 class Conversation:
-    """Multi-turn history; the chat template renders the whole list each turn, and a turn that fails
-    (a prompt over the context window, a template error) leaves the history as it was."""
+    """Multi-turn history on one session. The chat template renders the whole list each turn, and the
+    session's KV cache is kept across turns (generate's reuse_cache): a turn prefills only what its prompt adds
+    to the tokens already cached, the previous reply included. When history and message leave no room
+    for a reply, the oldest turns are dropped (`dropped` says how many, for the caller to tell the user);
+    the system prompt stays. A turn that fails (a message over the context window, a template error)
+    leaves the history as it was."""
 
     def __init__(self, session, tokenizer, system: str | None = None, **options):
         self.session, self.tokenizer, self.options = session, tokenizer, options
         self.system = system or None
-        self.turns: list[dict] = []
+        self.turns: list[dict] = []  # user, assistant, user, assistant, ...
         self.last: dict | None = None
+        self.dropped = 0  # turns (user + assistant) the last reply() dropped to fit the context window
 
     @property
     def messages(self) -> list[dict]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.turns
+        return self._head() + self.turns
+
+    def _head(self) -> list[dict]:
+        return [{"role": "system", "content": self.system}] if self.system else []
 
     def reply(self, text: str):
-        """Stream the reply to `text`; the turn joins the history once the stream ends (or is cut short)."""
+        """Stream the reply to `text`; the turn joins the history once the stream ends (or is cut short:
+        the text shown so far is kept, and a reply stopped before any text is dropped with its message)."""
         stats: dict = {}
-        user = {"role": "user", "content": text}
-        stream = generate(self.session, self.tokenizer, self.messages + [user], stats=stats, **self.options)
-        return self._stream(stream, user, stats)
+        user = {"role": "user", "content": clean_text(text)}
+        drop = self._turns_to_drop(user)
+        messages = self._head() + self.turns[drop:] + [user]
+        stream = generate(self.session, self.tokenizer, messages, stats=stats, reuse_cache=True, **self.options)
+        self.dropped = drop // 2
+        return self._stream(stream, user, stats, drop)
 
-    def _stream(self, stream, user: dict, stats: dict):
+    def _turns_to_drop(self, user: dict) -> int:
+        """How many of the oldest messages to drop (whole turns) so that the prompt leaves room for a
+        reply: max_tokens, up to a quarter of the window; at least one token if nothing else fits. When
+        even the message alone does not fit, all (generate then refuses it, measuring the message alone)."""
+        window = int(self.session.context_window)
+        reserve = max(1, min(int(self.options.get("max_tokens", 64)), window // 4))
+        lengths = []
+        for drop in range(0, len(self.turns) + 1, 2):
+            n = len(encode_prompt(self.tokenizer, self._head() + self.turns[drop:] + [user]))
+            if n + reserve <= window:
+                return drop
+            lengths.append((drop, n))
+        return next((drop for drop, n in lengths if n + 1 <= window), len(self.turns))
+
+    def _stream(self, stream, user: dict, stats: dict, drop: int):
         pieces = []
         try:
             for piece in stream:
@@ -124,24 +163,22 @@ class Conversation:
         finally:
             stream.close()
             self.last = stats
-            if stats.get("generated"):
-                self.turns += [user, {"role": "assistant", "content": "".join(pieces)}]
+            if stats.get("generated") and (pieces or stats.get("finish_reason") != "cancelled"):
+                self.turns = self.turns[drop:] + [user, {"role": "assistant", "content": "".join(pieces)}]
 
     def reset(self) -> None:
+        """Forget the turns (the KV cache keeps what the next prompt shares with it: the system prompt)."""
         self.turns = []
-
-    def fits_alone(self, text: str) -> bool:
-        """Whether `text` would fit the context window without the earlier turns."""
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        ids = encode_prompt(self.tokenizer, head + [{"role": "user", "content": text}])
-        return len(ids) < int(self.session.context_window)
 
 
 def stats_line(stats: dict | None) -> str:
+    """`prefill N tokens at X tok/s, decode M tokens at Y tok/s (finish reason)`; N counts the tokens
+    computed, without those reused from the KV cache."""
     if not stats:
         return "no reply yet"
     gen = len(stats.get("generated", []))
-    return (f"prefill {stats['prompt_tokens']} tokens at {stats['prefill_tok_s']:.1f} tok/s, "
+    prefilled = stats.get("prefilled_tokens", stats["prompt_tokens"])
+    return (f"prefill {prefilled} tokens at {stats['prefill_tok_s']:.1f} tok/s, "
             f"decode {gen} tokens at {stats['decode_tok_s']:.1f} tok/s ({stats['finish_reason']})")
 
 
@@ -149,13 +186,13 @@ def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = N
               interactive: bool | None = None, errors: tuple = USER_ERRORS, **options) -> int:
     """Read-eval-print loop. With a terminal: a banner, a `>>> ` prompt and line editing; with piped
     input: the replies alone, one per line. Errors of one turn are reported and the session goes on."""
-    if not tokenizer.chat_template:
-        raise TokenizerError(f"{name} has no chat template (tokenizer_config.json has no chat_template and there is no "
-                             f"chat_template.jinja), so it cannot chat; use run --no-chat for plain text completion")
+    require_chat_template(tokenizer, name)
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
+    if hasattr(stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD (input() follows stdin's errors too)
+        stdin.reconfigure(errors="replace")
     if interactive is None:
         interactive = stdin.isatty()
-    conv = Conversation(session, tokenizer, system, **options)
+    conv = Conversation(session, tokenizer, system and clean_text(system), **options)
     if interactive:
         try:
             import readline  # noqa: F401  (line editing and history for input())
@@ -175,7 +212,7 @@ def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = N
         except KeyboardInterrupt:
             out.write("\n")
             break
-        line = line.strip()
+        line = clean_text(line).strip()
         if not line:
             continue
         if line.startswith("/"):
@@ -196,28 +233,49 @@ def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = N
                 err.write(f"error: unknown command {cmd}; /help lists the commands\n")
             out.flush()
             continue
-        wrote = False
         try:
-            for piece in conv.reply(line):
-                out.write(piece)
-                out.flush()
-                wrote = True
-        except KeyboardInterrupt:
-            out.write(" (interrupted)")
-        except errors as e:
-            hint = ""
-            if isinstance(e, ContextWindowError) and conv.turns and conv.fits_alone(line):
-                hint = "; /reset clears the conversation, which makes room for it"
-            out.write("\n" if wrote else "")
-            out.flush()
-            err.write(f"error: {e}{hint}\n")
-            err.flush()
-            continue
-        out.write("\n")
-        if conv.last and conv.last.get("finish_reason") == "context":
-            out.write("(the context window is full; /reset to start over)\n")
-        out.flush()
+            _chat_turn(conv, line, out, err, errors)
+        except BrokenPipeError:  # the reader of the replies left: end quietly
+            quiet_stdout()
+            break
     return 0
+
+
+def require_chat_template(tokenizer, name: str) -> None:
+    if not tokenizer.chat_template:
+        raise TokenizerError(f"{name} has no chat template (tokenizer_config.json has no chat_template and there is no "
+                             f"chat_template.jinja), so it cannot chat; use run --no-chat for plain text completion")
+
+
+def _chat_turn(conv: Conversation, line: str, out, err, errors: tuple) -> None:
+    """One message and its streamed reply; an error is one line on `err`, Ctrl-C stops the reply."""
+    wrote = False
+    stream = None
+    try:
+        stream = conv.reply(line)
+        if conv.dropped:
+            turns = "the oldest turn" if conv.dropped == 1 else f"the {conv.dropped} oldest turns"
+            err.write(f"(dropped {turns} to fit the context window)\n")
+            err.flush()
+        for piece in stream:
+            out.write(piece)
+            out.flush()
+            wrote = True
+    except KeyboardInterrupt:
+        out.write(" (interrupted)")
+    except errors as e:
+        out.write("\n" if wrote else "")
+        out.flush()
+        err.write(f"error: {e}\n")
+        err.flush()
+        return
+    finally:
+        if stream is not None:
+            stream.close()  # now, not when garbage collected: the history and the cache follow what was shown
+    out.write("\n")
+    if conv.last and conv.last.get("finish_reason") == "context":
+        out.write("(the reply filled the context window; the next turn drops the oldest turns)\n")
+    out.flush()
 
 
 # ---- bench -------------------------------------------------------------------------------------
@@ -396,5 +454,9 @@ def quiet_stdout() -> None:
     """After a broken pipe: point stdout at /dev/null so that the flush at exit does not complain again."""
     import os
 
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's StringIO): nothing to quiet
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, fd)

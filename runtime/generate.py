@@ -1,12 +1,14 @@
 """The generation loop: template, encode, prefill, then sample and decode one token at a time, streaming text.
 
 It drives any model session with the runtime contract (`prefill(ids) -> logits [vocab]`,
-`decode(token) -> logits [vocab]`, `reset()`, `context_window`): the numpy reference session of the
-compiler, or a compiled package's engine.
+`decode(token) -> logits [vocab]`, `reset()`, `truncate(n)`, `context_window`): the numpy reference
+session of the compiler, or a compiled package's engine. With `reuse_cache`, a generation keeps what
+the session's KV cache holds of its prompt (PrefixCache): a chat turn prefills only what it adds.
 """
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from numbers import Integral
 
@@ -16,6 +18,59 @@ from .tokenizer import Tokenizer
 
 class ContextWindowError(ValueError):
     """The prompt does not leave room for one generated token in the session's context window."""
+
+
+class PrefixCache:
+    """The token ids whose keys and values a session's KV cache holds, in order: one per session
+    (`PrefixCache.of(session)`), so that every generation on a session keeps it up to date.
+
+    A new prompt keeps the longest cached prefix it shares (the cache is cut back to it with the
+    session's `truncate(n)`) and prefills only the rest. Keys and values of position i depend on
+    tokens 0..i alone, so the kept ones are what a fresh prefill would compute (up to the rounding
+    of another kernel: chunked prefill versus one-token decode). Whatever the history as the chat
+    template renders it again (an assistant reply tokenized otherwise than it was generated, an
+    interrupted reply, dropped turns, a new system prompt), the prefix match reuses what is valid
+    and no more. A session used directly in between (bench, perplexity) leaves a cache length that
+    no longer matches, and the next generation starts afresh.
+    """
+
+    _of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self):
+        self.ids: list[int] = []  # (no reference to the session: it is the weak key)
+
+    @classmethod
+    def of(cls, session) -> PrefixCache:
+        try:
+            return cls._of.setdefault(session, cls())
+        except TypeError:  # a session that takes no weak references: tracked per generation only
+            return cls()
+
+    def _cached(self, session) -> list[int]:
+        cache = getattr(session, "cache", None)
+        return self.ids if len(self.ids) == getattr(cache, "length", -1) else []
+
+    def start(self, session, ids: Sequence[int], reuse: bool = True) -> int:
+        """Cut the cache back to its common prefix with `ids` (none unless `reuse`), leaving at least one
+        token to prefill (the last position's logits come from a prefill); return how many are kept."""
+        n = 0
+        for a, b in zip(self._cached(session) if reuse else (), ids):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(ids) - 1)
+        truncate = getattr(session, "truncate", None)
+        if n > 0 and truncate is not None:
+            truncate(n)
+        else:
+            n = 0
+            session.reset()
+        self.ids = list(ids[:n])
+        return n
+
+    def forget(self) -> None:
+        """The cache's contents are unknown (a session call was interrupted): the next start resets it."""
+        self.ids = []
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
@@ -46,17 +101,18 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[dict], max_tokens: int = 64,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
-             seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None
-             ) -> Iterator[str]:
+             seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None,
+             reuse_cache: bool = False) -> Iterator[str]:
     """Stream the model's reply as text pieces.
 
     Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
     a full context window. The arguments are checked, and the prompt encoded and measured against
     the context window, when this is called; the model runs as the iterator is consumed. `stats`, if
-    given, is filled when the iterator finishes or is closed: prompt_tokens, generated (ids, eos
-    included), finish_reason (eos | stop | length | context | cancelled), prefill_seconds,
-    decode_seconds, and prefill_tok_s / decode_tok_s (session time only, without sampling and
-    detokenization).
+    given, is filled when the iterator finishes or is closed: prompt_tokens, prefilled_tokens (those
+    not reused from `prefix`), generated (ids, eos included), finish_reason (eos | stop | length |
+    context | cancelled), prefill_seconds, decode_seconds, and prefill_tok_s / decode_tok_s (session
+    time only, without sampling and detokenization). With `reuse_cache`, the session's KV cache is
+    kept as far as it holds the start of this prompt (PrefixCache: chat turns); otherwise it is reset.
     """
     sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed)
     stops = _stops(stop)
@@ -70,11 +126,12 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
         raise ContextWindowError(f"the prompt is {len(ids)} tokens, but the context window is {window} and must also "
                                  f"hold at least one generated token; shorten the prompt or compile with a larger "
                                  f"context window")
-    return _run(session, tokenizer, ids, sampler, min(int(max_tokens), window - len(ids)), int(max_tokens), stops, stats)
+    return _run(session, tokenizer, ids, sampler, min(int(max_tokens), window - len(ids)), int(max_tokens), stops, stats,
+                reuse_cache)
 
 
 def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget: int, max_tokens: int,
-         stops: tuple[str, ...], stats: dict | None) -> Iterator[str]:
+         stops: tuple[str, ...], stats: dict | None, reuse_cache: bool) -> Iterator[str]:
     eos = set(tokenizer.eos_token_ids)
     detok = tokenizer.stream_decoder(skip_special_tokens=True)
     history = list(ids)  # the repetition penalty covers the prompt too, as in transformers
@@ -82,12 +139,16 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
     pending = ""  # decoded text not yet yielded: its end may be the start of a stop string
     reason = None
     t_prefill = t_decode = 0.0
-    decodes = 0
+    decodes = cached = 0
+    busy = True  # inside a session call: if it is interrupted, the cache holds an unknown part of it
+    prefix = PrefixCache.of(session)
     try:
-        session.reset()
+        cached = prefix.start(session, ids, reuse_cache)
         t0 = time.perf_counter()
-        logits = session.prefill(ids)
+        logits = session.prefill(ids[cached:])
         t_prefill = time.perf_counter() - t0
+        busy = False
+        prefix.ids = list(ids)
         while reason is None:
             token = sampler.sample(logits, history)
             generated.append(token)
@@ -108,13 +169,19 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
                 yield pending[:len(pending) - keep]
                 pending = pending[len(pending) - keep:]
             if reason is None:
+                busy = True
                 t0 = time.perf_counter()
                 logits = session.decode(token)
                 t_decode += time.perf_counter() - t0
+                busy = False
                 decodes += 1
+                prefix.ids.append(token)
     finally:
+        if busy:
+            prefix.forget()
         if stats is not None:
-            stats.update(prompt_tokens=len(ids), generated=generated, finish_reason=reason or "cancelled",
-                         prefill_seconds=t_prefill, decode_seconds=t_decode,
-                         prefill_tok_s=len(ids) / t_prefill if t_prefill else 0.0,
+            prefilled = len(ids) - cached
+            stats.update(prompt_tokens=len(ids), prefilled_tokens=prefilled, generated=generated,
+                         finish_reason=reason or "cancelled", prefill_seconds=t_prefill, decode_seconds=t_decode,
+                         prefill_tok_s=prefilled / t_prefill if t_prefill else 0.0,
                          decode_tok_s=decodes / t_decode if t_decode else 0.0)

@@ -36,3 +36,10 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n positions (a prompt that shares them is prefilled from n on); rows past n
+        are overwritten by the next begin."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot keep {n} positions of a KV cache holding {self.length}")
+        self.length = n

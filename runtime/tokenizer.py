@@ -5,20 +5,22 @@ Everything here reads JSON and jinja text only: `tokenizer.json` through the `to
 (where transformers >= 4.43 writes the template), `special_tokens_map.json` and
 `generation_config.json` (the eos ids generation stops at). Chat templates run in jinja2's immutable
 sandbox with the helpers transformers gives them, so a template renders here exactly as
-`AutoTokenizer.apply_chat_template` renders it, and a hostile template cannot reach Python objects.
+`AutoTokenizer.apply_chat_template` renders it, a hostile template cannot reach Python objects, and
+a runaway one stops at its limits (runtime/chat_template.py). Every file problem, template failure
+and limit is a TokenizerError with a one-line message.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as Backend
+
+from .chat_template import LimitedEnvironment, TemplateLimits
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -27,17 +29,44 @@ class TokenizerError(ValueError):
     """A tokenizer file that is missing or unreadable, or a chat template that fails; one-line message."""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """Text with every lone surrogate replaced by U+FFFD, as chat clients show undecodable input.
+
+    Python hands over undecodable bytes of argv and of stdin (with errors=surrogateescape) as lone
+    surrogates, and JSON may hold them as escapes; they cannot be encoded as UTF-8, so the tokenizer
+    refuses them."""
+    return _SURROGATE.sub(REPLACEMENT_CHAR, text)
+
+
+def _is_panic(e: BaseException) -> bool:
+    """A Rust panic inside `tokenizers` arrives as pyo3's PanicException, a BaseException."""
+    return type(e).__name__ == "PanicException"
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                             f"re-download the model files") from None
+    except OSError as e:
+        raise TokenizerError(f"{path} cannot be read ({e.strerror or e})") from None
 
 
 def _read_json(path: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(_read_text(path))
+    except (json.JSONDecodeError, RecursionError) as e:
         raise TokenizerError(f"{path} is not valid JSON ({_first_line(e)}); re-download the model files") from None
     if not isinstance(data, dict):
         raise TokenizerError(f"{path} should hold a JSON object, not {type(data).__name__}")
@@ -53,22 +82,91 @@ def _token_text(value) -> str | None:
 
 def _pick_template(value, source: Path) -> str | None:
     """`chat_template` is a string, or a list of {"name", "template"} of which we take "default"."""
-    if value is None or isinstance(value, str):
-        return value
     if isinstance(value, list):
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        return named.get("default")
-    raise TokenizerError(f"{source}: chat_template should be a string or a list of named templates")
+        value = named.get("default")
+    if value is None or isinstance(value, str):
+        return value
+    raise TokenizerError(f"{source}: chat_template should be a string or a list of named templates "
+                         f"({{\"name\": ..., \"template\": STRING}}), not {type(value).__name__}")
+
+
+def _eos_ids(value, source: Path) -> list[int]:
+    ids = [] if value is None else [value] if isinstance(value, int) else value
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise TokenizerError(f"{source}: eos_token_id should be a token id or a list of token ids, not {value!r:.80}")
+    return ids
+
+
+def _load_backend(tj: Path):
+    try:
+        backend = Backend.from_file(str(tj))
+    except Exception as e:  # the Rust side raises plain Exception with a serde message
+        raise TokenizerError(f"{tj} could not be loaded ({_first_line(e)}); re-download the model files") from None
+    except BaseException as e:
+        if not _is_panic(e):
+            raise
+        raise TokenizerError(f"{tj} could not be loaded (the tokenizers library failed: {_first_line(e)}); "
+                             f"re-download the model files") from None
+    # As transformers does for every call that asks for neither: padding or truncation stored in the
+    # file would change every prompt (and a huge fixed padding length makes encode abort).
+    backend.no_padding()
+    backend.no_truncation()
+    if backend.post_processor is not None:
+        _check_processor(json.loads(backend.post_processor.__getstate__()), tj)
+    return backend
+
+
+def _check_processor(spec, where: Path) -> None:
+    """A TemplateProcessing must define every special token its templates use, with as many ids as tokens:
+    the tokenizers library accepts such a file and panics in the first encode."""
+    if isinstance(spec, list):
+        for item in spec:
+            _check_processor(item, where)
+        return
+    if not isinstance(spec, dict):
+        return
+    if spec.get("type") == "TemplateProcessing":
+        specials = spec.get("special_tokens") or {}
+        for piece in (spec.get("single") or []) + (spec.get("pair") or []):
+            name = piece.get("SpecialToken", {}).get("id") if isinstance(piece, dict) else None
+            if name is not None and name not in specials:
+                raise TokenizerError(f"{where}: the post-processor's template uses the special token {name!r:.40}, "
+                                     f"which it does not define; re-download the model files")
+        for name, entry in specials.items():
+            if len(entry.get("ids", [])) != len(entry.get("tokens", [])):
+                raise TokenizerError(f"{where}: the post-processor's special token {name!r:.40} has "
+                                     f"{len(entry.get('ids', []))} ids for {len(entry.get('tokens', []))} tokens")
+    for value in spec.values():
+        _check_processor(value, where)
+
+
+def _processor_ids(spec) -> list[int]:
+    """Token ids a post-processor inserts (TemplateProcessing's special_tokens, Bert/Roberta's cls and sep)."""
+    out: list[int] = []
+    if isinstance(spec, dict):
+        for key, value in spec.items():
+            if key == "ids" and isinstance(value, list):
+                out += [i for i in value if isinstance(i, int)]
+            elif key in ("cls", "sep") and isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
+                out.append(value[1])
+            else:
+                out += _processor_ids(value)
+    elif isinstance(spec, list):
+        for value in spec:
+            out += _processor_ids(value)
+    return out
 
 
 class Tokenizer:
     """Text <-> token ids, plus what generation needs: eos ids and the chat template."""
 
     def __init__(self, backend, config: dict | None = None, chat_template: str | None = None,
-                 eos_token_ids: Sequence[int] = ()):
+                 eos_token_ids: Sequence[int] = (), limits: TemplateLimits | None = None):
         self.backend = backend  # a tokenizers.Tokenizer
         self.config = dict(config or {})
         self.chat_template = chat_template
+        self.limits = limits or TemplateLimits()
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token = _token_text(self.config.get("eos_token"))
         ids = list(eos_token_ids)
@@ -78,38 +176,70 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in ids))
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Tokenizer:
+    def from_dir(cls, path: str | Path, vocab_size: int | None = None, limits: TemplateLimits | None = None
+                 ) -> Tokenizer:
+        """The tokenizer of a model or package directory; with `vocab_size` (the model's embedding rows),
+        checked to produce no id the model cannot embed."""
         path = Path(path)
         tj = path / "tokenizer.json"
-        if not tj.exists():
+        if not tj.is_file():
             raise TokenizerError(f"{path} has no tokenizer.json (only fast-tokenizer files are supported; "
                                  f"convert with transformers' AutoTokenizer(...).save_pretrained)")
-        try:
-            backend = Backend.from_file(str(tj))
-        except Exception as e:  # the Rust side raises plain Exception with a serde message
-            raise TokenizerError(f"{tj} could not be loaded ({_first_line(e)}); re-download the model files") from None
+        backend = _load_backend(tj)
         config = _read_json(path / "tokenizer_config.json")
         for key, value in _read_json(path / "special_tokens_map.json").items():
             config.setdefault(key, value)
         template = _pick_template(config.get("chat_template"), path / "tokenizer_config.json")
-        if template is None and (path / "chat_template.jinja").exists():
-            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        if template is None and (path / "chat_template.jinja").is_file():
+            template = _read_text(path / "chat_template.jinja")
         if template is None:
             ct = path / "chat_template.json"
             template = _pick_template(_read_json(ct).get("chat_template"), ct)
-        eos = _read_json(path / "generation_config.json").get("eos_token_id")
-        eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        return cls(backend, config, template, eos_ids)
+        gc = path / "generation_config.json"
+        tok = cls(backend, config, template, _eos_ids(_read_json(gc).get("eos_token_id"), gc), limits)
+        if vocab_size is not None:
+            tok.check_vocab(int(vocab_size), str(tj))
+        return tok
 
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    def check_vocab(self, vocab_size: int, where: str) -> None:
+        """Every id this tokenizer can produce (its vocabulary, added and special tokens, the ids its
+        post-processor inserts) must be < `vocab_size`, the model's embedding rows: a larger id reads
+        past the embedding table (NaN logits, or garbage) instead of failing."""
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        token, top = max(vocab.items(), key=lambda kv: kv[1], default=("", -1))
+        processor = self.backend.post_processor
+        if processor is not None:
+            extra = _processor_ids(json.loads(processor.__getstate__()))
+            if extra and max(extra) > top:
+                token, top = "(inserted by the post-processor)", max(extra)
+        if top >= vocab_size:
+            raise TokenizerError(f"{where}: the tokenizer has token id {top} ({token!r:.40}), but the model's vocabulary "
+                                 f"has {vocab_size} entries (ids 0..{vocab_size - 1}); use the tokenizer that came "
+                                 f"with the model")
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self.backend.encode(clean_text(text), add_special_tokens=add_special_tokens).ids
+        except Exception as e:
+            raise TokenizerError(f"the tokenizer could not encode the text ({_first_line(e)})") from None
+        except BaseException as e:
+            if not _is_panic(e):
+                raise
+            raise TokenizerError(f"the tokenizer failed on the text ({_first_line(e)}); is tokenizer.json intact?") from None
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        try:
+            return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        except Exception as e:
+            raise TokenizerError(f"the tokenizer could not decode token ids ({_first_line(e)})") from None
+        except BaseException as e:
+            if not _is_panic(e):
+                raise
+            raise TokenizerError(f"the tokenizer failed to decode ({_first_line(e)}); is tokenizer.json intact?") from None
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
@@ -124,56 +254,33 @@ class Tokenizer:
         if not self.chat_template:
             raise TokenizerError("this model has no chat template (tokenizer_config.json has no chat_template "
                                  "and there is no chat_template.jinja); pass plain text with chat=False")
+        env = LimitedEnvironment(self.limits)
         try:
-            return _jinja_env().from_string(self.chat_template)
+            return env, env.from_string(self.chat_template)
         except jinja2.TemplateSyntaxError as e:
-            raise TokenizerError(f"the model's chat template does not parse: {e.message} (line {e.lineno})") from None
+            raise TokenizerError(f"the model's chat template does not parse: {_first_line(e)} (line {e.lineno})") from None
+        except (RecursionError, MemoryError):
+            raise TokenizerError("the model's chat template is too deeply nested to compile") from None
+        except Exception as e:  # jinja turns some misplaced tags ({% break %} outside a loop) into invalid Python
+            raise TokenizerError(f"the model's chat template does not compile: {type(e).__name__}: "
+                                 f"{_first_line(e)}") from None
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The conversation as the model's template renders it (the text already holds its special tokens)."""
-        template = self._compiled_template
+        env, template = self._compiled_template
         special = {k: _token_text(v) for k, v in self.config.items() if k.endswith("_token") and _token_text(v)}
         context = {**special, "messages": list(messages), "add_generation_prompt": add_generation_prompt,
                    "tools": None, "documents": None, **kwargs}
         try:
-            return template.render(**context)
-        except jinja2.TemplateError as e:
+            return env.render(template, context)
+        except jinja2.TemplateError as e:  # raise_exception, undefined attributes, sandbox refusals, the limits
             raise TokenizerError(f"chat template error: {_first_line(e)}") from None
-
-
-# ---- the jinja environment of transformers' chat templates ----------------------------------------
-
-def _raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    # transformers' tojson, not jinja's: no HTML escaping of <>&', and non-ASCII kept as is.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt):
-    return datetime.now().strftime(fmt)
-
-
-class _GenerationBlock(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; render its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.Scope(body).set_lineno(lineno)
-
-
-def _jinja_env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
+        except RecursionError:
+            raise TokenizerError("chat template error: it recursed too deeply") from None
+        except MemoryError:
+            raise TokenizerError("chat template error: it ran out of memory") from None
+        except Exception as e:  # the template's own mistakes: 1 + 'a', a missing key, int('x'), ...
+            raise TokenizerError(f"chat template error: {type(e).__name__}: {_first_line(e)}") from None
 
 
 # ---- streaming detokenization -----------------------------------------------------------------

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
 import deploycc
 from deploycc.runtime.generate import ContextWindowError, encode_prompt, generate
@@ -18,8 +19,8 @@ from deploycc.runtime.tokenizer import Tokenizer
 
 from .test_tokenizer import write_tiny_tokenizer
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require_module("torch")
+transformers = require_module("transformers")
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 PROMPT = "The quick brown fox jumps over the lazy dog. Crème brûlée 🙂"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import require_module
 
 from deploycc.runtime.sampler import Sampler
 
@@ -59,8 +60,8 @@ def test_sampling_follows_the_distribution():
 
 
 def test_repetition_penalty_as_in_transformers():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     x = logits(4, 50)
     history = [3, 7, 7, 11, int(np.argmax(x)), int(np.argmin(x))]
     proc = transformers.RepetitionPenaltyLogitsProcessor(1.7)

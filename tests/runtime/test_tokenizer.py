@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -199,7 +200,7 @@ FANCY = (  # the helpers and filters transformers gives templates
 
 
 def hf_tokenizer(path):
-    transformers = pytest.importorskip("transformers")
+    transformers = require_module("transformers")
     return transformers.AutoTokenizer.from_pretrained(str(path))
 
 
