@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import missing, require_device, require_module
 
 from deploycc.runtime.devices import DeviceError, available, open_device
 
-cl = pytest.importorskip("pyopencl", reason="pyopencl not installed (pip install 'pyopencl[pocl]')")
+cl = require_module("pyopencl")
 
 ADD2D = """
 __kernel void add2d(__global float* b0, __global float* b1, __global float* b2, int s0, int s1, int s2, int s3) {
@@ -45,10 +46,7 @@ __kernel void widen(__global half* b0, __global float* b1, int s0) {
 
 @pytest.fixture(scope="module")
 def dev():
-    try:
-        return open_device("opencl")
-    except DeviceError as e:
-        pytest.skip(f"no OpenCL device: {e}")
+    return require_device("opencl")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -159,7 +157,8 @@ def test_abi_violations(dev):
 
 def test_platform_choice():
     pocl = [d for d in available() if d["kind"] == "opencl" and "Portable Computing Language" in d["details"].get("platform", "")]
-    assert pocl, "available() lists no PoCL device"
+    if not pocl:
+        missing("available() lists no PoCL device (apt-get install pocl-opencl-icd, or pip install 'pyopencl[pocl]')")
     versions = [d["details"]["platform_version"] for d in pocl]
     if any("PoCL 3.1" in v for v in versions):  # Debian's PoCL 3.1 wins over pip's 3.0 by default
         assert "PoCL 3.1" in open_device("opencl").name

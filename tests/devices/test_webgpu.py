@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import missing, require_device, require_module
 
 from deploycc.runtime.devices import DeviceError, available, open_device
 
-wgpu = pytest.importorskip("wgpu", reason="wgpu not installed (pip install wgpu)")
+wgpu = require_module("wgpu")
 
 ADD2D = """
 struct Params { s0: i32, s1: i32, s2: i32, s3: i32 }
@@ -100,10 +101,7 @@ fn f16ops(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @pytest.fixture(scope="module")
 def dev():
-    try:
-        return open_device("webgpu")
-    except DeviceError as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
+    return require_device("webgpu")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -164,7 +162,7 @@ def test_chained_launches_and_write_ordering(dev):
 
 def test_f16_kernel(dev):
     if not dev.has_f16:
-        pytest.skip(f"adapter {dev.name} has no shader-f16")
+        missing(f"adapter {dev.name} has no shader-f16 (install Mesa's lavapipe: mesa-vulkan-drivers)")
     h = (np.random.default_rng(3).standard_normal(1001) * 100).astype(np.float16)  # odd length: padded buffers
     k = dev.build(F16, ["f16ops"])["f16ops"]
     bh, bf, b2 = dev.upload(h), dev.alloc(h.size * 4), dev.alloc(h.nbytes)

@@ -1,9 +1,8 @@
 """Every CUDA kernel emitted for the h100 (sm_90) and rtx4090 (sm_89) presets, for every tiny
 architecture, compiles with nvcc and assembles with ptxas (no GPU needed). Running them needs a GPU
 (the device tool), which CI does not have."""
-import shutil
-
 import pytest
+from conftest import require_nvcc
 
 import deploycc
 from deploycc import presets
@@ -13,7 +12,10 @@ from deploycc.pipeline import run as run_pipeline
 from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
 from deploycc.session import export
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+@pytest.fixture(autouse=True)
+def toolkit():
+    require_nvcc()
 
 
 @pytest.mark.parametrize("preset", ["h100", "rtx4090"])

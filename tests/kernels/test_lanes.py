@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import require_device
 
 from deploycc import presets
 from deploycc.execute import KernelRunner, render
@@ -34,13 +35,8 @@ def gemv_program(scheme, rows: int, cols: int) -> tir.TensorProgram:
 @pytest.mark.parametrize("width", [4, 8, 16])
 @pytest.mark.parametrize("scheme", ["q4f16_2", "q4f32_1", "q8f16_0", "q0f16"])
 def test_vector_lanes_gemv_on_pocl(scheme, width):
-    from deploycc.runtime.devices import DeviceError, open_device
-
     target = dataclasses.replace(presets.load("cpu-opencl").target, vector_width=width)
-    try:
-        device = open_device("opencl")
-    except DeviceError as e:
-        pytest.skip(str(e))
+    device = require_device("opencl")
     s = QUANTIZATION[scheme]
     rows, cols = 37, 96
     prog = gemv_program(s, rows, cols)
@@ -84,13 +80,8 @@ def matmul_program(scheme, rows: int, cols: int) -> tir.TensorProgram:
 def test_register_tiles_on_pocl(tile, m):
     """Row-rule register tiles (row_tile_m x row_tile_n rows per thread, clamped and guarded past the
     end of the symbolic m) against the interpreter (rtol 1e-5)."""
-    from deploycc.runtime.devices import DeviceError, open_device
-
     target = dataclasses.replace(presets.load("cpu-opencl").target, row_tile_m=tile[0], row_tile_n=tile[1])
-    try:
-        device = open_device("opencl")
-    except DeviceError as e:
-        pytest.skip(str(e))
+    device = require_device("opencl")
     s = QUANTIZATION["q4f16_2"]
     rows, cols = 38, 64
     prog = matmul_program(s, rows, cols)

@@ -3,6 +3,7 @@ an inlined dequantize prologue and a residual-add epilogue, at sizes that are no
 tile. Compared with the loop-level interpreter (atol 1e-4, rtol 1e-4)."""
 import numpy as np
 import pytest
+from conftest import require_device
 from transform.test_fusion_text import module
 
 from deploycc import presets
@@ -20,12 +21,7 @@ PRESETS = {"opencl": "adreno", "webgpu": "cpu-webgpu"}
 @pytest.mark.parametrize("kind", sorted(PRESETS))
 @pytest.mark.parametrize("n", [1, 17, 40])
 def test_tiled_matmul_with_prologue_and_epilogue(kind, n):
-    from deploycc.runtime.devices import DeviceError, open_device
-
-    try:
-        device = open_device(kind)
-    except DeviceError as e:
-        pytest.skip(str(e))
+    device = require_device(kind)
     target = presets.load(PRESETS[kind]).target
     fused = fuse_tensor(fuse_ops(annotate_patterns(module())))
     prog = fused["fused_dequantize_linear_add"]

@@ -10,6 +10,7 @@ reference session.
 """
 import numpy as np
 import pytest
+from conftest import require_device
 
 import deploycc
 from deploycc import presets
@@ -27,13 +28,8 @@ PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu"}
 
 @pytest.fixture(scope="session", params=sorted(PRESETS))
 def backend(request):
-    from deploycc.runtime.devices import DeviceError, open_device
-
     kind = request.param
-    try:
-        device = open_device(kind)
-    except DeviceError as e:
-        pytest.skip(f"no {kind} device here: {e}")
+    device = require_device(kind)
     return kind, device, presets.load(PRESETS[kind]).target
 
 

@@ -3,6 +3,7 @@ vload_half, no cl_khr_fp16) and WGSL (shader-f16), against the loop-level interp
 the integer part, float32 rounding for the rest): the building blocks of quantized weights."""
 import numpy as np
 import pytest
+from conftest import require_device, require_nvcc
 
 from deploycc import presets
 from deploycc.execute import KernelRunner
@@ -25,15 +26,8 @@ def unpack_program(rows: int, words: int) -> tir.TensorProgram:
 
 @pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu"])
 def test_unpack_nibbles_with_half_scales(preset):
-    from deploycc.runtime.devices import DeviceError, open_device
-
     target = presets.load(preset).target
-    try:
-        device = open_device(target.kind)
-    except DeviceError as e:
-        pytest.skip(str(e))
-    if target.kind == "webgpu" and not getattr(device, "has_f16", False):
-        pytest.skip("adapter without shader-f16")
+    device = require_device(target.kind, f16=target.kind == "webgpu")
     prog = unpack_program(5, 3)
     rng = np.random.default_rng(0)
     q = rng.integers(0, 2**32, (5, 3), dtype=np.uint64).astype(np.uint32)
@@ -48,10 +42,7 @@ def test_unpack_nibbles_with_half_scales(preset):
 
 
 def test_unpack_compiles_for_cuda():
-    import shutil
-
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not installed")
+    require_nvcc()
     from deploycc.execute import render
     from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
 import deploycc
 from deploycc.runtime.generate import encode_prompt, generate
@@ -26,8 +27,8 @@ def checkpoint(smollm2_path) -> Path:
 
 @pytest.fixture(scope="module")
 def smol(checkpoint):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32,
                                                            attn_implementation="eager").eval()
     return dict(hf=hf, hf_tok=transformers.AutoTokenizer.from_pretrained(str(checkpoint)),

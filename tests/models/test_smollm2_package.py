@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import require_device, require_module
 
 from deploycc.package import compile_model
 from deploycc.runtime.engine import Engine
@@ -21,8 +22,8 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def reference(smollm2_path):
     """transformers' greedy continuation of each templated prompt."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     from deploycc.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(smollm2_path)
@@ -40,14 +41,10 @@ def reference(smollm2_path):
 
 @pytest.fixture(scope="module", params=["cpu-opencl", "cpu-webgpu"])
 def engine(request, smollm2_path, tmp_path_factory):
-    from deploycc.runtime.devices import DeviceError
-
+    require_device(request.param.split("-")[1])
     out = compile_model(smollm2_path, request.param, out=str(tmp_path_factory.mktemp("pkg") / "smollm2"),
                         context_window=512)
-    try:
-        return request.param, Engine.load(out)
-    except DeviceError as e:
-        pytest.skip(str(e))
+    return request.param, Engine.load(out)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

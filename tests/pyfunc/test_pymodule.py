@@ -5,6 +5,7 @@ checker, interpreter) and its compile-time error for the VM."""
 import numpy as np
 import pytest
 import torch
+from conftest import require_device
 
 from deploycc import presets
 from deploycc.errors import DeployError
@@ -93,12 +94,7 @@ DEVICES = ["host", "opencl", "webgpu"]
 
 def _module(device):
     if device != "host":
-        from deploycc.runtime.devices import DeviceError, open_device
-
-        try:
-            open_device(device)
-        except DeviceError as e:
-            pytest.skip(f"no {device} device here: {e}")
+        require_device(device)
     return RelaxExample(device=device, library={"my_softmax": softmax_lib})
 
 

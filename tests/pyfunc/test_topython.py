@@ -9,6 +9,7 @@ that records an intermediate tensor (the debugging workflow)."""
 import numpy as np
 import pytest
 import torch
+from conftest import require_device
 
 import deploycc
 from deploycc import pipeline
@@ -82,13 +83,9 @@ def test_tiny_models_printed_as_python(tiny, stage):
 @pytest.mark.parametrize("device", ["opencl", "webgpu"])
 @pytest.mark.parametrize("name", ["llama-gqa1", "gpt2-odd"])
 def test_fused_python_runs_tensor_programs_on_a_device(name, device):
-    from deploycc.runtime.devices import DeviceError, open_device
     from fixtures import make_tiny
 
-    try:
-        open_device(device)
-    except DeviceError as e:
-        pytest.skip(f"no {device} device here: {e}")
+    require_device(device)
     model = deploycc.load_model(str(make_tiny(name)))
     mod = pipeline.run(export(model), None, "fused")
     py = load_python(module_to_python(mod, ["prefill", "decode"]), mod, device)

@@ -5,12 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_device, require_module
 
 import deploycc
 from deploycc.errors import DeployError
 from deploycc.session import reference_session
 
-gguf = pytest.importorskip("gguf")
+gguf = require_module("gguf")
 Q = gguf.GGMLQuantizationType
 
 IDS = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -387,16 +388,10 @@ def test_block_dequantize_kernel_on_device(preset, qtype):
     from deploycc import presets
     from deploycc.execute import KernelRunner
     from deploycc.quantization import BLOCK_SCHEMES
-    from deploycc.runtime.devices import DeviceError, open_device
     from deploycc.schedule import schedule_program
 
     target = presets.load(preset).target
-    try:
-        device = open_device(target.kind)
-    except DeviceError as e:
-        pytest.skip(str(e))
-    if target.kind == "webgpu" and not getattr(device, "has_f16", False):
-        pytest.skip("adapter without shader-f16")
+    device = require_device(target.kind, f16=target.kind == "webgpu")
     scheme = BLOCK_SCHEMES[qtype]
     cols = 512 if qtype.endswith("_K") else 64
     rng = np.random.default_rng(2)
@@ -448,19 +443,16 @@ def test_compile_gguf_package(tmp_path):
     """`compile_model` on a .gguf (dequantized, then quantized by the chosen scheme) writes the rebuilt
     tokenizer into the package, and the package's logits match the reference session."""
     from deploycc.package import compile_model
-    from deploycc.runtime.devices import DeviceError
     from deploycc.runtime.engine import Engine
 
+    require_device("opencl")
     path, _ = write_tiny(tmp_path, MIXED)
     out = compile_model(str(path), "cpu-opencl", quantization="q4f16_2", out=str(tmp_path / "pkg"))
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (out / name).exists(), name
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["architecture"] == "LlamaForCausalLM"
-    try:
-        engine = Engine.load(out)
-    except DeviceError as e:
-        pytest.skip(str(e))
+    engine = Engine.load(out)
     ref = reference_session(deploycc.load_model(str(path)), quantization="q4f16_2")
     np.testing.assert_allclose(logits(engine), logits(ref), atol=1e-4, rtol=0)
 
@@ -468,7 +460,7 @@ def test_compile_gguf_package(tmp_path):
 def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
     """A SentencePiece-style ('llama') vocabulary: byte fallback, merges derived from scores, BOS
     added; ids equal those of transformers' own GGUF tokenizer loader."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require_module("transformers")
     path, _ = write_tiny(tmp_path, spm=True)
     ours = transformers.AutoTokenizer.from_pretrained(str(deploycc.load_model(str(path)).path))
     try:
@@ -490,9 +482,9 @@ def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
     """A .gguf compiles with its quantized blocks kept by default (quantization "gguf"): the params
     hold the packed words, and the package's logits equal the kept-blocks reference."""
     from deploycc.package import compile_model
-    from deploycc.runtime.devices import DeviceError
     from deploycc.runtime.engine import Engine
 
+    require_device(preset.split("-")[1])
     if kquants:  # K-quant super-blocks are 256 wide
         path, _ = write_tiny(tmp_path, K_MIXED, hidden_size=256, intermediate_size=256, head_dim=64)
     else:
@@ -501,10 +493,7 @@ def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["quantization"] == "gguf"
     assert any(p["dtype"] == "uint32" for p in manifest["params"])
-    try:
-        engine = Engine.load(out)
-    except DeviceError as e:
-        pytest.skip(str(e))
+    engine = Engine.load(out)
     ref = reference_session(deploycc.load_model(str(path)), quantization="gguf")
     # atol 1e-4 + rtol 1e-4, as for every kernel (the K-quant model's logits reach |5|)
     np.testing.assert_allclose(logits(engine), logits(ref), atol=1e-4, rtol=1e-4)

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import require_device
 
 import deploycc
 from deploycc.cli import cli
@@ -60,9 +61,9 @@ def numpy_perplexity(logits_of, ids, window, stride):
 @pytest.mark.parametrize("name", ["q0f32", "q4f16_2"])
 def test_package_perplexity_matches_numpy(checkpoint, tmp_path, name):
     from deploycc.package import compile_model
-    from deploycc.runtime.devices import DeviceError
     from deploycc.runtime.tokenizer import Tokenizer
 
+    require_device("opencl")
     out = compile_model(str(checkpoint), "cpu-opencl", quantization=name, context_window=64, out=str(tmp_path / "pkg"))
     ids = Tokenizer.from_dir(out).encode(TEXT)
     assert 60 < len(ids) < 200
@@ -73,10 +74,7 @@ def test_package_perplexity_matches_numpy(checkpoint, tmp_path, name):
         return ref.prefill(chunk, all_logits=True)
 
     want, count = numpy_perplexity(logits_of, ids, 24, 10)
-    try:
-        got = package_perplexity(out, TEXT, window=24, stride=10)
-    except DeviceError as e:
-        pytest.skip(str(e))
+    got = package_perplexity(out, TEXT, window=24, stride=10)
     assert got.tokens_scored == count == len(ids) - 1
     assert got.perplexity == pytest.approx(want, rel=1e-5)
     res = CliRunner().invoke(cli, ["perplexity", str(out), "--text", str(_write(tmp_path, TEXT)),
