@@ -21,6 +21,7 @@ from types import ModuleType
 import numpy as np
 
 from .errors import DeployError
+from .runtime.safetensors_io import DuplicateKey, is_int, unique_keys
 
 ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -120,24 +121,6 @@ class _Entry:
     end: int
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list) -> dict:
-    """json object_pairs_hook: a name given twice is an error, not the last one silently winning."""
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _header_entry(path: Path, name: str, info) -> tuple[str, tuple[int, ...], int, int]:
     """(dtype, shape, start, end) of one header entry, each of the type and range the format allows."""
     bad = f"{path} is corrupted: bad header entry for {name}"
@@ -147,9 +130,9 @@ def _header_entry(path: Path, name: str, info) -> tuple[str, tuple[int, ...], in
     if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
         raise DeployError(f"{path}: tensor {name} has unsupported dtype {str(dtype)[:40]!r} "
                           f"(supported: {', '.join(_ST_DTYPES)}); convert the checkpoint to one of them")
-    if not isinstance(shape, list) or len(shape) > 8 or not all(_is_int(d) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or len(shape) > 8 or not all(is_int(d) and d >= 0 for d in shape):
         raise DeployError(f"{bad}; re-download it (shape must be a list of at most 8 sizes >= 0)")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(is_int(o) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]):
         raise DeployError(f"{bad}; re-download it (data_offsets must be [start, end] with 0 <= start <= end)")
     return dtype, tuple(shape), offsets[0], offsets[1]
@@ -169,8 +152,8 @@ class SafetensorsFile:
             if n > size - 8 or n > 100_000_000:
                 raise DeployError(f"{path} is corrupted: header length {n} exceeds the file; re-download it")
             try:
-                header = json.loads(f.read(n), object_pairs_hook=_unique_keys)
-            except _DuplicateKey as e:
+                header = json.loads(f.read(n), object_pairs_hook=unique_keys)
+            except DuplicateKey as e:
                 raise DeployError(f"{path} is corrupted: its header names tensor {e.args[0]} twice; re-download it") from None
             except (ValueError, UnicodeDecodeError, RecursionError):
                 raise DeployError(f"{path} is corrupted: its header is not valid JSON; re-download it") from None

@@ -25,20 +25,22 @@ class SafetensorsError(ValueError):
     pass
 
 
-class _Duplicate(ValueError):
+class DuplicateKey(ValueError):
     pass
 
 
-def _unique(pairs: list) -> dict:
+def unique_keys(pairs: list) -> dict:
+    """json object_pairs_hook: a name given twice is an error, not the last one silently winning (the
+    package reader here and the checkpoint reader of deploycc.hub share it)."""
     out = {}
     for k, v in pairs:
         if k in out:
-            raise _Duplicate(k)
+            raise DuplicateKey(k)
         out[k] = v
     return out
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -54,8 +56,8 @@ class SafetensorsReader:
             if n > size - 8 or n > MAX_HEADER:
                 raise SafetensorsError(f"{self.path} is truncated (header of {n} bytes); recompile the package")
             try:
-                header = json.loads(f.read(n), object_pairs_hook=_unique)
-            except _Duplicate as e:
+                header = json.loads(f.read(n), object_pairs_hook=unique_keys)
+            except DuplicateKey as e:
                 raise SafetensorsError(f"{self.path} names tensor {e.args[0]} twice; recompile the package") from None
             except (ValueError, UnicodeDecodeError, RecursionError):
                 raise SafetensorsError(f"{self.path} has a corrupted header; recompile the package") from None
@@ -75,9 +77,9 @@ class SafetensorsReader:
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise bad
-        if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(d) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(is_int(d) and d >= 0 for d in shape):
             raise bad
-        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_int(o) for o in offsets):
             raise bad
         begin, end = offsets
         count = math.prod(shape)  # Python integers: no int64 wrap-around that could make a huge shape look small

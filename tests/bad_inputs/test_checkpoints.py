@@ -270,7 +270,7 @@ def weights_do_not_fit_device_memory(tmp):
 
 
 def inspect_context_window_past_positions(tmp):
-    return ("inspect", copy_tiny(tmp), "--context-window", str(10**12)), ["exceeds this model's 128"]
+    return ("inspect", copy_tiny(tmp), "--context-window", str(10**12)), ["exceeds the 128 positions this model was trained for"]
 
 
 # ---- presets ------------------------------------------------------------------------------------------

@@ -11,9 +11,6 @@ hangs / other exceptions.
 from __future__ import annotations
 
 import json
-import select
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +20,8 @@ from conftest import require_device
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_package import compile_tiny_package, copy_package
+
+from fuzz.worker import Worker
 
 WORKER = Path(__file__).with_name("package_worker.py")
 CASES = {"manifest": 800, "bytecode": 1200}
@@ -40,43 +39,10 @@ def base(tmp_path_factory) -> Path:
     return compile_tiny_package(tmp_path_factory.mktemp("fuzz"))
 
 
-class Worker:
-    """package_worker.py in a subprocess; one case at a time, answered within TIMEOUT_S or counted as a hang."""
-
-    def __init__(self):
-        self.proc = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
-
-    def run(self, pkg: Path) -> dict:
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
-        self.proc.stdin.write(f"{pkg}\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT_S)
-        if not ready:
-            self.stop()
-            return {"kind": "hang"}
-        line = self.proc.stdout.readline()
-        if not line:  # the worker died: a native crash (a signal) or an exit
-            code = self.proc.wait()
-            self.proc = None
-            return {"kind": "crash", "code": code}
-        return json.loads(line)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
 @pytest.fixture(scope="module")
 def worker():
     require_device("opencl")
-    w = Worker()
+    w = Worker(WORKER)
     yield w
     w.stop()
 
@@ -191,7 +157,7 @@ def run_fuzz(which: str, base: Path, tmp_path: Path, worker: Worker, monkeypatch
     monkeypatch.setattr(engine_module, "open_device", spy)
     pkg = copy_package(base, tmp_path / "pkg")
     docs = Docs(base)
-    baseline = worker.run(base)
+    baseline = worker.ask(str(base), TIMEOUT_S)
     assert baseline["kind"] == "ran", baseline
     counts: Counter = Counter()
     findings: list[str] = []
@@ -211,7 +177,7 @@ def run_fuzz(which: str, base: Path, tmp_path: Path, worker: Worker, monkeypatch
         reseal(pkg)
         outcome, detail = load_in_process(pkg)
         if outcome == "valid":
-            r = worker.run(pkg)
+            r = worker.ask(str(pkg), TIMEOUT_S)
             outcome = {"ran": "ran, same logits" if r.get("logits") == baseline["logits"] else "ran, different logits",
                        "error": "clean error at run"}.get(r["kind"], r["kind"])
             detail = r.get("message", r.get("code", ""))

@@ -24,9 +24,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import select
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deploycc.runtime.chat_template import TemplateLimits
+from fuzz.worker import Worker
 
 WORKER = Path(__file__).with_name("tokenizer_worker.py")
 CASES = {"files": int(os.environ.get("FUZZ_TOK_FILES", 800)), "templates": int(os.environ.get("FUZZ_TEMPLATES", 900)),
@@ -51,39 +49,9 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False
 
 # ---- the worker --------------------------------------------------------------------------------------------
 
-class Worker:
-    """tokenizer_worker.py in a subprocess; one case at a time, answered within `timeout` or counted as a hang."""
-
-    def __init__(self):
-        self.proc = None
-
-    def run(self, case: dict, timeout: float) -> dict:
-        if self.proc is None or self.proc.poll() is not None:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-            self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, text=True, bufsize=1, env=env)
-        self.proc.stdin.write(json.dumps(case) + "\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            self.stop()
-            return {"kind": "hang"}
-        line = self.proc.stdout.readline()
-        if not line:  # the worker died: a native crash (a signal) or an exit
-            code, self.proc = self.proc.wait(), None
-            return {"kind": "crash", "code": code}
-        return json.loads(line)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
 @pytest.fixture(scope="module")
 def worker():
-    w = Worker()
+    w = Worker(WORKER)
     yield w
     w.stop()
 
@@ -214,7 +182,7 @@ def test_fuzz_tokenizer_files(tokenizer_dir, worker, tmp_path):
         for name, data in files.items():
             (case_dir / name).write_bytes(data)
         case = {"files": str(case_dir), "vocab_size": vocab}
-        check(worker.run(case, timeout=60), {n: d[:300] for n, d in files.items() if d != base.get(n)}, counts, 20)
+        check(worker.ask(json.dumps(case), 60), {n: d[:300] for n, d in files.items() if d != base.get(n)}, counts, 20)
 
     one()
     print(f"\ntokenizer files: {sum(counts.values())} cases: {dict(counts)}")
@@ -317,7 +285,7 @@ def fuzz_templates(worker, tokenizer_dir, limits: TemplateLimits, examples: int,
     @given(templates)
     def one(source):
         case = {"template": source, "limits": fields, "tokenizer": str(path)}
-        check(worker.run(case, timeout=limits.max_seconds + 30), source, counts, limits.max_seconds + 3)
+        check(worker.ask(json.dumps(case), limits.max_seconds + 30), source, counts, limits.max_seconds + 3)
 
     one()
     print(f"\n{name}: {sum(counts.values())} cases: {dict(counts)}")
