@@ -43,7 +43,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runtime.cli import main  # noqa: E402  (the package's own copy of the runtime)
+try:
+    from runtime.cli import main  # the package's own copy of the runtime
+except ImportError as e:  # a Python without the runtime's dependencies: say which, without a traceback
+    sys.exit(f"error: this package needs the Python module {e.name!r}, which {sys.executable} lacks; "
+             f"pip install numpy safetensors tokenizers jinja2 and the device binding (pyopencl, wgpu or pycuda)")
 
 main(os.path.dirname(os.path.abspath(__file__)))
 '''

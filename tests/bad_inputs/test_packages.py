@@ -155,3 +155,13 @@ def test_edited_package(base, tmp_path, edit, fragment, prompt):
                 pool.submit(run_package, pkg, "run", "--prompt", prompt, timeout=120)]
     for r in runs:
         assert_one_line_error(r.result(), *fragments)
+
+
+def test_a_python_without_the_runtime_dependencies(base):
+    """`python -S PKG` sees no site-packages (no numpy, no tokenizers): one line naming the missing module."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-S", str(base), "run", "--prompt", "hi"], capture_output=True, text=True,
+                       timeout=60)
+    assert_one_line_error(r, "this package needs the Python module", "pip install numpy")
