@@ -659,6 +659,13 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as e:  # `deploycc` or `deploycc compile` alone: the help text
+        e.show()
+        sys.exit(e.exit_code)
+    except click.UsageError as e:  # a bad option value: one line, with where to look (exit 2, the usage convention)
+        where = f"; see '{e.ctx.command_path} --help'" if e.ctx is not None else ""
+        click.echo(f"error: {e.format_message().rstrip('.')}{where}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

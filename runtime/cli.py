@@ -382,8 +382,15 @@ def bench_lines(r: dict) -> list[str]:
 
 # ---- the package's entry point ---------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with bad usage as one `error:` line (exit 2, the usage convention) instead of usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message.rstrip('.')}; see '{self.prog} --help'\n")
+
+
 def _parser(package_dir: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python {package_dir}",
+    p = _Parser(prog=f"python {package_dir}",
                                 description="Run this deploycc package (no deploycc installation needed).")
     sub = p.add_subparsers(dest="command", required=True, metavar="{run,chat,bench}")
 
