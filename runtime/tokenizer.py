@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 
@@ -44,6 +45,20 @@ def clean_text(text: str) -> str:
 def _is_panic(e: BaseException) -> bool:
     """A Rust panic inside `tokenizers` arrives as pyo3's PanicException, a BaseException."""
     return type(e).__name__ == "PanicException"
+
+
+@contextmanager
+def _native(what: str, hint: str):
+    """Errors of the tokenizers library (plain Exceptions with a serde message) and its Rust panics
+    (BaseExceptions) as one-line TokenizerErrors: `what (cause)hint`."""
+    try:
+        yield
+    except Exception as e:
+        raise TokenizerError(f"{what} ({_first_line(e)}){hint}") from None
+    except BaseException as e:
+        if not _is_panic(e):
+            raise
+        raise TokenizerError(f"{what} (the tokenizers library failed: {_first_line(e)}){hint}") from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -99,15 +114,8 @@ def _eos_ids(value, source: Path) -> list[int]:
 
 
 def _load_backend(tj: Path):
-    try:
+    with _native(f"{tj} could not be loaded", "; re-download the model files"):
         backend = Backend.from_file(str(tj))
-    except Exception as e:  # the Rust side raises plain Exception with a serde message
-        raise TokenizerError(f"{tj} could not be loaded ({_first_line(e)}); re-download the model files") from None
-    except BaseException as e:
-        if not _is_panic(e):
-            raise
-        raise TokenizerError(f"{tj} could not be loaded (the tokenizers library failed: {_first_line(e)}); "
-                             f"re-download the model files") from None
     # As transformers does for every call that asks for neither: padding or truncation stored in the
     # file would change every prompt (and a huge fixed padding length makes encode abort).
     backend.no_padding()
@@ -222,24 +230,12 @@ class Tokenizer:
                                  f"with the model")
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        try:
+        with _native("the tokenizer could not encode the text", "; is tokenizer.json intact?"):
             return self.backend.encode(clean_text(text), add_special_tokens=add_special_tokens).ids
-        except Exception as e:
-            raise TokenizerError(f"the tokenizer could not encode the text ({_first_line(e)})") from None
-        except BaseException as e:
-            if not _is_panic(e):
-                raise
-            raise TokenizerError(f"the tokenizer failed on the text ({_first_line(e)}); is tokenizer.json intact?") from None
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        try:
+        with _native("the tokenizer could not decode token ids", "; is tokenizer.json intact?"):
             return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-        except Exception as e:
-            raise TokenizerError(f"the tokenizer could not decode token ids ({_first_line(e)})") from None
-        except BaseException as e:
-            if not _is_panic(e):
-                raise
-            raise TokenizerError(f"the tokenizer failed to decode ({_first_line(e)}); is tokenizer.json intact?") from None
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

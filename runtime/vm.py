@@ -177,7 +177,7 @@ class VM:
             def replay(regs, heap):
                 g = groups(heap)
                 if not 0 < g <= max_groups:
-                    vm._no_groups(kernel, g)
+                    vm._no_groups(kernel, g, max_groups)
                     return
                 grid = (g, 1, 1) if g <= max_grid else (max_grid, -(-g // max_grid), 1)
                 if not captured:
@@ -192,7 +192,7 @@ class VM:
         def run(regs, heap):
             g = groups(heap)
             if not 0 < g <= max_groups:
-                vm._no_groups(kernel, g)
+                vm._no_groups(kernel, g, max_groups)
                 return
             grid = (g, 1, 1) if g <= max_grid else (max_grid, -(-g // max_grid), 1)
             bs = []
@@ -207,9 +207,9 @@ class VM:
             vm.launches += 1
         return run
 
-    def _no_groups(self, kernel, g: int) -> None:
+    def _no_groups(self, kernel, g: int, max_groups: int) -> None:
         """A launch of no work-groups does nothing; more than a 2-D grid holds is a package fault."""
-        if g > self.max_grid * self.max_grid:
+        if g > max_groups:
             raise VMError(f"{getattr(kernel, 'name', kernel)}: {g} work-groups exceed the grid limit of "
                           f"{self.max_grid}^2; recompile the package")
 
