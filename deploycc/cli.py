@@ -135,7 +135,8 @@ class _CompileProgress:
     """compile_model's progress callback -> rich progress on stderr: one line per step, the weights
     counted tensor by tensor. Disabled, it is a no-op callback."""
 
-    LABELS = {"export": "export", "compile": "compile (passes, kernels, memory plan, bytecode)", "weights": "write weights"}
+    LABELS = {"export": "export", "compile": "compile (passes, kernels, memory plan, bytecode)",
+              "native": "C compiler (kernels and steps into kernels.so)", "weights": "write weights"}
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled

@@ -21,6 +21,8 @@ def render(kernels: list[Kernel], target) -> str:
         from .targets import wgsl as r
     elif target.kind == "cuda":
         from .targets import cuda as r
+    elif target.kind == "cpu":
+        from .targets import c as r
     else:
         raise ValueError(f"no renderer for {target.kind}")
     return r.render(kernels, target)
@@ -58,7 +60,7 @@ class KernelRunner:
                 src = render(kernels, self.target)
                 self.sources[prog.name] = src
                 self.built[key] = self.device.build(src, [_entry(k) for k in kernels],
-                                                    {"fast_math": self.target.fast_math})
+                                                    {"fast_math": self.target.fast_math, "isa": self.target.isa})
         return self.built[key]
 
     def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:

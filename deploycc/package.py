@@ -154,6 +154,9 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
             kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
         except ValueError as e:  # a target limit the kernels cannot meet
             raise DeployError(f"{e}; choose a preset with larger limits") from None
+        if preset.target.kind == "cpu":
+            step("native")
+            kernel_files["native"] = _write_native(tmp, lowered, kernel_files["entries"], preset)
         step("weights")
         params_index = _write_params(tmp, model, lowered.constants, progress)
         for name in TOKENIZER_FILES:
@@ -209,12 +212,34 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
             if split:  # bytes per range and number of ranges, by buffer argument index
                 entries[k.name]["split"] = {str(i): [c * 4, n] for i, (c, n) in split.items()}
     else:
-        fname = {"opencl": "kernels.cl", "cuda": "kernels.cu"}[kind]
+        fname = {"opencl": "kernels.cl", "cuda": "kernels.cu", "cpu": "kernels.c"}[kind]
         (kdir / fname).write_text(render(kernels, preset.target))
         entries = {k.name: {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads} for k in kernels}
     for k in kernels:  # the calling convention the runtime checks every launch against at load
         entries[k.name]["args"] = kernel_args(k)
-    return {"language": {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl"}[kind], "entries": entries}
+    return {"language": {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl", "cpu": "c"}[kind], "entries": entries}
+
+
+def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> dict:
+    """cpu target: the step functions appended to kernels.c, and the whole module compiled into
+    kernels/kernels.so for the preset's ISA (deploycc/vm/native.py, runtime/native.py)."""
+    from .runtime import native
+    from .vm.native import NativeLoweringError, lower_native
+
+    try:
+        steps, info = lower_native(lowered.bytecode, entries)
+    except NativeLoweringError as e:
+        raise DeployError(f"the cpu target cannot run this model's steps natively: {e}") from None
+    src = tmp / "kernels" / "kernels.c"
+    source = src.read_text() + "\n" + steps
+    src.write_text(source)
+    isa = preset.target.isa
+    try:
+        native.build_shared(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math)
+    except native.NativeError as e:
+        raise DeployError(str(e)) from None
+    return {"library": "kernels/kernels.so", "isa": isa, "cpu_flags": native.isa_flags(isa),
+            "compiler": " ".join(native.compiler()), **info}
 
 
 def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:

@@ -21,7 +21,7 @@ from .targets.base import Target
 
 TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk"}
 RUNTIME_KEYS = {"backend"}
-BACKENDS = ("opencl", "webgpu", "cuda", "host")
+BACKENDS = ("opencl", "webgpu", "cuda", "cpu", "host")
 # Tokens of KV cache per sequence, and tokens per prefill step: the symbolic bounds every memory
 # plan and kernel is compiled for; past these a plan is gigabytes for one sequence.
 CONTEXT_WINDOW = (1, 1 << 20)
@@ -121,7 +121,7 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     if not isinstance(tdata, dict):
         raise DeployError(f"{where}: 'target' must be a mapping")
     if "kind" not in tdata:
-        raise DeployError(f"{where}: target: missing required key 'kind' (opencl, cuda or webgpu)")
+        raise DeployError(f"{where}: target: missing required key 'kind' (opencl, cuda, webgpu or cpu)")
     from dataclasses import fields
 
     tkeys = {f.name: f.type for f in fields(Target)}

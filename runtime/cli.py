@@ -327,10 +327,12 @@ def mb(n) -> str:
 def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
     """Where a decode step's time goes: wall time per token, the device time of every kernel (profiling
     events), and the host's own time to run the step's bytecode and enqueue its launches, measured with
-    the device held idle (so kernels do not compete with it for the cores). OpenCL only."""
+    the device held idle (so kernels do not compete with it for the cores). OpenCL and cpu. On cpu the
+    package's step runs as one native call: host time is the decode step's time outside that call, and
+    the kernels are timed running the same bytecode launch by launch."""
     dev = engine.device
     if not hasattr(dev, "start_profile"):
-        raise UsageError(f"--profile needs the opencl backend; this package runs on {engine.manifest['preset']['backend']}")
+        raise UsageError(f"--profile needs the opencl or cpu backend; this package runs on {engine.manifest['preset']['backend']}")
     window = int(engine.context_window)
     if prompt_len + 3 * steps + 8 > window:
         raise UsageError(f"--prompt-len {prompt_len} leaves no room for {3 * steps + 8} profiled decode steps in the "
@@ -345,7 +347,21 @@ def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
         tok = int(np.argmax(engine.decode(tok)))
     wall = (time.perf_counter() - t0) / steps
     host = []
-    for _ in range(steps):
+    native = {f: fn.native for f, fn in engine.vm.functions.items() if fn.native is not None}
+    for _ in range(steps if native else 0):
+        prologue, epilogue, call, slots, values = native["decode"]
+        inside = []
+
+        def timed_call(call=call, inside=inside):
+            t = time.perf_counter()
+            call()
+            inside.append(time.perf_counter() - t)
+        engine.vm.functions["decode"].native = (prologue, epilogue, timed_call, slots, values)
+        t = time.perf_counter()
+        tok = int(np.argmax(engine.decode(tok)))
+        host.append(time.perf_counter() - t - inside[0])
+        engine.vm.functions["decode"].native = native["decode"]
+    for _ in range(0 if native else steps):
         dev.write(engine.ids_buf, np.array([[tok]], np.int32))
         release = dev.gate()
         t = time.perf_counter()
@@ -353,10 +369,16 @@ def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
         host.append(time.perf_counter() - t)
         release()
         tok = int(np.argmax(engine._download(res)[0, -1]))
+    for f in native:  # kernels one launch at a time, from the same bytecode
+        engine.vm.functions[f].native = None
     dev.start_profile()
-    for _ in range(steps):
-        tok = int(np.argmax(engine.decode(tok)))
-    timed = dev.take_profile()
+    try:
+        for _ in range(steps):
+            tok = int(np.argmax(engine.decode(tok)))
+    finally:
+        timed = dev.take_profile()
+        for f, n in native.items():
+            engine.vm.functions[f].native = n
     kernels: dict[str, list] = {}
     for name, sec in timed:
         kernels.setdefault(name, []).append(sec)

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -19,11 +20,12 @@ from .vm import NP, VM, DTensor, VMError
 
 INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',
            "webgpu": "pip install wgpu (and apt-get install mesa-vulkan-drivers libvulkan1 for a CPU)",
-           "cuda": "pip install pycuda (needs an NVIDIA GPU and driver)"}
+           "cuda": "pip install pycuda (needs an NVIDIA GPU and driver)",
+           "cpu": "the cpu backend needs only numpy and the package's own kernels.so"}
 
 
 class Engine:
-    def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict):
+    def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict, native_steps: bool = True):
         self.path = path
         self.manifest = manifest
         self.device = device
@@ -50,12 +52,15 @@ class Engine:
             for key, r in spec["constants"]:
                 fn.preset[r] = weights[key]
         self.ids_buf = device.alloc(self.prefill_chunk * 4)
+        self.native_steps = False
+        if manifest["target"]["kind"] == "cpu" and native_steps:
+            self._bind_native(weights, storages)
         self._tokenizer = None
         self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0}
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, path, device: str | None = None, check_hashes: bool = True) -> Engine:
+    def load(cls, path, device: str | None = None, check_hashes: bool = True, native_steps: bool = True) -> Engine:
         path = Path(path)
         manifest = read_manifest(path)
         bytecode = verify(path, manifest, check_hashes)  # the whole package, before any device is opened
@@ -72,10 +77,21 @@ class Engine:
             msg = str(e)
             hint = "" if "install" in msg else f"; install it: {INSTALL.get(kind, '')}"
             raise DeviceError(f"no {kind} runtime on this machine ({msg}){hint}") from None
-        return cls(path, manifest, bytecode, dev, params)
+        return cls(path, manifest, bytecode, dev, params, native_steps)
 
     def _build_kernels(self) -> dict:
         entries = self.manifest["kernels"]["entries"]
+        if self.manifest["target"]["kind"] == "cpu":  # one shared object, compiled with the package
+            from . import native
+
+            nat = self.manifest["kernels"]["native"]
+            try:
+                self.lib = native.load(self.path / nat["library"], nat["cpu_flags"],
+                                       self.manifest["target"].get("num_threads", 0))
+            except native.NativeError as e:
+                raise PackageError(str(e)) from None
+            built = self.device.kernels_of(self.lib, sorted({e["entry"] for e in entries.values()}))
+            return {n: built[e["entry"]] for n, e in entries.items()}
         by_file: dict[str, list[str]] = {}
         for name, e in entries.items():
             by_file.setdefault(e["file"], []).append(name)
@@ -89,6 +105,32 @@ class Engine:
                 if "split" in entries[n]:  # buffers bound as several ranges (WebGPU binding-size limit)
                     out[n].meta["split"] = {int(i): tuple(v) for i, v in entries[n]["split"].items()}
         return out
+
+    def _bind_native(self, weights: dict, storages: list) -> None:
+        """One context per engine with every pointer the step functions use (the module keeps none):
+        each prefill/decode is then one native call with the shape heap's values."""
+        import ctypes
+
+        nat = self.manifest["kernels"]["native"]
+        ptr = self.device.pointer
+        ws = [ptr(weights[n].buf) for n in nat["weights"]]
+        kv = [ptr(b) for pair in zip(self.cache.k, self.cache.v) for b in pair]
+        sts = [ptr(b) for b in storages]
+
+        class Ctx(ctypes.Structure):
+            _fields_ = [("w", ctypes.c_void_p), ("st", ctypes.c_void_p), ("kv", ctypes.c_void_p),
+                        ("input", ctypes.c_void_p), ("h", ctypes.c_void_p)]
+
+        tables = [(ctypes.c_void_p * max(1, len(x)))(*x) for x in (ws, sts, kv)]
+        for fname, info in nat["functions"].items():
+            heap = (ctypes.c_int * max(1, len(info["heap"])))()
+            ctx = Ctx(*(ctypes.addressof(t) for t in tables), ptr(self.ids_buf), ctypes.addressof(heap))
+            fn = getattr(self.lib, info["symbol"])
+            fn.argtypes = [ctypes.c_void_p]
+            fn.restype = None
+            self._native_keep = getattr(self, "_native_keep", [tables]) + [(ctx, heap)]
+            self.vm.functions[fname].use_native(info, functools.partial(fn, ctypes.addressof(ctx)), heap)
+        self.native_steps = True
 
     @property
     def tokenizer(self):

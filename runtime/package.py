@@ -119,10 +119,12 @@ def check_package(path: Path, manifest: dict, bytecode) -> None:
     and references (validate.py), the memory plan and every launch at the bounds (dryrun.py), and kernel
     sources that are text."""
     from .dryrun import check_plan
-    from .validate import check_bytecode, check_manifest
+    from .validate import check_bytecode, check_manifest, check_native_bytecode
 
     check_manifest(manifest)
     check_bytecode(bytecode, manifest)
+    if manifest["target"]["kind"] == "cpu":
+        check_native_bytecode(manifest, bytecode)
     check_plan(manifest, bytecode)
     for f in sorted({e["file"] for e in manifest["kernels"]["entries"].values()}):
         try:

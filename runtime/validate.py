@@ -17,7 +17,7 @@ from .package import PackageError
 from .vm import BUILTINS, DTYPE_BYTES
 
 # target kind -> the kernel language its files are in (deploycc/package.py: _write_kernels)
-LANGUAGES = {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl"}
+LANGUAGES = {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl", "cpu": "c"}
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
 SHAPE_VARS = ("seq_len", "total_len")  # the shape variables vm.match_shape binds (deploycc/vm/lower.py)
 FUNCTIONS = ("prefill", "prefill_all", "decode")  # what the engine calls
@@ -45,10 +45,16 @@ MAX_NAME = 512
 TARGET_INTS = {"max_threads_per_block": (1, 4096), "threads_per_block": (1, 4096), "subgroup_size": (1, 128),
                "max_shared_memory": (1, 1 << 30), "max_storage_binding": (4, 1 << 48), "max_storage_buffers": (4, 1024),
                "max_grid": (1, INT32_MAX), "row_tile_m": (1, 64), "row_tile_n": (1, 16), "memory_bytes": (0, 1 << 50),
-               "vector_width": (1, 16)}
+               "vector_width": (1, 16), "num_threads": (0, 256)}
 TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math")
 _ARCH = re.compile(r"(sm_\d{2,3}[a-z]?)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")  # targets/base.py
+_FLAG = re.compile(r"[a-z0-9_]{1,32}")
+# What the Python side of a native step may run (deploycc/vm/native.py): the prologue binds the shape
+# variables, the epilogue builds the returned tensor; everything else is inside the native call.
+NATIVE_PROLOGUE = ("vm.match_shape", "kv.begin", "vm.move")
+NATIVE_EPILOGUE = ("vm.alloc", "vm.move", "vm.tuple", "vm.get")
 
 
 # ---- field checks ------------------------------------------------------------------------------
@@ -218,6 +224,8 @@ def _check_target(m: dict) -> None:
             need_bool(target[key], f"{M} target.{key}")
     if "arch" in target:
         need_str(target["arch"], f"{M} target.arch", pattern=_ARCH, hi=16, lo=0)
+    if kind == "cpu":
+        need_str(target.get("isa"), f"{M} target.isa", ISAS)
 
 
 def _check_bounds(m: dict) -> None:
@@ -262,6 +270,51 @@ def _check_kernels(m: dict) -> None:
         n_buffers = _check_kernel_args(e["args"], f"{where}.args")
         if "split" in e:
             _check_split(e["split"], f"{where}.split", n_buffers, kind)
+    if kind == "cpu":
+        _check_native(m, need_dict(k.get("native"), f"{M} kernels.native",
+                                   ("library", "isa", "cpu_flags", "weights", "functions")))
+
+
+def _check_native(m: dict, n: dict) -> None:
+    """The shared object of a cpu package and what its step functions need (deploycc/vm/native.py)."""
+    where = f"{M} kernels.native"
+    f = need_str(n["library"], f"{where}.library", hi=1024)
+    if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".so"):
+        fail(f"{where}.library", f"is {show(f)}, not a .so in the package's kernels/ listed in files")
+    need_str(n["isa"], f"{where}.isa", ISAS)
+    if n["isa"] != m["target"]["isa"]:
+        fail(f"{where}.isa", f"is {show(n['isa'])}, but the target was compiled for {show(m['target']['isa'])}")
+    for i, flag in enumerate(need_list(n["cpu_flags"], f"{where}.cpu_flags", hi=256)):
+        need_str(flag, f"{where}.cpu_flags[{i}]", pattern=_FLAG, hi=32)
+    names = {p["name"] for p in m["params"]}
+    for i, w in enumerate(need_list(n["weights"], f"{where}.weights")):
+        if need_str(w, f"{where}.weights[{i}]") not in names:
+            fail(f"{where}.weights[{i}]", f"is {show(w)}, which is not in manifest.json params")
+    fns = need_dict(n["functions"], f"{where}.functions", FUNCTIONS)
+    for fname in FUNCTIONS:
+        w = f"{where}.functions.{fname}"
+        fn = need_dict(fns[fname], w, ("symbol", "prologue", "epilogue", "heap"))
+        need_str(fn["symbol"], f"{w}.symbol", (f"dcc_{fname}",))
+        need_int(fn["prologue"], f"{w}.prologue", 0, MAX_INSTRUCTIONS)
+        for i, x in enumerate(need_list(fn["epilogue"], f"{w}.epilogue")):
+            need_int(x, f"{w}.epilogue[{i}]", fn["prologue"], MAX_INSTRUCTIONS)
+        for i, h in enumerate(need_list(fn["heap"], f"{w}.heap", hi=len(SHAPE_VARS))):
+            need_str(h, f"{w}.heap[{i}]", SHAPE_VARS)
+
+
+def check_native_bytecode(m: dict, bc: dict) -> None:
+    """The instructions a native package runs in Python are the ones the native lowering left there."""
+    for fname, fn in m["kernels"]["native"]["functions"].items():
+        ins = bc["functions"][fname]["instructions"]
+        w = f"{M} kernels.native.functions.{fname}"
+        if fn["prologue"] > len(ins) or any(x >= len(ins) for x in fn["epilogue"]):
+            fail(w, f"names instructions past the end of bytecode function {fname}")
+        for i in range(fn["prologue"]):
+            if ins[i]["op"] != "call" or ins[i]["fn"] not in NATIVE_PROLOGUE:
+                fail(f"{w}.prologue", f"covers instruction {i} ({show(ins[i].get('fn'))}), which runs in the native call")
+        for i in fn["epilogue"]:
+            if ins[i]["op"] != "call" or ins[i]["fn"] not in NATIVE_EPILOGUE:
+                fail(f"{w}.epilogue", f"names instruction {i} ({show(ins[i].get('fn'))}), which builds no result")
 
 
 def entry_name(name: str) -> str:

@@ -43,6 +43,16 @@ class Function:
         self.static = _static_registers(spec)
         self.code = [vm.prepare(ins, self) for ins in spec["instructions"]]
         self.preset: dict[int, object] = {}
+        self.native = None  # (prologue, epilogue, call, heap slots, int array): set by use_native
+
+    def use_native(self, info: dict, call, heap_values) -> None:
+        """Run this function as one native call (deploycc/vm/native.py): the prologue instructions in
+        Python (they bind and check the shape variables), then `call()` for every launch (it reads `heap_values`),
+        then the epilogue instructions that build the returned tensor."""
+        ret = next(i for i, c in enumerate(self.code) if c[0] == "ret")
+        epilogue = [self.code[i] for i in info["epilogue"]] + [self.code[ret]]
+        slots = [self.slot(name) for name in info["heap"]]
+        self.native = (self.code[:info["prologue"]], epilogue, call, slots, heap_values)
 
     def slot(self, name: str) -> int:
         if name not in self.heap_names:
@@ -223,6 +233,8 @@ class VM:
         for i, v in enumerate(inputs):
             regs[i] = v
         heap = [0] * max(len(fn.heap_names), 1)
+        if fn.native is not None:
+            return self._run_native(fn, regs, heap)
         for ins in fn.code:
             if ins[0] == "call":
                 _, f, dst = ins
@@ -232,6 +244,26 @@ class VM:
             else:
                 return ins[1](regs, heap)
         raise VMError(f"{name}: fell off the end without ret")
+
+
+    @staticmethod
+    def _run_native(fn: Function, regs: list, heap: list):
+        prologue, epilogue, call, slots, values = fn.native
+        for _, f, dst in prologue:
+            v = f(regs, heap)
+            if dst is not None:
+                regs[dst] = v
+        for j, s in enumerate(slots):
+            values[j] = heap[s]
+        call()
+        for ins in epilogue:
+            if ins[0] == "ret":
+                return ins[1](regs, heap)
+            _, f, dst = ins
+            v = f(regs, heap)
+            if dst is not None:
+                regs[dst] = v
+        raise VMError(f"{fn.name}: fell off the end without ret")
 
 
 def _buf(v):

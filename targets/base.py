@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, fields
 
-KINDS = ("opencl", "cuda", "webgpu")
+KINDS = ("opencl", "cuda", "webgpu", "cpu")
 # The most threads a block may have, per kind: CUDA's 1024 on every architecture, WebGPU's largest
 # maxComputeInvocationsPerWorkgroup (1024 on desktop adapters), OpenCL's largest on devices we know
 # (PoCL on a CPU reports 4096).
-MAX_THREADS = {"cuda": 1024, "webgpu": 1024, "opencl": 4096}
+MAX_THREADS = {"cuda": 1024, "webgpu": 1024, "opencl": 4096, "cpu": 4096}
 GiB = 1 << 30
 # field -> (lowest, highest) allowed, inclusive.
 RANGES = {
@@ -28,7 +28,11 @@ RANGES = {
     "row_tile_m": (1, 64),
     "row_tile_n": (1, 16),
     "memory_bytes": (0, 1 << 50),
+    "num_threads": (0, 256),
 }
+# The instruction sets a cpu-target package is built for (gcc/clang -march names; "native": the compiling
+# machine's). The runtime refuses a package whose ISA the CPU lacks (runtime/native.py: ISA_FLAGS).
+ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 _ARCH = re.compile(r"^(sm_\d{2,3}[a-z]?)?$")  # passed to nvcc as -arch=: a name, never an option string
 
@@ -65,10 +69,14 @@ class Target:
     # Device memory in bytes that weights, KV cache and activations must fit in; 0: the RAM of the
     # machine that compiles (CPU presets, where the package runs where it is built).
     memory_bytes: int = 0
+    # cpu: the instruction set the C kernels are compiled for (ISAS) and the worker threads a package
+    # runs (0: one per physical core of the machine that runs it).
+    isa: str = ""
+    num_threads: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"unknown target kind {self.kind!r}; choose opencl, cuda or webgpu")
+            raise ValueError(f"unknown target kind {self.kind!r}; choose opencl, cuda, webgpu or cpu")
         for key, (lo, hi) in RANGES.items():
             if key == "max_threads_per_block":
                 hi = MAX_THREADS[self.kind]
@@ -78,6 +86,10 @@ class Target:
         if self.threads_per_block > self.max_threads_per_block:
             raise ValueError(f"threads_per_block {self.threads_per_block} exceeds max_threads_per_block "
                              f"{self.max_threads_per_block}")
+        if self.kind == "cpu" and self.isa not in ISAS:
+            raise ValueError(f"'isa' is {self.isa!r}; choose one of {', '.join(ISAS)}")
+        if self.kind != "cpu" and self.isa:
+            raise ValueError(f"'isa' is for the cpu target; remove it from this {self.kind} preset")
         if not isinstance(self.arch, str) or not _ARCH.match(self.arch):
             raise ValueError(f"'arch' is {self.arch!r}; give a CUDA architecture such as sm_90 (or leave it empty)")
 

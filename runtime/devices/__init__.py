@@ -1,4 +1,5 @@
-"""Device backends behind one interface: opencl (pyopencl), webgpu (wgpu-py), cuda (pycuda), host (numpy).
+"""Device backends behind one interface: opencl (pyopencl), webgpu (wgpu-py), cuda (pycuda), cpu (native C
+through ctypes), host (numpy).
 
 Importing this package needs numpy only; a backend imports its binding when it is opened, and a
 missing binding raises DeviceError naming the package to install.
@@ -12,7 +13,8 @@ from .base import Buffer, BufferRange, Device, DeviceError, Kernel, buffer_range
 
 # kind -> (module, device class)
 BACKENDS = {"opencl": ("opencl", "OpenCLDevice"), "webgpu": ("webgpu", "WebGPUDevice"),
-            "cuda": ("cuda", "CUDADevice"), "host": ("host", "HostDevice")}
+            "cuda": ("cuda", "CUDADevice"), "cpu": ("cpu", "CPUDevice"),
+            "host": ("host", "HostDevice")}
 KINDS = tuple(BACKENDS)
 
 
@@ -24,7 +26,7 @@ def _backend(kind: str):
 
 def open_device(kind: str, **opts) -> Device:
     """Open a device. opencl: platform=substring, device=index; webgpu: adapter=substring, backend=name;
-    cuda: device=index; host: none."""
+    cuda: device=index; cpu: threads=n; host: none."""
     cls = getattr(_backend(kind), BACKENDS[kind][1])
     try:
         inspect.signature(cls).bind(**opts)

@@ -23,7 +23,7 @@ from deploycc.pipeline import run as run_pipeline
 from deploycc.session import export
 
 CONTEXT = 72
-PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu"}
+PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cpu": "cpu"}
 
 
 @pytest.fixture(scope="session", params=sorted(PRESETS))

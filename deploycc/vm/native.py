@@ -1,0 +1,190 @@
+"""lower_native: the VM functions of a cpu-target package as C, one native call per step.
+
+This is Relax's graph capture done ahead of time. The bytecode stays the source of truth (the
+Python VM still runs it launch by launch for `bench --profile` and debugging); this pass reads it
+and writes, per function, a C function that runs every kernel launch in order inside ONE parallel
+region of the module's thread pool, with a barrier only where a launch reads or writes what an
+earlier launch since the last barrier wrote (or writes what it read): Q, K and V projections of
+one input run back to back without waiting.
+
+What the C function cannot know statically stays in Python: the prologue (the leading shape
+matches and `kv.begin`, which bind seq_len and total_len and check them against the planned
+bounds) and the instructions that build the returned tensor (an alloc of a planned storage). The
+C function takes the shape heap's values as an int array, in the order the manifest records.
+Every other register is resolved at compile time: a weight, a planned storage, a KV-cache layer
+or the input ids.
+"""
+from __future__ import annotations
+
+from ..targets.cstyle import _ident
+
+PROLOGUE = ("vm.match_shape", "kv.begin", "vm.move")
+
+
+class NativeLoweringError(ValueError):
+    pass
+
+
+def lower_native(bytecode: dict, entries: dict) -> tuple[str, dict]:
+    """(C source of the step functions, manifest section): `entries` are the manifest's kernel entries
+    (their `args.buffers[i].written` says what each launch writes)."""
+    weights: list[str] = []
+    funcs, spec_out = [], {}
+    for fname, spec in bytecode["functions"].items():
+        text, info = _function(fname, spec, entries, weights)
+        funcs.append(text)
+        spec_out[fname] = info
+    head = ["/* What a step reads: weights, planned storages, KV-cache layers (k0, v0, k1, ...), the input ids and",
+            "   the shape heap. The engine fills one per loaded package, so two engines never share pointers. */",
+            "typedef struct { void* const* w; void* const* st; void* const* kv; void* in; const int* h; } dcc_ctx;", ""]
+    return "\n".join(head + funcs), {"weights": weights, "functions": spec_out}
+
+
+def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tuple[str, dict]:
+    ins = spec["instructions"]
+    n_in = spec["num_inputs"]
+    regs: dict[int, tuple] = {0: ("in",), 1: ("cache",)}
+    if n_in != 2:
+        raise NativeLoweringError(f"{fname}: expected the inputs (input_ids, cache), got {n_in}")
+    for r, name in enumerate(spec["params"][n_in:], start=n_in):
+        regs[r] = ("w", _weight(weights, name))
+    for name, r in spec["constants"]:
+        regs[r] = ("w", _weight(weights, name))
+    k = 0
+    while k < len(ins) and ins[k]["op"] == "call" and ins[k]["fn"] in PROLOGUE:
+        k += 1
+    prologue = k
+    heap: list[str] = []
+    defs: dict[int, int] = {}
+    body: list[str] = []
+    pending_w: set = set()
+    pending_r: set = set()
+    ret = None
+    for i in range(prologue, len(ins)):
+        x = ins[i]
+        if x["op"] == "ret":
+            ret = x["args"][0].get("r")
+            break
+        fn, args, dst = x.get("fn"), x.get("args", []), x.get("dst")
+        if dst is not None:
+            defs[dst] = i
+        if fn == "vm.alloc":
+            regs[dst] = ("st", args[0]["i"])
+        elif fn == "vm.move":
+            regs[dst] = regs.get(args[0]["r"], ("?",))
+        elif fn == "kv.view":
+            regs[dst] = ("kv", args[1]["str"], args[2]["i"])
+        elif fn == "vm.tuple":
+            regs[dst] = ("tuple", tuple(_value(a, regs) for a in args))
+        elif fn == "vm.get":
+            t = _value(args[0], regs)
+            regs[dst] = t[1][args[1]["i"]] if t[0] == "tuple" else ("?",)
+        elif fn == "vm.match_shape":
+            continue  # shapes inside the step follow from the plan (checked by the dry run at load)
+        elif fn == "vm.launch":
+            body += _launch(args, regs, entries, heap, pending_w, pending_r)
+        else:
+            raise NativeLoweringError(f"{fname}: {fn} after the prologue has no native lowering")
+    if ret is None:
+        raise NativeLoweringError(f"{fname}: no ret")
+    epilogue = sorted(_slice(ret, defs, ins))
+    name = _ident(fname)
+    text = "\n".join([f"static void dcc_step_{name}(void* ctx, int tid, int nt) {{",
+                      "  const dcc_ctx* c = (const dcc_ctx*)ctx;",
+                      "  void* const* dcc_w = c->w; void* const* dcc_st = c->st; void* const* dcc_kv = c->kv;",
+                      "  void* dcc_in = c->in; const int* h = c->h;",
+                      "  (void)dcc_w; (void)dcc_st; (void)dcc_kv; (void)dcc_in; (void)h;"] + body + ["}",
+                     f"DCC_EXPORT void dcc_{name}(const dcc_ctx* c) {{ dcc_parallel(dcc_step_{name}, (void*)c); }}",
+                     ""])
+    return text, {"symbol": f"dcc_{name}", "prologue": prologue, "epilogue": epilogue, "heap": heap}
+
+
+def _weight(weights: list[str], name: str) -> int:
+    if name not in weights:
+        weights.append(name)
+    return weights.index(name)
+
+
+def _value(a: dict, regs: dict) -> tuple:
+    if "r" in a:
+        return regs.get(a["r"], ("?",))
+    if "kv" in a:
+        _, which, layer = a["kv"]
+        return ("kv", which, layer)
+    raise NativeLoweringError(f"operand {a} is not a tensor")
+
+
+def _pointer(v: tuple) -> str:
+    kind = v[0]
+    if kind == "w":
+        return f"dcc_w[{v[1]}]"
+    if kind == "st":
+        return f"dcc_st[{v[1]}]"
+    if kind == "kv":
+        return f"dcc_kv[{2 * v[2] + (0 if v[1] == 'k' else 1)}]"
+    if kind == "in":
+        return "dcc_in"
+    raise NativeLoweringError(f"a launch argument is not a tensor the step can name ({v})")
+
+
+def _launch(args: list, regs: dict, entries: dict, heap: list[str], pending_w: set, pending_r: set) -> list[str]:
+    kname = args[0]["k"]
+    sep = next(j for j, a in enumerate(args) if a.get("str") == "|")
+    tensors = [_value(a, regs) for a in args[3:sep]]
+    written = [b["written"] for b in entries[kname]["args"]["buffers"]]
+    reads = {t for t, w in zip(tensors, written) if not w and t[0] != "w"}
+    writes = {t for t, w in zip(tensors, written) if w}
+    lines = []
+    if (reads | writes) & pending_w or writes & pending_r:
+        lines.append("  dcc_barrier();")
+        pending_w.clear()
+        pending_r.clear()
+    pending_w |= writes
+    pending_r |= reads
+    groups = _expr(args[1]["s"], heap)
+    call = [_pointer(t) for t in tensors] + [_expr(a["s"], heap) for a in args[sep + 1:]]
+    lines += [f"  {{ const int G = {groups}; /* {kname} */",
+              f"    if (G > 0) {_ident(entries[kname]['entry'])}({', '.join(call)}, "
+              f"dcc_share(G, tid, nt, 0), dcc_share(G, tid, nt, 1)); }}"]
+    return lines
+
+
+def _expr(j, heap: list[str]) -> str:
+    """A bytecode symbolic expression as C over h[] (64-bit arithmetic; shape values are non-negative)."""
+    if isinstance(j, bool):
+        raise NativeLoweringError(f"bad symbolic expression {j!r}")
+    if isinstance(j, int):
+        return str(j)
+    if isinstance(j, str):
+        if j not in heap:
+            heap.append(j)
+        return f"h[{heap.index(j)}]"
+    op, *xs = j
+    parts = [f"(int64_t){_expr(x, heap)}" for x in xs]
+    if op in ("+", "*"):
+        return "(int)(" + f" {op} ".join(parts) + ")"
+    if op == "//":
+        return f"(int)({parts[0]} / {parts[1]})"
+    if op == "%":
+        return f"(int)({parts[0]} % {parts[1]})"
+    if op in ("min", "max"):
+        out = parts[0]
+        for p in parts[1:]:
+            out = f"dcc_i{op}({out}, {p})"
+        return f"(int)({out})"
+    raise NativeLoweringError(f"bad symbolic expression {j!r}")
+
+
+def _slice(r: int, defs: dict, ins: list) -> set[int]:
+    """Instructions (after the prologue) that compute register r: allocs, moves, tuples, gets."""
+    if r not in defs:
+        return set()
+    i = defs[r]
+    x = ins[i]
+    if x["fn"] not in ("vm.alloc", "vm.move", "vm.tuple", "vm.get"):
+        raise NativeLoweringError(f"the returned register is made by {x['fn']}, which has no native lowering")
+    out = {i}
+    for a in x["args"]:
+        if "r" in a:
+            out |= _slice(a["r"], defs, ins)
+    return out

@@ -1,0 +1,157 @@
+"""Native code for the cpu target: the C compiler, the CPU's instruction sets, loading a module.
+
+A cpu-target module is C source (targets/c.py) compiled into a shared object: at `deploycc compile`
+time for a package (the .so ships inside it, built for the preset's ISA), or by the cpu device's
+`build` for launch-by-launch use (tests), cached by the hash of source and flags. Loading checks
+that this CPU has every instruction-set flag the object was built for before it is mapped, so a
+package for another CPU is a one-line error and never an illegal-instruction crash.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# The CPU flags (as /proc/cpuinfo spells them) that code compiled for an ISA may use.
+X86_64_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "sse4_1", "sse4_2", "ssse3", "popcnt")
+X86_64_V4 = X86_64_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+ISA_FLAGS = {"generic": (), "x86-64-v3": X86_64_V3, "x86-64-v4": X86_64_V4}
+# -march=native may use anything the compiling CPU has; these are the flags we record and check for it.
+NATIVE_CANDIDATES = X86_64_V4 + ("avx512_vnni", "avx_vnni", "avx512_bf16", "avx512vbmi", "avx512_fp16",
+                                 "amx_tile", "amx_int8", "amx_bf16", "gfni", "vpclmulqdq", "vaes")
+MARCH = {"generic": "x86-64", "x86-64-v3": "x86-64-v3", "x86-64-v4": "x86-64-v4", "native": "native"}
+INSTALL_CC = "install a C compiler: apt-get install gcc (Debian/Ubuntu), or pip install ziglang (python -m ziglang cc)"
+
+
+class NativeError(RuntimeError):
+    """No compiler, a failed build, or a module this CPU cannot run (one-line message)."""
+
+
+def cpu_flags() -> set[str] | None:
+    """This CPU's feature flags (Linux /proc/cpuinfo), or None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def isa_flags(isa: str) -> list[str]:
+    """The flags a module built for `isa` needs (native: what this CPU has of NATIVE_CANDIDATES)."""
+    if isa == "native":
+        have = cpu_flags() or set()
+        return sorted(f for f in NATIVE_CANDIDATES if f in have)
+    return sorted(ISA_FLAGS[isa])
+
+
+def check_cpu(required: list[str], what: str) -> None:
+    have = cpu_flags()
+    if have is None:
+        return  # no cpuinfo to read (not Linux): the loader cannot tell, the module is tried as is
+    lacking = [f for f in required if f not in have]
+    if lacking:
+        raise NativeError(f"{what} needs CPU features this CPU lacks ({', '.join(lacking)}); compile it for this "
+                          f"machine with --device cpu (or cpu-avx2)")
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, counting hyper-threads once."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:
+        allowed = set(range(os.cpu_count() or 1))
+    cores, cpu, phys = set(), None, "0"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key, val = key.strip(), val.strip()
+                if key == "processor":
+                    cpu = int(val)
+                elif key == "physical id":
+                    phys = val
+                elif key == "core id" and cpu in allowed:
+                    cores.add((phys, val))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(len(cores) or len(allowed), len(allowed)))
+
+
+def compiler() -> list[str]:
+    """argv of the C compiler: $CC, cc, gcc, clang, or `python -m ziglang cc`."""
+    env = os.environ.get("CC", "").split()
+    for cand in ([env] if env else []) + [["cc"], ["gcc"], ["clang"]]:
+        if shutil.which(cand[0]):
+            return cand
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        raise NativeError(f"no C compiler found for the cpu target; {INSTALL_CC}") from None
+    return [sys.executable, "-m", "ziglang", "cc"]
+
+
+def compile_flags(isa: str, fast_math: bool) -> list[str]:
+    flags = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", f"-march={MARCH[isa]}", "-fno-plt",
+             "-fvisibility=hidden", "-fno-semantic-interposition"]
+    if isa in ("x86-64-v4", "native") and isa != "native":
+        flags.append("-mprefer-vector-width=512")
+    if fast_math:
+        flags.append("-ffast-math")
+    return flags
+
+
+def build_shared(source: str, out: Path, isa: str, fast_math: bool) -> None:
+    """Compile `source` into the shared object `out` (written atomically)."""
+    cc = compiler()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="deploycc-cc-") as tmp:
+        src = Path(tmp) / "module.c"
+        src.write_text(source)
+        obj = Path(tmp) / "module.so"
+        cmd = cc + compile_flags(isa, fast_math) + [str(src), "-o", str(obj), "-lm"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise NativeError(f"the C compiler {' '.join(cc)} did not run ({e}); {INSTALL_CC}") from None
+        if r.returncode != 0:
+            lines = [ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln.lower()] or \
+                (r.stderr or r.stdout).splitlines()
+            raise NativeError(f"the C compiler failed on the cpu kernels: {' | '.join(lines[:3])[:500]}")
+        tmp_out = out.with_name(out.name + f".tmp{os.getpid()}")
+        shutil.copyfile(obj, tmp_out)
+        os.replace(tmp_out, out)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc")) / "native"
+
+
+def build_cached(source: str, isa: str, fast_math: bool) -> Path:
+    """The shared object of `source`, compiled once per (source, flags, compiler) into the cache."""
+    key = hashlib.sha256("\0".join([source, isa, str(fast_math), " ".join(compiler()),
+                                    " ".join(compile_flags(isa, fast_math))]).encode()).hexdigest()[:32]
+    out = cache_dir() / f"{key}.so"
+    if not out.is_file():
+        build_shared(source, out, isa, fast_math)
+    return out
+
+
+def load(path: Path, required: list[str], threads: int = 0) -> ctypes.CDLL:
+    """Map a module after checking this CPU has every flag it was built for; start its thread pool."""
+    check_cpu(required, f"the native module {path.name}")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeError(f"cannot load {path}: {str(e).splitlines()[0]}; recompile the package") from None
+    lib.dcc_init.argtypes = [ctypes.c_int]
+    lib.dcc_init.restype = ctypes.c_int
+    lib.dcc_init(threads or physical_cores())
+    return lib

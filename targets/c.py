@@ -1,0 +1,114 @@
+"""C for the CPU (gcc, clang or `zig cc`): the C-style base with C99 spellings.
+
+A kernel becomes `void NAME(T* restrict b0, ..., int s0, ..., int lo, int hi)`: the work-group loop
+runs the groups lo..hi-1 (a worker thread's share, runtime/native.py splits them), the thread loop
+of a group is an ordinary serial loop. That is only right when the threads of a group never wait
+for each other, so a kernel with a barrier must have one thread per group (the cpu presets use
+threads_per_block 1, where shared memory is simply the group's local array). Half is a storage
+type (`_Float16`, converted with F16C where the ISA has it); arithmetic is float.
+
+The module also gets, per kernel, `NAME__launch(void* const* b, const int* s, int groups)`: the
+kernel over `groups` groups on the package's thread pool, for launch-by-launch execution (tests,
+`bench --profile`); the whole-step functions (deploycc/vm/native.py) call the kernels directly.
+"""
+from __future__ import annotations
+
+from deploycc.ir.kernel import Kernel
+from deploycc.ir.tir import Barrier, For, walk
+
+from .c_pool import POOL_SOURCE
+from .cstyle import CStyleRenderer, _ident
+
+PREAMBLE = """#include <math.h>
+#include <stdint.h>
+#include <stdbool.h>
+typedef _Float16 half;
+typedef uint32_t uint;
+typedef uint8_t uchar;
+static inline int dcc_imin(int a, int b) { return a < b ? a : b; }
+static inline int dcc_imax(int a, int b) { return a > b ? a : b; }
+"""
+
+
+class CRenderer(CStyleRenderer):
+    types = {**CStyleRenderer.types, "int8": "int8_t", "int64": "int64_t"}
+    unary = {**CStyleRenderer.unary, "exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf",
+             "cos": "cosf", "abs": "fabsf", "erf": "erff"}
+    float_max, float_min, int_max, int_min = "fmaxf", "fminf", "dcc_imax", "dcc_imin"
+    kernel_prefix = "static void"
+    barrier = ""  # one thread per group: nothing to wait for
+    shared_qualifier = ""
+    preamble = PREAMBLE
+
+    def __init__(self):
+        super().__init__()
+        self.threads = 1
+
+    def int_expr(self, e) -> str:
+        return super().int_expr(e).replace("min(", "dcc_imin(").replace("max(", "dcc_imax(")
+
+    def value(self, v) -> str:
+        if v.op == "rsqrt":
+            return f"(1.0f / sqrtf({self.value(v.src[0])}))"
+        if v.op == "pow":
+            return f"powf({self.value(v.src[0])}, {self.value(v.src[1])})"
+        return super().value(v)
+
+    def load(self, buf, indices) -> str:
+        text = super().load(buf, indices)
+        return f"((float){text})" if buf.dtype == "float16" else text
+
+    def cast(self, dtype: str, inner: str) -> str:
+        return f"(({'float' if dtype == 'float16' else self.ctype(dtype)})({inner}))"
+
+    def sigmoid(self, x: str) -> str:
+        return f"(1.0f / (1.0f + expf(-({x}))))"
+
+    def buffer_param(self, buf, written: bool) -> str:
+        const = "" if written else "const "
+        return f"{const}{self.ctype(buf.dtype)}* restrict {self.name(buf, buf.name)}"
+
+    def shared_decl(self, buf) -> str:
+        return self.local_decl(buf)
+
+    def stmt(self, st, depth: int) -> list[str]:
+        if isinstance(st, For) and st.kind == "thread":
+            ind, v = self.indent * depth, self.sv(st.var)
+            head = (f"for (int {v} = dcc_lo; {v} < dcc_hi; ++{v}) {{" if st.thread == "group"
+                    else self.for_loop(v, self.int_expr(st.extent)))
+            return [ind + head] + self.stmt(st.body, depth + 1) + [ind + "}"]
+        if isinstance(st, Barrier):
+            return []
+        return super().stmt(st, depth)
+
+    def signature(self, k: Kernel) -> str:
+        return super().signature(k)[:-1] + ", int dcc_lo, int dcc_hi)"
+
+    def kernel(self, k: Kernel) -> str:
+        if k.threads > 1 and any(isinstance(s, Barrier) for s in walk(k.body)):
+            raise ValueError(f"kernel {k.name} synchronises {k.threads} threads of a group; the cpu target runs a "
+                             f"group's threads one after another and needs threads_per_block 1")
+        return super().kernel(k)
+
+    def launcher(self, k: Kernel) -> str:
+        """`NAME__launch(b, s, groups)`: the kernel on every pool thread, each on its share of the groups."""
+        name = _ident(k.name)
+        args = [f"({'' if b in k.written else 'const '}{self.ctype(b.dtype)}*)c->b[{i}]"
+                for i, b in enumerate(k.buffers)]
+        args += [f"c->s[{i}]" for i in range(len(k.scalars))]
+        return (f"static void {name}__part(void* ctx, int tid, int nt) {{\n"
+                f"  const dcc_launch* c = (const dcc_launch*)ctx;\n"
+                f"  {name}({', '.join(args + ['dcc_share(c->groups, tid, nt, 0)', 'dcc_share(c->groups, tid, nt, 1)'])});\n"
+                f"}}\n"
+                f"DCC_EXPORT void {name}__launch(void* const* b, const int* s, int groups) {{\n"
+                f"  dcc_launch c = {{b, s, groups}};\n"
+                f"  dcc_parallel({name}__part, &c);\n"
+                f"}}\n")
+
+    def module(self, kernels) -> str:
+        body = "\n".join(self.kernel(k) for k in kernels)
+        return self.preamble + POOL_SOURCE + body + "\n" + "\n".join(self.launcher(k) for k in kernels)
+
+
+def render(kernels, target=None) -> str:
+    return CRenderer().module(kernels)

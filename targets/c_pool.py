@@ -1,0 +1,116 @@
+"""The thread pool every cpu-target module carries (C source, pthreads and C11 atomics; no OpenMP, so
+`zig cc`, which cannot link OpenMP, builds it too).
+
+One pool per loaded module: `dcc_init(n)` starts n - 1 workers once; `dcc_parallel(f, ctx)` runs
+f(ctx, tid, n) on every thread, the caller being worker 0, and returns when all are done.
+`dcc_barrier()` inside such a task is a spinning sense-counting barrier (a few hundred ns): a whole
+decode step is one task with a barrier between dependent kernels. Idle workers spin for
+DCC_SPIN pause instructions (tens of microseconds: enough to catch the next kernel launch of a
+launch-by-launch run) and then sleep on a condition variable, so nothing spins while Python
+samples the next token for long; waking costs a few microseconds once per step.
+"""
+
+POOL_SOURCE = r"""
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#define DCC_EXPORT __attribute__((visibility("default")))
+#define DCC_MAX_THREADS 256
+#ifndef DCC_SPIN
+#define DCC_SPIN 20000
+#endif
+typedef void (*dcc_task)(void* ctx, int tid, int nt);
+typedef struct { void* const* b; const int* s; int groups; } dcc_launch;
+
+static int dcc_nt = 1;
+static _Atomic unsigned dcc_gen;
+static dcc_task dcc_job;
+static void* dcc_job_ctx;
+static _Atomic int dcc_done;
+static _Atomic int dcc_sleepers;
+static _Atomic int dcc_bar_count;
+static _Atomic unsigned dcc_bar_gen;
+static pthread_mutex_t dcc_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dcc_cv = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t dcc_run_mu = PTHREAD_MUTEX_INITIALIZER;  /* one task at a time (ctypes drops the GIL) */
+
+static inline void dcc_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* The groups lo (which 0) or hi (which 1) of thread tid of nt: contiguous, balanced shares. */
+static inline int dcc_share(int groups, int tid, int nt, int which) {
+  return (int)(((int64_t)groups * (tid + which)) / nt);
+}
+
+__attribute__((unused)) static void dcc_barrier(void) {
+  if (dcc_nt == 1) return;
+  unsigned g = atomic_load_explicit(&dcc_bar_gen, memory_order_acquire);
+  if (atomic_fetch_add_explicit(&dcc_bar_count, 1, memory_order_acq_rel) == dcc_nt - 1) {
+    atomic_store_explicit(&dcc_bar_count, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&dcc_bar_gen, 1, memory_order_release);
+  } else {
+    while (atomic_load_explicit(&dcc_bar_gen, memory_order_acquire) == g) dcc_pause();
+  }
+}
+
+static void* dcc_worker(void* arg) {
+  int tid = (int)(intptr_t)arg;
+  unsigned seen = 0;  /* the generation before any job: dcc_init runs before the first dcc_parallel */
+  for (;;) {
+    unsigned g;
+    long spins = 0;
+    while ((g = atomic_load_explicit(&dcc_gen, memory_order_acquire)) == seen) {
+      if (++spins < DCC_SPIN) { dcc_pause(); continue; }
+      pthread_mutex_lock(&dcc_mu);
+      atomic_fetch_add(&dcc_sleepers, 1);
+      while (atomic_load(&dcc_gen) == seen) pthread_cond_wait(&dcc_cv, &dcc_mu);
+      atomic_fetch_sub(&dcc_sleepers, 1);
+      pthread_mutex_unlock(&dcc_mu);
+    }
+    seen = g;
+    dcc_job(dcc_job_ctx, tid, dcc_nt);
+    atomic_fetch_add_explicit(&dcc_done, 1, memory_order_acq_rel);
+  }
+  return 0;
+}
+
+/* Start the workers once; returns the number of threads the pool runs. */
+DCC_EXPORT int dcc_init(int n) {
+  static int started = 0;
+  if (started) return dcc_nt;
+  started = 1;
+  if (n < 1) n = 1;
+  if (n > DCC_MAX_THREADS) n = DCC_MAX_THREADS;
+  for (int i = 1; i < n; ++i) {
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, dcc_worker, (void*)(intptr_t)i) != 0) { n = i; break; }
+    pthread_attr_destroy(&attr);
+  }
+  dcc_nt = n;
+  return n;
+}
+
+__attribute__((unused)) static void dcc_parallel(dcc_task f, void* ctx) {
+  pthread_mutex_lock(&dcc_run_mu);
+  if (dcc_nt == 1) { f(ctx, 0, 1); pthread_mutex_unlock(&dcc_run_mu); return; }
+  dcc_job = f;
+  dcc_job_ctx = ctx;
+  atomic_store(&dcc_done, 0);
+  pthread_mutex_lock(&dcc_mu);
+  atomic_fetch_add_explicit(&dcc_gen, 1, memory_order_release);
+  if (atomic_load(&dcc_sleepers)) pthread_cond_broadcast(&dcc_cv);
+  pthread_mutex_unlock(&dcc_mu);
+  f(ctx, 0, dcc_nt);
+  while (atomic_load_explicit(&dcc_done, memory_order_acquire) != dcc_nt - 1) dcc_pause();
+  pthread_mutex_unlock(&dcc_run_mu);
+}
+
+"""
