@@ -8,8 +8,9 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 # Debian packages for the device backends: PoCL 3.1 (faster than pip's PoCL 3.0) and the Vulkan lavapipe
-# adapter for WebGPU (without it wgpu finds only the OpenGL adapter: no shader-f16, no subgroups).
-SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1
+# adapter for WebGPU (without it wgpu finds only the OpenGL adapter: no shader-f16, no subgroups); gcc for
+# the cpu target's kernels (native C compiled into each package).
+SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev
 
 .PHONY: install system-deps test test-fast demo model lint clean
 
@@ -43,7 +44,7 @@ test-fast: install
 	$(PY) -m pytest -q -m "not model" $(PYTEST_ARGS)
 
 demo: model
-	$(VENV)/bin/deploycc compile "$$($(PY) scripts/fetch_smollm2.py)" --device cpu-opencl -o dist/smollm2 --force
+	$(VENV)/bin/deploycc compile "$$($(PY) scripts/fetch_smollm2.py)" --device cpu --head-quantization q8f16_0 -o dist/smollm2 --force
 	printf 'What is the capital of France?\n/stats\n' | $(VENV)/bin/deploycc chat dist/smollm2
 
 lint: install

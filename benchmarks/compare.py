@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "decode follows a prompt of the first one")
     p.add_argument("--gen", type=_positive, default=None, help="greedy tokens decoded (default 128)")
     p.add_argument("--threads", type=_positive, default=2, help="CPU threads for every tool (default 2)")
+    p.add_argument("--device", default="cpu", help="deploycc's preset (default cpu: native C; cpu-opencl: PoCL)")
     p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity runs")
     p.add_argument("--only", type=_tools, default=list(TOOLS), help="comma-separated subset of " + ",".join(TOOLS))
     p.add_argument("--quick", action="store_true",
@@ -219,7 +220,11 @@ def package_is_current(pkg: Path, source: Path, preset: str) -> bool:
     built = manifest.stat().st_mtime_ns
     if built < compiler_code_mtime_ns() or built < source.stat().st_mtime_ns:
         return False
-    return json.loads(manifest.read_text()).get("target") == presets.load(preset).target.to_dict()
+    have = dict(json.loads(manifest.read_text()).get("target") or {})
+    want = presets.load(preset).target.to_dict()
+    have.pop("num_threads", None)  # set from --threads at compile
+    want.pop("num_threads", None)
+    return have == want
 
 
 def last_line(text: str) -> str:
@@ -251,13 +256,15 @@ def deploycc_cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "deploycc"]
 
 
-def ensure_package(bench: Path, key: str, source: Path, extra: list[str], threads: int) -> Path:
-    pkg = bench / "packages" / key
-    if package_is_current(pkg, source, "cpu-opencl"):
+def ensure_package(bench: Path, key: str, source: Path, extra: list[str], threads: int, device: str = "cpu") -> Path:
+    pkg = bench / "packages" / device / key
+    if device.startswith("cpu") and device != "cpu-opencl" and device != "cpu-webgpu":
+        extra = [*extra, "--override", f"target.num_threads={threads}"]  # the pool's threads, as every tool's
+    if package_is_current(pkg, source, device):
         return pkg
     log(f"deploycc {key}: compiling into {pkg}")
     pkg.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [*deploycc_cli(), "compile", str(source), "--device", "cpu-opencl", *extra, "-o", str(pkg), "--force",
+    cmd = [*deploycc_cli(), "compile", str(source), "--device", device, *extra, "-o", str(pkg), "--force",
            "--json"]
     t0 = time.perf_counter()
     rc, _, err = run_logged(cmd, WORKER_TIMEOUT_S, worker_env(threads))
@@ -358,7 +365,7 @@ def plan(args, bench: Path, hf_dir: Path, gguf: Path) -> list[dict]:
             source = hf_dir if src == "hf" else gguf
             entries.append({"row": new_row("deploycc", key, label), "python": sys.executable,
                             "prepare": lambda source=source, key=key, extra=extra:
-                                ensure_package(bench, key, source, extra, args.threads)})
+                                ensure_package(bench, key, source, extra, args.threads, args.device)})
     if "llama.cpp" in args.only:
         state: dict = {}
 
@@ -452,7 +459,8 @@ def run_all(args, argv: list[str]) -> dict:
     derived = derive(rows, bw, args.prompt_lens)
     result = {"model": MODEL_NAME,
               "config": {"repeat": args.repeat, "prompt_lens": args.prompt_lens, "gen": args.gen,
-                         "threads": args.threads, "perplexity": args.perplexity, "only": args.only},
+                         "threads": args.threads, "perplexity": args.perplexity, "only": args.only,
+                         "device": args.device},
               "text": {"source": TEXT_SOURCE, "tokens": len(ids)},
               "bandwidth": bw, "machine": machine_info(), "versions": versions, "rows": rows, **derived,
               "command": shlex.join([os.path.relpath(sys.executable), os.path.relpath(__file__), *argv])}

@@ -476,8 +476,9 @@ def _render_verify(report) -> None:
                    f"{f['rel_rms']:.3g}, KL {f['kl']:.3g} nats, top-1 agreement {f['top1_agreement']:.1%} "
                    f"(what {report.quantization} costs; not checked)")
     if report.passed:
-        click.echo(f"ok: against {report.reference}: largest difference {report.worst.max_abs_diff:.3e} "
-                   f"<= tolerance {limit:g}")
+        c = report.criterion
+        what = "relative RMS difference" if c.metric == "rel_rms" else "largest difference"
+        click.echo(f"ok: against {report.reference}: {what} {c.value(report.worst):.3e} <= tolerance {limit:g}")
 
 
 # ---- devices -----------------------------------------------------------------------------------

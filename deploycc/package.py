@@ -27,6 +27,7 @@ from .errors import DeployError
 from .hub import load_model
 from .ir import sym
 from .ir.kernel import Kernel
+from .ir.tir import Intrin, walk
 from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 from .session import export
@@ -238,8 +239,9 @@ def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> 
         native.build_shared(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math)
     except native.NativeError as e:
         raise DeployError(str(e)) from None
+    integer = any(isinstance(s, Intrin) for k in lowered.kernels.values() for s in walk(k.body))
     return {"library": "kernels/kernels.so", "isa": isa, "cpu_flags": native.isa_flags(isa),
-            "compiler": " ".join(native.compiler()), **info}
+            "compiler": " ".join(native.compiler()), "integer_activations": integer, **info}
 
 
 def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:

@@ -282,6 +282,8 @@ def _check_native(m: dict, n: dict) -> None:
     if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".so"):
         fail(f"{where}.library", f"is {show(f)}, not a .so in the package's kernels/ listed in files")
     need_str(n["isa"], f"{where}.isa", ISAS)
+    if "integer_activations" in n:
+        need_bool(n["integer_activations"], f"{where}.integer_activations")
     if n["isa"] != m["target"]["isa"]:
         fail(f"{where}.isa", f"is {show(n['isa'])}, but the target was compiled for {show(m['target']['isa'])}")
     for i, flag in enumerate(need_list(n["cpu_flags"], f"{where}.cpu_flags", hi=256)):

@@ -14,8 +14,9 @@ kernel over `groups` groups on the package's thread pool, for launch-by-launch e
 from __future__ import annotations
 
 from deploycc.ir.kernel import Kernel
-from deploycc.ir.tir import Barrier, For, walk
+from deploycc.ir.tir import Barrier, For, Intrin, walk
 
+from .c_intrin import INTRINSICS
 from .c_pool import POOL_SOURCE
 from .cstyle import CStyleRenderer, _ident
 
@@ -79,6 +80,9 @@ class CRenderer(CStyleRenderer):
             return [ind + head] + self.stmt(st.body, depth + 1) + [ind + "}"]
         if isinstance(st, Barrier):
             return []
+        if isinstance(st, Intrin):  # a tensorized block: the intrinsic table (c_intrin.py) has its code
+            args = [self.name(b, b.name) for b in st.buffers] + [self.int_expr(i) for i in st.ints]
+            return [f"{self.indent * depth}dcc_{st.name}({', '.join(args)});"]
         return super().stmt(st, depth)
 
     def signature(self, k: Kernel) -> str:
@@ -107,7 +111,7 @@ class CRenderer(CStyleRenderer):
 
     def module(self, kernels) -> str:
         body = "\n".join(self.kernel(k) for k in kernels)
-        return self.preamble + POOL_SOURCE + body + "\n" + "\n".join(self.launcher(k) for k in kernels)
+        return self.preamble + INTRINSICS + POOL_SOURCE + body + "\n" + "\n".join(self.launcher(k) for k in kernels)
 
 
 def render(kernels, target=None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import sym
-from .tir import Alloc, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram, V, loads, walk
+from .tir import Alloc, Block, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram, V, loads, walk
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,6 +91,12 @@ def free_syms(stmt: Stmt) -> list[sym.SymVar]:
             for i in st.indices:
                 add(i)
             add(st.value)
+        elif isinstance(st, Intrin):
+            for b in st.buffers:
+                for d in b.shape:
+                    add(d)
+            for i in st.ints:
+                add(i)
     visit(stmt)
     return used
 
@@ -121,5 +127,8 @@ def global_buffers(stmt: Stmt, order: list[Buffer]) -> tuple[tuple[Buffer, ...],
                     used |= {ld.arg[0] for ld in loads(i)}
         elif isinstance(s, IfThenElse):
             used |= {ld.arg[0] for ld in loads(s.cond)}
+        elif isinstance(s, Intrin):
+            used |= set(s.buffers)
+            written |= {b for b in s.writes if b.scope == "global"}
     bufs = tuple(b for b in order if b in used and b.scope == "global")
     return bufs, frozenset(written)

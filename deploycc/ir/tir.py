@@ -225,6 +225,18 @@ class Barrier(Stmt):
 
 
 @dataclass(frozen=True, eq=False)
+class Intrin(Stmt):
+    """A call of a target intrinsic that a schedule tensorized a block into (the renderer's per-ISA
+    table has its code): `name(buffers..., ints...)`; `writes` are the buffers it stores to. Only
+    kernels contain it, never a program the interpreter runs."""
+
+    name: str
+    buffers: tuple[Buffer, ...]
+    ints: tuple[SExpr, ...] = ()
+    writes: tuple[Buffer, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
 class TensorProgram:
     name: str
     params: tuple[Buffer, ...]

@@ -76,14 +76,17 @@ def test_decode_has_no_standalone_dequantize(model, name):
     assert report["decode_launches"] == plain["decode_launches"]
 
 
-@pytest.mark.parametrize("device", ["cpu-opencl", "cpu-webgpu"])
+@pytest.mark.parametrize("device", ["cpu-opencl", "cpu-webgpu", "cpu"])
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("name", ["q0f16", "q4f16_1", "q4f16_2", "q8f16_0"])
 def test_package_matches_quantized_reference(tmp_path, device, model, name):
+    """PoCL and lavapipe within 1e-4 of the quantized reference; the cpu target's decode GEMVs round the
+    activations to 8 bits per block of 32 (integer dot products), so its logits are held to 2% of their
+    largest magnitude, and its decode must really use the integer kernels where the sizes allow them."""
     from deploycc.package import compile_model
     from deploycc.runtime.engine import Engine
 
-    require_device(device.split("-")[1])
+    require_device(device.split("-")[-1])
     path = make_tiny(model)
     out = compile_model(str(path), device, quantization=name, out=str(tmp_path / "pkg"))
     engine = Engine.load(out)
@@ -94,4 +97,9 @@ def test_package_matches_quantized_reference(tmp_path, device, model, name):
     dtypes = {p["dtype"] for p in manifest["params"]}
     assert ("uint32" in dtypes) == name.startswith(("q4", "q8")) and "float16" in dtypes
     ref = reference_session(deploycc.load_model(str(path)), quantization=name)
-    np.testing.assert_allclose(logits(engine), logits(ref), atol=1e-4, rtol=0)
+    want = logits(ref)
+    atol = 2e-2 * float(np.abs(want).max()) if device == "cpu" else 1e-4
+    np.testing.assert_allclose(logits(engine), want, atol=atol, rtol=0)
+    if device == "cpu" and name in ("q4f16_1", "q4f16_2", "q8f16_0") and model.startswith("llama"):
+        source = (out / "kernels" / "kernels.c").read_text()
+        assert "dcc_dot_" + {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[name] + "_q8(acc" in source
