@@ -87,7 +87,9 @@ class Engine:
             nat = self.manifest["kernels"]["native"]
             try:
                 self.lib = native.load(self.path / nat["library"], nat["cpu_flags"],
-                                       self.manifest["target"].get("num_threads", 0))
+                                       self.manifest["target"].get("num_threads", 0),
+                                       tuple(f["symbol"] for f in nat["functions"].values())
+                                       + tuple(f"{e['entry']}__launch" for e in entries.values()))
             except native.NativeError as e:
                 raise PackageError(str(e)) from None
             built = self.device.kernels_of(self.lib, sorted({e["entry"] for e in entries.values()}))

@@ -28,6 +28,51 @@ MARCH = {"generic": "x86-64", "x86-64-v3": "x86-64-v3", "x86-64-v4": "x86-64-v4"
 INSTALL_CC = "install a C compiler: apt-get install gcc (Debian/Ubuntu), or pip install ziglang (python -m ziglang cc)"
 
 
+# The step functions' layout, derived from the bytecode alone (deploycc/vm/native.py writes the C from
+# it; runtime/validate.py recomputes it and refuses a manifest that says otherwise).
+HEAP = ("seq_len", "total_len")  # h[0], h[1] of every step function
+PROLOGUE = ("vm.match_shape", "kv.begin", "vm.move")  # run in Python before the native call
+EPILOGUE = ("vm.alloc", "vm.move", "vm.tuple", "vm.get")  # may build the returned tensor after it
+
+
+def step_weights(bytecode: dict) -> list[str]:
+    """dcc_w[] order: every function's weight parameters, then its constants, first appearance first."""
+    out: list[str] = []
+    for spec in bytecode["functions"].values():
+        for name in list(spec["params"][spec["num_inputs"]:]) + [c[0] for c in spec["constants"]]:
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def step_split(spec: dict) -> tuple[int, list[int]]:
+    """(prologue length, epilogue instruction indices): the leading PROLOGUE instructions, and the
+    instructions after them that compute the returned register (an EPILOGUE chain)."""
+    ins = spec["instructions"]
+    k = 0
+    while k < len(ins) and ins[k].get("op") == "call" and ins[k].get("fn") in PROLOGUE:
+        k += 1
+    ret = next((i for i in range(k, len(ins)) if ins[i].get("op") == "ret"), None)
+    if ret is None:
+        raise NativeError("a step function has no ret after its prologue")
+    defs = {}
+    for i in range(k, ret):
+        if ins[i].get("dst") is not None:
+            defs[ins[i]["dst"]] = i
+    out: set[int] = set()
+    todo = [a["r"] for a in ins[ret]["args"] if isinstance(a, dict) and "r" in a]
+    while todo:
+        r = todo.pop()
+        if r not in defs or defs[r] in out:
+            continue
+        x = ins[defs[r]]
+        if x.get("fn") not in EPILOGUE:
+            raise NativeError(f"the returned register is made by {x.get('fn')}, which has no native lowering")
+        out.add(defs[r])
+        todo += [a["r"] for a in x.get("args", []) if isinstance(a, dict) and "r" in a]
+    return k, sorted(out)
+
+
 class NativeError(RuntimeError):
     """No compiler, a failed build, or a module this CPU cannot run (one-line message)."""
 
@@ -144,13 +189,42 @@ def build_cached(source: str, isa: str, fast_math: bool) -> Path:
     return out
 
 
-def load(path: Path, required: list[str], threads: int = 0) -> ctypes.CDLL:
-    """Map a module after checking this CPU has every flag it was built for; start its thread pool."""
+def check_elf(path: Path) -> None:
+    """A shared object whose loadable segments lie inside the file (mapping a truncated one dies of SIGBUS)."""
+    import struct
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise NativeError(f"cannot read {path}: {e}; recompile the package") from None
+    bad = NativeError(f"{path.name} is not a complete 64-bit shared object; recompile the package")
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise bad
+    e_type, = struct.unpack_from("<H", data, 16)
+    e_phoff, = struct.unpack_from("<Q", data, 32)
+    e_shoff, = struct.unpack_from("<Q", data, 40)
+    e_phentsize, e_phnum = struct.unpack_from("<HH", data, 54)
+    if e_type != 3 or e_phentsize < 56 or e_phoff + e_phnum * e_phentsize > len(data) or e_shoff > len(data):
+        raise bad
+    for i in range(e_phnum):
+        _, _, off, _, _, filesz = struct.unpack_from("<IIQQQQ", data, e_phoff + i * e_phentsize)
+        if off + filesz > len(data):
+            raise bad
+
+
+def load(path: Path, required: list[str], threads: int = 0, symbols: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Map a module after checking this CPU has every flag it was built for, that the file is a whole shared
+    object and that it has `symbols`; start its thread pool."""
     check_cpu(required, f"the native module {path.name}")
+    check_elf(path)
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise NativeError(f"cannot load {path}: {str(e).splitlines()[0]}; recompile the package") from None
+    for name in ("dcc_init", *symbols):
+        if not hasattr(lib, name):
+            raise NativeError(f"{path.name} has no function {name}: it is not this package's native module; "
+                              f"recompile the package")
     lib.dcc_init.argtypes = [ctypes.c_int]
     lib.dcc_init.restype = ctypes.c_int
     lib.dcc_init(threads or physical_cores())

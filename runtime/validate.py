@@ -305,18 +305,26 @@ def _check_native(m: dict, n: dict) -> None:
 
 
 def check_native_bytecode(m: dict, bc: dict) -> None:
-    """The instructions a native package runs in Python are the ones the native lowering left there."""
-    for fname, fn in m["kernels"]["native"]["functions"].items():
-        ins = bc["functions"][fname]["instructions"]
-        w = f"{M} kernels.native.functions.{fname}"
-        if fn["prologue"] > len(ins) or any(x >= len(ins) for x in fn["epilogue"]):
-            fail(w, f"names instructions past the end of bytecode function {fname}")
-        for i in range(fn["prologue"]):
-            if ins[i]["op"] != "call" or ins[i]["fn"] not in NATIVE_PROLOGUE:
-                fail(f"{w}.prologue", f"covers instruction {i} ({show(ins[i].get('fn'))}), which runs in the native call")
-        for i in fn["epilogue"]:
-            if ins[i]["op"] != "call" or ins[i]["fn"] not in NATIVE_EPILOGUE:
-                fail(f"{w}.epilogue", f"names instruction {i} ({show(ins[i].get('fn'))}), which builds no result")
+    """The native section says exactly what the lowering derives from this bytecode (runtime/native.py: the
+    weight table, the heap layout, what runs in Python before and after the native call), so a manifest
+    edited to disagree cannot make the step functions read past a table or skip a shape check."""
+    from .native import HEAP, NativeError, step_split, step_weights
+
+    n = m["kernels"]["native"]
+    w = f"{M} kernels.native"
+    if n["weights"] != step_weights(bc):
+        fail(f"{w}.weights", "is not the weight table of bytecode.json's functions")
+    for fname, fn in n["functions"].items():
+        if fn["heap"] != list(HEAP):
+            fail(f"{w}.functions.{fname}.heap", f"must be {list(HEAP)}")
+        try:
+            split = step_split(bc["functions"][fname])
+        except NativeError as e:
+            fail(f"{w}.functions.{fname}", str(e))
+        if fn["prologue"] != split[0]:
+            fail(f"{w}.functions.{fname}.prologue", "disagrees with bytecode.json on what runs before the native call")
+        if fn["epilogue"] != split[1]:
+            fail(f"{w}.functions.{fname}.epilogue", "disagrees with bytecode.json on what builds the result")
 
 
 def entry_name(name: str) -> str:

@@ -64,6 +64,16 @@ def require_nvcc() -> None:
             missing(f"{tool} is not on PATH (the CUDA toolkit; /usr/local/bin/nvcc on the project's machines)")
 
 
+def require_cc() -> list[str]:
+    """A C compiler for the cpu target ($CC, cc, gcc, clang or ziglang): argv of the one runtime/native.py picks."""
+    from deploycc.runtime import native
+
+    try:
+        return native.compiler()
+    except native.NativeError as e:
+        missing(str(e))
+
+
 def require_module(name: str):
     """A dev dependency (torch, transformers, gguf, ...), imported; `pip install -e '.[dev]'` installs them."""
     try:

@@ -1,6 +1,8 @@
 """A tiny compiled package for the tests of package loading (tests/runtime/test_package_schema.py,
 tests/bad_inputs/test_packages.py, tests/fuzz/test_fuzz_package.py): the llama fixture with a byte-level
-BPE tokenizer (tests/test_package_cli.py: with_tokenizer), compiled for cpu-opencl. Compiling needs no device."""
+BPE tokenizer (tests/test_package_cli.py: with_tokenizer), compiled for cpu-opencl (or another preset: the cpu
+target's catalogue, tests/bad_inputs/test_cpu.py, compiles it for cpu). Compiling needs no device; cpu needs a C
+compiler."""
 from __future__ import annotations
 
 import json
@@ -12,13 +14,13 @@ from fixtures import make_tiny
 MODEL = "llama-gqa1"
 
 
-def compile_tiny_package(root: Path) -> Path:
+def compile_tiny_package(root: Path, device: str = "cpu-opencl", overrides: tuple[str, ...] = ()) -> Path:
     from test_package_cli import with_tokenizer
 
     from deploycc.package import compile_model
 
     model = with_tokenizer(make_tiny(MODEL), root / "model")
-    return compile_model(str(model), "cpu-opencl", out=str(root / "pkg"))
+    return compile_model(str(model), device, overrides=overrides, out=str(root / "pkg"))
 
 
 def copy_package(pkg: Path, dst: Path) -> Path:

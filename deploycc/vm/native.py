@@ -16,9 +16,8 @@ or the input ids.
 """
 from __future__ import annotations
 
+from ..runtime.native import HEAP, NativeError, step_split, step_weights
 from ..targets.cstyle import _ident
-
-PROLOGUE = ("vm.match_shape", "kv.begin", "vm.move")
 
 
 class NativeLoweringError(ValueError):
@@ -28,7 +27,7 @@ class NativeLoweringError(ValueError):
 def lower_native(bytecode: dict, entries: dict) -> tuple[str, dict]:
     """(C source of the step functions, manifest section): `entries` are the manifest's kernel entries
     (their `args.buffers[i].written` says what each launch writes)."""
-    weights: list[str] = []
+    weights = step_weights(bytecode)
     funcs, spec_out = [], {}
     for fname, spec in bytecode["functions"].items():
         text, info = _function(fname, spec, entries, weights)
@@ -47,15 +46,14 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
     if n_in != 2:
         raise NativeLoweringError(f"{fname}: expected the inputs (input_ids, cache), got {n_in}")
     for r, name in enumerate(spec["params"][n_in:], start=n_in):
-        regs[r] = ("w", _weight(weights, name))
+        regs[r] = ("w", weights.index(name))
     for name, r in spec["constants"]:
-        regs[r] = ("w", _weight(weights, name))
-    k = 0
-    while k < len(ins) and ins[k]["op"] == "call" and ins[k]["fn"] in PROLOGUE:
-        k += 1
-    prologue = k
-    heap: list[str] = []
-    defs: dict[int, int] = {}
+        regs[r] = ("w", weights.index(name))
+    try:
+        prologue, epilogue = step_split(spec)
+    except NativeError as e:
+        raise NativeLoweringError(f"{fname}: {e}") from None
+    heap = list(HEAP)
     body: list[str] = []
     pending_w: set = set()
     pending_r: set = set()
@@ -66,8 +64,6 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
             ret = x["args"][0].get("r")
             break
         fn, args, dst = x.get("fn"), x.get("args", []), x.get("dst")
-        if dst is not None:
-            defs[dst] = i
         if fn == "vm.alloc":
             regs[dst] = ("st", args[0]["i"])
         elif fn == "vm.move":
@@ -87,7 +83,6 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
             raise NativeLoweringError(f"{fname}: {fn} after the prologue has no native lowering")
     if ret is None:
         raise NativeLoweringError(f"{fname}: no ret")
-    epilogue = sorted(_slice(ret, defs, ins))
     name = _ident(fname)
     text = "\n".join([f"static void dcc_step_{name}(void* ctx, int tid, int nt) {{",
                       "  const dcc_ctx* c = (const dcc_ctx*)ctx;",
@@ -97,12 +92,6 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
                      f"DCC_EXPORT void dcc_{name}(const dcc_ctx* c) {{ dcc_parallel(dcc_step_{name}, (void*)c); }}",
                      ""])
     return text, {"symbol": f"dcc_{name}", "prologue": prologue, "epilogue": epilogue, "heap": heap}
-
-
-def _weight(weights: list[str], name: str) -> int:
-    if name not in weights:
-        weights.append(name)
-    return weights.index(name)
 
 
 def _value(a: dict, regs: dict) -> tuple:
@@ -157,7 +146,7 @@ def _expr(j, heap: list[str]) -> str:
         return str(j)
     if isinstance(j, str):
         if j not in heap:
-            heap.append(j)
+            raise NativeLoweringError(f"shape variable {j!r} is not one of {', '.join(heap)}")
         return f"h[{heap.index(j)}]"
     op, *xs = j
     parts = [f"(int64_t){_expr(x, heap)}" for x in xs]
@@ -173,18 +162,3 @@ def _expr(j, heap: list[str]) -> str:
             out = f"dcc_i{op}({out}, {p})"
         return f"(int)({out})"
     raise NativeLoweringError(f"bad symbolic expression {j!r}")
-
-
-def _slice(r: int, defs: dict, ins: list) -> set[int]:
-    """Instructions (after the prologue) that compute register r: allocs, moves, tuples, gets."""
-    if r not in defs:
-        return set()
-    i = defs[r]
-    x = ins[i]
-    if x["fn"] not in ("vm.alloc", "vm.move", "vm.tuple", "vm.get"):
-        raise NativeLoweringError(f"the returned register is made by {x['fn']}, which has no native lowering")
-    out = {i}
-    for a in x["args"]:
-        if "r" in a:
-            out |= _slice(a["r"], defs, ins)
-    return out

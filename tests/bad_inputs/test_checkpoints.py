@@ -315,6 +315,18 @@ def preset_name_with_path(tmp):
     return compile_args(copy_tiny(tmp), "--device", preset_file(tmp, text)), ["'name' '../../escape' must be 1-64 letters"]
 
 
+def preset_cpu_isa_unknown(tmp):
+    text = (Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml").read_text()
+    assert "isa: native" in text
+    return compile_args(copy_tiny(tmp), "--device", preset_file(tmp, text.replace("isa: native", 'isa: "avx9000"'))), [
+        "mine.yaml: target: 'isa' is 'avx9000'; choose one of native, x86-64-v3, x86-64-v4, generic"]
+
+
+def preset_isa_on_opencl(tmp):
+    return compile_args(copy_tiny(tmp), "--device", "cpu-opencl", "--override", "target.isa=x86-64-v3"), [
+        "--override on preset cpu-opencl", "'isa' is for the cpu target; remove it from this opencl preset"]
+
+
 CASES = {f.__name__: f for f in [
     config_list, config_null, config_string, config_list_inspect, layers_float_1e9, layers_int_1e9, layers_negative,
     layers_zero, layers_string, layers_fraction, layers_fewer_than_tensors, gpt2_layers_more_than_tensors,
@@ -328,7 +340,7 @@ CASES = {f.__name__: f for f in [
     kv_cache_does_not_fit_device_memory, weights_do_not_fit_device_memory,
     inspect_context_window_past_positions, preset_row_tile_m_huge, preset_threads_per_block_zero, preset_vector_width_3,
     preset_cuda_threads_over_hardware, preset_prefill_chunk_over_context, preset_yaml_list, preset_invalid_yaml,
-    preset_name_with_path]}
+    preset_name_with_path, preset_cpu_isa_unknown, preset_isa_on_opencl]}
 
 
 @pytest.mark.parametrize("case", CASES)
