@@ -36,10 +36,10 @@ def test_every_preset_loads(name):
     p = presets.load(name)
     assert p.name == name
     assert p.description
-    assert p.target.kind in ("opencl", "webgpu", "cuda")
+    assert p.target.kind in ("opencl", "webgpu", "cuda", "cpu")
     assert p.backend in presets.BACKENDS
     assert p.backend == p.target.kind  # every shipped preset runs its kernels on the matching runtime
-    assert p.quantization == "q0f32"
+    assert p.quantization == ("q4f16_2" if p.target.kind == "cpu" else "q0f32")  # cpu: integer GEMVs need 4/8 bits
     assert p.context_window >= 1024 and 1 <= p.prefill_chunk <= p.context_window
     assert p.target.threads_per_block <= p.target.max_threads_per_block
 
