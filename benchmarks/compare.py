@@ -258,7 +258,9 @@ def deploycc_cli() -> list[str]:
 
 def ensure_package(bench: Path, key: str, source: Path, extra: list[str], threads: int, device: str = "cpu") -> Path:
     pkg = bench / "packages" / device / key
-    if device.startswith("cpu") and device != "cpu-opencl" and device != "cpu-webgpu":
+    from deploycc import presets
+
+    if presets.load(device).target.kind == "cpu":
         extra = [*extra, "--override", f"target.num_threads={threads}"]  # the pool's threads, as every tool's
     if package_is_current(pkg, source, device):
         return pkg

@@ -20,8 +20,7 @@ from .vm import NP, VM, DTensor, VMError
 
 INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',
            "webgpu": "pip install wgpu (and apt-get install mesa-vulkan-drivers libvulkan1 for a CPU)",
-           "cuda": "pip install pycuda (needs an NVIDIA GPU and driver)",
-           "cpu": "the cpu backend needs only numpy and the package's own kernels.so"}
+           "cuda": "pip install pycuda (needs an NVIDIA GPU and driver)"}
 
 
 class Engine:
@@ -124,13 +123,14 @@ class Engine:
                         ("input", ctypes.c_void_p), ("h", ctypes.c_void_p)]
 
         tables = [(ctypes.c_void_p * max(1, len(x)))(*x) for x in (ws, sts, kv)]
+        self._native_keep = [tables]  # the C side holds addresses into these: they live as long as the engine
         for fname, info in nat["functions"].items():
             heap = (ctypes.c_int * max(1, len(info["heap"])))()
             ctx = Ctx(*(ctypes.addressof(t) for t in tables), ptr(self.ids_buf), ctypes.addressof(heap))
             fn = getattr(self.lib, info["symbol"])
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = None
-            self._native_keep = getattr(self, "_native_keep", [tables]) + [(ctx, heap)]
+            self._native_keep.append((ctx, heap))
             self.vm.functions[fname].use_native(info, functools.partial(fn, ctypes.addressof(ctx)), heap)
         self.native_steps = True
 

@@ -146,7 +146,7 @@ def compiler() -> list[str]:
 def compile_flags(isa: str, fast_math: bool) -> list[str]:
     flags = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", f"-march={MARCH[isa]}", "-fno-plt",
              "-fvisibility=hidden", "-fno-semantic-interposition"]
-    if isa in ("x86-64-v4", "native") and isa != "native":
+    if isa == "x86-64-v4":
         flags.append("-mprefer-vector-width=512")
     if fast_math:
         flags.append("-ffast-math")

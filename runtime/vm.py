@@ -233,37 +233,34 @@ class VM:
         for i, v in enumerate(inputs):
             regs[i] = v
         heap = [0] * max(len(fn.heap_names), 1)
-        if fn.native is not None:
-            return self._run_native(fn, regs, heap)
-        for ins in fn.code:
-            if ins[0] == "call":
-                _, f, dst = ins
-                v = f(regs, heap)
-                if dst is not None:
-                    regs[dst] = v
-            else:
-                return ins[1](regs, heap)
-        raise VMError(f"{name}: fell off the end without ret")
+        if fn.native is None:
+            out = _execute(fn.code, regs, heap)
+        else:  # the prologue binds the shape heap, one native call runs every launch, the epilogue ends in ret
+            prologue, epilogue, call, slots, values = fn.native
+            _execute(prologue, regs, heap)
+            for j, s in enumerate(slots):
+                values[j] = heap[s]
+            call()
+            out = _execute(epilogue, regs, heap)
+        if out is _NO_RET:
+            raise VMError(f"{name}: fell off the end without ret")
+        return out
 
 
-    @staticmethod
-    def _run_native(fn: Function, regs: list, heap: list):
-        prologue, epilogue, call, slots, values = fn.native
-        for _, f, dst in prologue:
-            v = f(regs, heap)
-            if dst is not None:
-                regs[dst] = v
-        for j, s in enumerate(slots):
-            values[j] = heap[s]
-        call()
-        for ins in epilogue:
-            if ins[0] == "ret":
-                return ins[1](regs, heap)
+_NO_RET = object()
+
+
+def _execute(code: list, regs: list, heap: list):
+    """Run prepared instructions up to the first ret: its value, or _NO_RET when there is none."""
+    for ins in code:
+        if ins[0] == "call":
             _, f, dst = ins
             v = f(regs, heap)
             if dst is not None:
                 regs[dst] = v
-        raise VMError(f"{fn.name}: fell off the end without ret")
+        else:
+            return ins[1](regs, heap)
+    return _NO_RET
 
 
 def _buf(v):

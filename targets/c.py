@@ -26,8 +26,8 @@ PREAMBLE = """#include <math.h>
 typedef _Float16 half;
 typedef uint32_t uint;
 typedef uint8_t uchar;
-static inline int dcc_imin(int a, int b) { return a < b ? a : b; }
-static inline int dcc_imax(int a, int b) { return a > b ? a : b; }
+static inline int min(int a, int b) { return a < b ? a : b; }  /* OpenCL's and CUDA's int min/max */
+static inline int max(int a, int b) { return a > b ? a : b; }
 """
 
 
@@ -35,7 +35,7 @@ class CRenderer(CStyleRenderer):
     types = {**CStyleRenderer.types, "int8": "int8_t", "int64": "int64_t"}
     unary = {**CStyleRenderer.unary, "exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf",
              "cos": "cosf", "abs": "fabsf", "erf": "erff"}
-    float_max, float_min, int_max, int_min = "fmaxf", "fminf", "dcc_imax", "dcc_imin"
+    float_max, float_min = "fmaxf", "fminf"
     kernel_prefix = "static void"
     barrier = ""  # one thread per group: nothing to wait for
     shared_qualifier = ""
@@ -44,9 +44,6 @@ class CRenderer(CStyleRenderer):
     def __init__(self):
         super().__init__()
         self.threads = 1
-
-    def int_expr(self, e) -> str:
-        return super().int_expr(e).replace("min(", "dcc_imin(").replace("max(", "dcc_imax(")
 
     def value(self, v) -> str:
         if v.op == "rsqrt":

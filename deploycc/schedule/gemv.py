@@ -9,25 +9,19 @@ slower than one row per work-item (FACTS.md), so targets opt in with `workgroup_
 from __future__ import annotations
 
 from ..ir import sym, tir
-from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers, strip_allocs
-from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Store, TensorProgram
-from ..ir.tir_interp import reduction_parts
+from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Store, TensorProgram
 from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block, matmul_with_epilogues, unravel
+from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if not target.workgroup_gemv:
         return None
-    stmts = strip_allocs(prog.body)
-    if not stmts or not all(isinstance(s, Block) for s in stmts):
+    found = split_matmul(prog)
+    if found is None:
         return None
-    mm, epilogues = stmts[0], stmts[1:]
-    if len(mm.reduce) != 1 or mm.init is None or mm.iters[-1].kind != "reduce":
-        return None
-    combine, rhs = reduction_parts(mm)
-    if combine != "add":
-        return None
+    mm, epilogues, rhs = found
     spatial = mm.spatial
     outputs = sym.as_expr(1)
     for it in spatial:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..ir import sym, tir
+from ..ir.kernel import strip_allocs
 from ..ir.tir import Alloc, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, V
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute, map_value
@@ -194,6 +195,19 @@ def localize(stmt: Stmt, buf: Buffer, local: Buffer | list[tuple[tuple, Buffer]]
             return IfThenElse(value(st.cond), visit(st.then_body), None if st.else_body is None else visit(st.else_body))
         return st
     return visit(stmt)
+
+
+def split_matmul(prog) -> tuple[Block, list[Block], V] | None:
+    """(matmul, epilogues, summand) of a program whose first block is a sum over one trailing reduce
+    iterator (the GEMV rules' starting point), or None."""
+    stmts = strip_allocs(prog.body)
+    if not stmts or not all(isinstance(s, Block) for s in stmts):
+        return None
+    mm, epilogues = stmts[0], stmts[1:]
+    if len(mm.reduce) != 1 or mm.init is None or mm.iters[-1].kind != "reduce":
+        return None
+    combine, rhs = reduction_parts(mm)
+    return (mm, epilogues, rhs) if combine == "add" else None
 
 
 def matmul_with_epilogues(mm: Block, epilogues: list[Block], intermediates: list[Buffer]) -> bool:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import sym, tir
-from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers, strip_allocs
-from ..ir.tir import Alloc, Block, Buffer, Intrin, Seq, Store, TensorProgram, V
-from ..ir.tir_interp import _SYM_NP_OPS, _Exec, reduction_parts
+from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
+from ..ir.tir import Alloc, Buffer, Intrin, Seq, Store, TensorProgram, V
+from ..ir.tir_interp import _SYM_NP_OPS, _Exec
 from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block, matmul_with_epilogues, thread_grid
+from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, thread_grid
 
 BLOCK = 32
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
@@ -35,15 +35,10 @@ FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True,
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if target.kind != "cpu":
         return None
-    stmts = strip_allocs(prog.body)
-    if not stmts or not all(isinstance(s, Block) for s in stmts):
+    found = split_matmul(prog)
+    if found is None or found[2].op != "mul":
         return None
-    mm, epilogues = stmts[0], stmts[1:]
-    if len(mm.reduce) != 1 or mm.init is None or mm.iters[-1].kind != "reduce":
-        return None
-    combine, rhs = reduction_parts(mm)
-    if combine != "add" or rhs.op != "mul":
-        return None
+    mm, epilogues, rhs = found
     spatial = mm.spatial
     rows = sym.as_expr(1)
     for it in spatial[:-1]:
@@ -76,12 +71,11 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 
     def body_of(r: sym.Expr):
         fixed = {**fixed0, n_it.var: r}
-        z = (sym.as_expr(0),)
         init = Substitute(syms=fixed, fresh=False).value(mm.init.value)
         dot = Intrin(f"dot_{name}_q8", (acc, q, s) + ((m,) if m is not None else ()) + (xq, xd, xs),
                      (r, sym.as_expr(nb)), (acc,))
         result = Store(out, tuple(Substitute(syms=fixed, fresh=False).expr(i) for i in mm.body.indices),
-                       init + acc[z[0]])
+                       init + acc[0])
         tail = Seq((result,) + tuple(lower_block(e, {a.var: fixed[b.var] for a, b in zip(e.iters, spatial)}, f"e{i}")
                                       for i, e in enumerate(epilogues)))
         if out in allocs_of(prog.body):
@@ -112,13 +106,10 @@ def _operands(rhs: V, n: sym.SymVar, k: sym.SymVar, K: int, prog: TensorProgram,
         for d, i in zip(reversed(buf.shape), reversed(idx)):  # the single row: other spatial iterators are 0
             flat = flat + Substitute(syms=fixed0, fresh=False).expr(sym.as_expr(i)) * stride
             stride = stride * d
-        if flat.free_vars() - {k} - {v for v in flat.free_vars() if v.name in ("seq_len", "total_len")}:
+        if flat.free_vars() - {k}:
             continue
         ks = np.arange(K, dtype=np.int64)
-        try:
-            at = np.broadcast_to(np.asarray(sym.evaluate(flat, {k: ks}, _SYM_NP_OPS), dtype=np.int64), (K,))
-        except Exception:  # noqa: BLE001 - an index that needs other variables: not this rule's shape
-            continue
+        at = np.broadcast_to(np.asarray(sym.evaluate(flat, {k: ks}, _SYM_NP_OPS), dtype=np.int64), (K,))
         if not np.array_equal(at - at[0], ks):
             continue
         return a, Substitute(syms={k: sym.as_expr(0)}, fresh=False).expr(flat), b

@@ -159,6 +159,6 @@ def _expr(j, heap: list[str]) -> str:
     if op in ("min", "max"):
         out = parts[0]
         for p in parts[1:]:
-            out = f"dcc_i{op}({out}, {p})"
+            out = f"{op}({out}, {p})"
         return f"(int)({out})"
     raise NativeLoweringError(f"bad symbolic expression {j!r}")
