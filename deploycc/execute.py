@@ -59,8 +59,10 @@ class KernelRunner:
             else:
                 src = render(kernels, self.target)
                 self.sources[prog.name] = src
-                self.built[key] = self.device.build(src, [_entry(k) for k in kernels],
-                                                    {"fast_math": self.target.fast_math, "isa": self.target.isa})
+                options = {"fast_math": self.target.fast_math}
+                if self.target.kind == "cpu":  # the instruction set the C compiler may use
+                    options["isa"] = self.target.isa
+                self.built[key] = self.device.build(src, [_entry(k) for k in kernels], options)
         return self.built[key]
 
     def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:

@@ -89,6 +89,20 @@ def cpu_flags() -> set[str] | None:
     return None
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else the machine type."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() or "cpu"
+
+
 def isa_flags(isa: str) -> list[str]:
     """The flags a module built for `isa` needs (native: what this CPU has of NATIVE_CANDIDATES)."""
     if isa == "native":
@@ -148,8 +162,10 @@ def compile_flags(isa: str, fast_math: bool) -> list[str]:
              "-fvisibility=hidden", "-fno-semantic-interposition"]
     if isa == "x86-64-v4":
         flags.append("-mprefer-vector-width=512")
-    if fast_math:
-        flags.append("-ffast-math")
+    if fast_math:  # -ffast-math's reassociation, without linking crtfastmath.o: gcc 12 links it into shared
+        # objects too, and it sets flush-to-zero for the whole process that loads the package
+        flags += ["-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-freciprocal-math",
+                  "-fno-math-errno"]
     return flags
 
 

@@ -364,7 +364,7 @@ def test_devices():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     usable = {x["kind"] for x in available() if x.get("name")}
-    assert {x["kind"] for x in d["devices"]} == {"opencl", "webgpu", "cuda", "host"}
+    assert {x["kind"] for x in d["devices"]} == {"opencl", "webgpu", "cuda", "cpu", "host"}
     assert [p["name"] for p in d["presets"]] == presets.names()
     for p in d["presets"]:
         assert p["runnable"] == (p["backend"] in usable)

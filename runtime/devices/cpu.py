@@ -40,7 +40,7 @@ def aligned_zeros(nbytes: int) -> np.ndarray:
 
 class CPUDevice(HostDevice):
     kind = "cpu"
-    name = f"{platform.processor() or platform.machine() or 'cpu'} (native C)"
+    name = f"{native.cpu_model()} (native C)"
 
     def __init__(self, threads: int = 0):
         super().__init__()
