@@ -41,12 +41,17 @@ static inline void dcc_quantize_block(const float* x, int8_t* q, float* d, int32
   *sum = s;
 }
 
-static inline void dcc_quantize_q8_pairs(const float* x, int8_t* q, float* d, int32_t* sum, int off, int n) {
-  for (int b = 0; b < n / 32; ++b) dcc_quantize_block(x + off + 32 * b, q + 32 * b, d + b, sum + b, 1);
+/* n activations from x + off into row `row` of q (n per row), d and sum (n / 32 per row) */
+static inline void dcc_quantize_q8_pairs(const float* x, int8_t* q, float* d, int32_t* sum, int off, int n, int row) {
+  const int64_t r = row, nb = n / 32;
+  for (int b = 0; b < nb; ++b)
+    dcc_quantize_block(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, sum + r * nb + b, 1);
 }
 
-static inline void dcc_quantize_q8_linear(const float* x, int8_t* q, float* d, int32_t* sum, int off, int n) {
-  for (int b = 0; b < n / 32; ++b) dcc_quantize_block(x + off + 32 * b, q + 32 * b, d + b, sum + b, 0);
+static inline void dcc_quantize_q8_linear(const float* x, int8_t* q, float* d, int32_t* sum, int off, int n, int row) {
+  const int64_t r = row, nb = n / 32;
+  for (int b = 0; b < nb; ++b)
+    dcc_quantize_block(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, sum + r * nb + b, 0);
 }
 
 #if defined(DCC_DOT_U8S8)
@@ -136,6 +141,123 @@ static inline float dcc_dot_q8(const uint32_t* q, const half* s, const int8_t* x
   (void)xs;
   return acc;
 #endif
+}
+
+/* DCC_TILE rows t0.. of the activations (rows past `rows` repeat the last) against one weight row: the block's
+codes are unpacked once and used DCC_TILE times */
+#define DCC_TILE 8
+static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const int32_t* xs, int nb, int t0, int rows,
+                                 const int8_t** xr, const float** dr, const int32_t** sr) {
+  for (int t = 0; t < DCC_TILE; ++t) {
+    const int64_t row = t0 + t < rows ? t0 + t : rows - 1;
+    xr[t] = xq + row * nb * 32;
+    dr[t] = xd + row * nb;
+    sr[t] = xs + row * nb;
+  }
+}
+
+/* 4-bit weights: m (asymmetric minimum) or zero (symmetric zero point) as in dcc_dot_q4 */
+static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
+                                   const float* xd, const int32_t* xs, int nb, float zero, int t0, int rows) {
+  const int8_t* xr[DCC_TILE];
+  const float* dr[DCC_TILE];
+  const int32_t* sr[DCC_TILE];
+  float corr[DCC_TILE] = {0};
+  dcc_tile_rows(xq, xd, xs, nb, t0, rows, xr, dr, sr);
+#if defined(DCC_DOT_U8S8)
+  __m256 acc[DCC_TILE];
+  for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const __m256i codes = dcc_nibbles(q + 4 * b);
+    const float sw = (float)s[b], cw = m ? (float)m[b] : -zero * sw;
+#pragma GCC unroll 8
+    for (int t = 0; t < DCC_TILE; ++t) {
+      const __m256i d = DCC_DOT_U8S8(codes, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b)));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sw * dr[t][b]), acc[t]);
+      corr[t] += cw * dr[t][b] * (float)sr[t][b];
+    }
+  }
+  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_hsum8(acc[t]) + corr[t];
+#else
+  float acc[DCC_TILE] = {0};
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* c = (const uint8_t*)(q + 4 * b);
+    const float sw = (float)s[b], cw = m ? (float)m[b] : -zero * sw;
+    for (int t = 0; t < DCC_TILE; ++t) {
+      int32_t dot = 0;
+      for (int p = 0; p < 16; ++p) dot += (c[p] & 15) * xr[t][32 * b + p] + (c[p] >> 4) * xr[t][32 * b + 16 + p];
+      acc[t] += sw * dr[t][b] * (float)dot;
+      corr[t] += cw * dr[t][b] * (float)sr[t][b];
+    }
+  }
+  for (int t = 0; t < DCC_TILE; ++t) out[t] = acc[t] + corr[t];
+#endif
+}
+
+/* 8-bit weights, w = (code - 128) * s */
+static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
+                                   const int32_t* xs, int nb, int t0, int rows) {
+  const int8_t* xr[DCC_TILE];
+  const float* dr[DCC_TILE];
+  const int32_t* sr[DCC_TILE];
+  dcc_tile_rows(xq, xd, xs, nb, t0, rows, xr, dr, sr);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
+  __m256 acc[DCC_TILE];
+  float corr[DCC_TILE] = {0};
+  for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const __m256i codes = _mm256_loadu_si256((const __m256i*)(q + 8 * b));
+    const float sw = (float)s[b];
+#pragma GCC unroll 8
+    for (int t = 0; t < DCC_TILE; ++t) {
+      const __m256i d = DCC_DOT_U8S8(codes, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b)));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sw * dr[t][b]), acc[t]);
+      corr[t] -= 128.0f * sw * dr[t][b] * (float)sr[t][b];
+    }
+  }
+  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_hsum8(acc[t]) + corr[t];
+#elif defined(__AVX2__)
+  __m256 acc[DCC_TILE];
+  for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(q + 8 * b)), _mm256_set1_epi8((char)0x80));
+    const __m256i aw = _mm256_sign_epi8(w, w);
+    const float sw = (float)s[b];
+    for (int t = 0; t < DCC_TILE; ++t) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b));
+      const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sw * dr[t][b]), acc[t]);
+    }
+  }
+  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_hsum8(acc[t]);
+#else
+  for (int t = 0; t < DCC_TILE; ++t) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* c = (const uint8_t*)(q + 8 * b);
+      int32_t dot = 0;
+      for (int p = 0; p < 32; ++p) dot += ((int)c[p] - 128) * xr[t][32 * b + p];
+      acc += (float)s[b] * dr[t][b] * (float)dot;
+    }
+    out[t] = acc;
+  }
+  (void)sr;
+#endif
+}
+
+static inline void dcc_dot_q4_sym_q8_tile(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
+                                          const float* xd, const int32_t* xs, int r, int nb, int t0, int rows) {
+  dcc_dot_q4_tile(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, 0, xq, xd, xs, nb, 8.0f, t0, rows);
+}
+static inline void dcc_dot_q4_asym_q8_tile(float* acc, const uint32_t* q, const half* s, const half* m,
+                                           const int8_t* xq, const float* xd, const int32_t* xs, int r, int nb,
+                                           int t0, int rows) {
+  dcc_dot_q4_tile(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, m + (int64_t)r * nb, xq, xd, xs, nb, 0.0f, t0,
+                  rows);
+}
+static inline void dcc_dot_q8_sym_q8_tile(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
+                                          const float* xd, const int32_t* xs, int r, int nb, int t0, int rows) {
+  dcc_dot_q8_tile(acc, q + (int64_t)r * nb * 8, s + (int64_t)r * nb, xq, xd, xs, nb, t0, rows);
 }
 
 static inline void dcc_dot_q4_sym_q8(float* acc, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,

@@ -1,4 +1,4 @@
-"""Rule (cpu): a decode GEMV on group-quantized weights as integer dot products (tensorization).
+"""Rule (cpu): matmuls on group-quantized weights as integer dot products (tensorization).
 
 The activations are quantized to 8 bits per block of 32 (a scale and the block's code sum each),
 once per call of the kernel by every worker into its own stack arrays (a few hundred nanoseconds
@@ -14,20 +14,27 @@ codes, scales and minimums at random (n, k), against each known block format (Mi
 probabilistic equivalence check, for one expression): 4-bit symmetric (code - 8) * s, 4-bit
 asymmetric code * s + m, 8-bit symmetric (code - 128) * s, codes packed little end first into
 uint32 words, one scale per 32 inputs. Anything else (GGUF blocks, float weights) is left to the
-next rule. Prefill (more than one row) is left to the row rule's register tiles.
+next rule.
+
+Prefill (more than one row, a symbolic count) is two kernels: every row of x quantized once into
+workspace buffers (a group per row, so the workers share the work), then TILE rows of one output
+per group, each weight block unpacked once and dotted with the TILE rows' activations.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
-from ..ir.tir import Alloc, Buffer, Intrin, Seq, Store, TensorProgram, V
+from ..ir.tir import Alloc, Block, Buffer, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram, V
 from ..ir.tir_interp import _SYM_NP_OPS, _Exec
 from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, thread_grid
+from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, thread_grid, unravel
 
 BLOCK = 32
+TILE = 8  # prefill rows per group: each unpacked weight block is used TILE times from registers
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128)}
 
@@ -39,61 +46,133 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     if found is None or found[2].op != "mul":
         return None
     mm, epilogues, rhs = found
-    spatial = mm.spatial
-    rows = sym.as_expr(1)
-    for it in spatial[:-1]:
-        rows = rows * it.extent
-    if not (rows.is_const and rows.value == 1):
-        return None
     if not matmul_with_epilogues(mm, epilogues, allocs_of(prog.body)):
         return None
+    spatial = mm.spatial
     n_it, k_it = spatial[-1], mm.reduce[0]
     K, N = sym.as_expr(k_it.extent), sym.as_expr(n_it.extent)
     if not (K.is_const and K.value % BLOCK == 0 and K.value <= 1 << 16):
         return None
-    fixed0 = {it.var: sym.as_expr(0) for it in spatial[:-1]}
-    found = _operands(rhs, n_it.var, k_it.var, K.value, prog, fixed0)
+    found = _operands(rhs, n_it.var, k_it.var, K.value, prog, {it.var: it.extent for it in spatial[:-1]})
     if found is None:
         return None
-    x_load, x_off, w_expr = found
+    x_load, x_flat, w_expr = found
     fmt = _format(w_expr, n_it.var, k_it.var, N, K.value, prog)
     if fmt is None:
         return None
-    name, q, s, m = fmt
-    x_buf = x_load.arg[0]
-    nb = K.value // BLOCK
-    xq = Buffer("xq", (K.value,), "int8", "local")
-    xd = Buffer("xd", (nb,), "float32", "local")
-    xs = Buffer("xs", (nb,), "int32", "local")
-    acc = Buffer("acc", (1,), "float32", "local")
-    out = mm.body.buffer
-    bits = FORMATS[name][0]
-
-    def body_of(r: sym.Expr):
-        fixed = {**fixed0, n_it.var: r}
-        init = Substitute(syms=fixed, fresh=False).value(mm.init.value)
-        dot = Intrin(f"dot_{name}_q8", (acc, q, s) + ((m,) if m is not None else ()) + (xq, xd, xs),
-                     (r, sym.as_expr(nb)), (acc,))
-        result = Store(out, tuple(Substitute(syms=fixed, fresh=False).expr(i) for i in mm.body.indices),
-                       init + acc[0])
-        tail = Seq((result,) + tuple(lower_block(e, {a.var: fixed[b.var] for a, b in zip(e.iters, spatial)}, f"e{i}")
-                                      for i, e in enumerate(epilogues)))
-        if out in allocs_of(prog.body):
-            local = Buffer(out.name, (1,), out.dtype, "local")
-            tail = Alloc(local, localize(tail, out, local, len(out.shape)))
-        return Alloc(acc, Seq((dot, tail)))
-
-    grid, groups = thread_grid(N, 1, body_of)
-    quant = Intrin(f"quantize_q8_{'pairs' if bits == 4 else 'linear'}", (x_buf, xq, xd, xs), (x_off, K), (xq, xd, xs))
-    body = Alloc(xq, Alloc(xd, Alloc(xs, Seq((quant, grid)))))
-    bufs, written = global_buffers(body, list(prog.params))
-    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, 1, written)
-    return Schedule((k,), (), f"qgemv-{name}")
+    m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, *fmt)
+    rows = sym.as_expr(1)
+    for it in spatial[:-1]:
+        rows = rows * it.extent
+    return m.gemv() if rows.is_const and rows.value == 1 else m.gemm(rows)
 
 
-def _operands(rhs: V, n: sym.SymVar, k: sym.SymVar, K: int, prog: TensorProgram, fixed0: dict):
-    """(x load, flat offset of x[k=0]): x a float32 input read at consecutive elements as k runs (a reshape
-    in front of the matmul is fine) and not by n; and the other factor, the weight expression."""
+@dataclass
+class Matmul:
+    """What both schedules need: the program, its matmul and epilogues, the input x (read at x_flat + k
+    for a row whose other spatial iterators are set) and the weight format."""
+
+    prog: TensorProgram
+    mm: Block
+    epilogues: list
+    spatial: list
+    n: sym.SymVar
+    k: sym.SymVar
+    K: int
+    N: sym.Expr
+    x: Buffer
+    x_flat: sym.Expr
+    fmt: str
+    q: Buffer
+    s: Buffer
+    mins: Buffer | None
+
+    @property
+    def nb(self) -> int:
+        return self.K // BLOCK
+
+    @property
+    def weights(self) -> tuple[Buffer, ...]:
+        return (self.q, self.s) + ((self.mins,) if self.mins is not None else ())
+
+    def quantize(self, xq: Buffer, xd: Buffer, xs: Buffer, coords: dict, row) -> Intrin:
+        """Activations of one row (the spatial iterators at `coords`) into row `row` of xq/xd/xs."""
+        off = Substitute(syms={**coords, self.k: sym.as_expr(0)}, fresh=False).expr(self.x_flat)
+        kind = "pairs" if FORMATS[self.fmt][0] == 4 else "linear"
+        return Intrin(f"quantize_q8_{kind}", (self.x, xq, xd, xs), (off, sym.as_expr(self.K), sym.as_expr(row)),
+                      (xq, xd, xs))
+
+    def tail(self, coords: dict, value: V, tag: str) -> Stmt:
+        """The matmul's store at `coords` (every spatial iterator) of init + value, then the epilogues there."""
+        sub = Substitute(syms=coords, fresh=False)
+        out = self.mm.body.buffer
+        result = Store(out, tuple(sub.expr(i) for i in self.mm.body.indices), sub.value(self.mm.init.value) + value)
+        stmt: Stmt = Seq((result,) + tuple(
+            lower_block(e, {a.var: coords[b.var] for a, b in zip(e.iters, self.spatial)}, f"e{tag}_{i}")
+            for i, e in enumerate(self.epilogues)))
+        if out in allocs_of(self.prog.body):
+            local = Buffer(f"{out.name}{tag}", (1,), out.dtype, "local")
+            stmt = Alloc(local, localize(stmt, out, local, len(out.shape)))
+        return stmt
+
+    def kernel(self, name: str, body: Stmt, groups, order) -> Kernel:
+        bufs, written = global_buffers(body, order)
+        return Kernel(name, bufs, tuple(free_syms(body)), body, groups, 1, written)
+
+    def gemv(self) -> Schedule:
+        """Decode: every worker quantizes x into its own stack arrays, then one output per group."""
+        xq = Buffer("xq", (self.K,), "int8", "local")
+        xd = Buffer("xd", (self.nb,), "float32", "local")
+        xs = Buffer("xs", (self.nb,), "int32", "local")
+        acc = Buffer("acc", (1,), "float32", "local")
+        zero = {it.var: sym.as_expr(0) for it in self.spatial[:-1]}
+
+        def body_of(r: sym.Expr):
+            dot = Intrin(f"dot_{self.fmt}_q8", (acc, *self.weights, xq, xd, xs), (r, sym.as_expr(self.nb)), (acc,))
+            return Alloc(acc, Seq((dot, self.tail({**zero, self.n: r}, acc[0], ""))))
+
+        grid, groups = thread_grid(self.N, 1, body_of)
+        body = Alloc(xq, Alloc(xd, Alloc(xs, Seq((self.quantize(xq, xd, xs, zero, 0), grid)))))
+        return Schedule((self.kernel(self.prog.name, body, groups, list(self.prog.params)),), (), f"qgemv-{self.fmt}")
+
+    def gemm(self, rows: sym.Expr) -> Schedule:
+        """Prefill: one kernel quantizes every row of x into workspace buffers (a group per row), a second
+        computes TILE rows of one output per group, unpacking each weight block once for all of them
+        (rows past the end repeat the last one and store nothing)."""
+        xq = Buffer("xq", (rows, self.K), "int8", "global")
+        xd = Buffer("xd", (rows, self.nb), "float32", "global")
+        xs = Buffer("xs", (rows, self.nb), "int32", "global")
+        order = list(self.prog.params) + [xq, xd, xs]
+        extents = [it.extent for it in self.spatial[:-1]]
+
+        def coords(row: sym.Expr) -> dict:
+            return {it.var: v for it, v in zip(self.spatial[:-1], unravel(row, extents))}
+
+        q_grid, q_groups = thread_grid(rows, 1, lambda r: self.quantize(xq, xd, xs, coords(r), r))
+        acc = Buffer("acc", (TILE,), "float32", "local")
+
+        def body_of(r: sym.Expr):
+            tile, n = sym.floordiv(r, self.N), sym.mod(r, self.N)
+            t0 = tile * TILE
+            dot = Intrin(f"dot_{self.fmt}_q8_tile", (acc, *self.weights, xq, xd, xs),
+                         (n, sym.as_expr(self.nb), t0, rows), (acc,))
+            stores = []
+            for i in range(TILE):
+                at = t0 + i
+                stmt = self.tail({**coords(at), self.n: n}, acc[i], str(i))
+                stores.append(stmt if i == 0 else IfThenElse(tir.index(at).cmp("lt", tir.index(rows)), stmt))
+            return Alloc(acc, Seq((dot, *stores)))
+
+        tiles = sym.floordiv(rows + (TILE - 1), TILE)
+        grid, groups = thread_grid(tiles * self.N, 1, body_of)
+        kernels = (self.kernel(f"{self.prog.name}_quantize", q_grid, q_groups, order),
+                   self.kernel(self.prog.name, grid, groups, order))
+        return Schedule(kernels, (xq, xd, xs), f"qgemm-{self.fmt}")
+
+
+def _operands(rhs: V, n: sym.SymVar, k: sym.SymVar, K: int, prog: TensorProgram, rows: dict):
+    """(x load, x's flat index, the other factor): x a float32 input read at consecutive elements as k runs
+    (a reshape in front of the matmul is fine) and not by n; the other factor is the weight expression."""
     for a, b in ((rhs.src[0], rhs.src[1]), (rhs.src[1], rhs.src[0])):
         if a.op != "load" or a.dtype != "float32" or a.arg[0] not in prog.params:
             continue
@@ -103,17 +182,32 @@ def _operands(rhs: V, n: sym.SymVar, k: sym.SymVar, K: int, prog: TensorProgram,
         if any(ld.arg[0] is buf for ld in tir.loads(b)):
             continue
         flat, stride = sym.as_expr(0), sym.as_expr(1)
-        for d, i in zip(reversed(buf.shape), reversed(idx)):  # the single row: other spatial iterators are 0
-            flat = flat + Substitute(syms=fixed0, fresh=False).expr(sym.as_expr(i)) * stride
+        for d, i in zip(reversed(buf.shape), reversed(idx)):
+            flat = flat + sym.as_expr(i) * stride
             stride = stride * d
-        if flat.free_vars() - {k}:
+        if not _consecutive(flat, k, K, rows):
             continue
-        ks = np.arange(K, dtype=np.int64)
-        at = np.broadcast_to(np.asarray(sym.evaluate(flat, {k: ks}, _SYM_NP_OPS), dtype=np.int64), (K,))
-        if not np.array_equal(at - at[0], ks):
-            continue
-        return a, Substitute(syms={k: sym.as_expr(0)}, fresh=False).expr(flat), b
+        return a, flat, b
     return None
+
+
+def _consecutive(flat: sym.Expr, k: sym.SymVar, K: int, rows: dict) -> bool:
+    """x[row, k] is element flat(row, 0) + k for every k < K: checked for every k at the first and the last
+    row, with the sizes the index mentions (seq_len in a reshape's stride or modulus) at 1, 5 and 64."""
+    ks = np.arange(K, dtype=np.int64)
+    sizes = [v for v in flat.free_vars() if v is not k and v not in rows]
+    for size in (1, 5, 64):
+        env = {v: size for v in sizes}
+        for last in (False, True):
+            at_rows = {v: int(sym.evaluate(e, env)) - 1 if last else 0 for v, e in rows.items()}
+            try:
+                at = np.asarray(sym.evaluate(flat, {**env, **at_rows, k: ks}, _SYM_NP_OPS), dtype=np.int64)
+            except KeyError:  # an index that needs a variable no row or size binds: not this rule's shape
+                return False
+            at = np.broadcast_to(at, (K,))
+            if not np.array_equal(at - at[0], ks):
+                return False
+    return True
 
 
 def _format(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: TensorProgram):
