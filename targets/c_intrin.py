@@ -7,10 +7,14 @@ branch per instruction set, chosen by the compiler's -march macros:
 
 Activations: `quantize_q8_pairs` (for 4-bit codes) stores each block of 32 as its 16 even then its 16
 odd elements, the order in which the low and the high nibbles of the block's 16 code bytes come out;
-`quantize_q8_linear` (8-bit codes) keeps the order. Each block gets its scale d = max|x| / 127 and the
-sum of its codes (for the zero point or the minimum). Every dot returns, for one row r,
-    sum_b  s_b * d_b * (codes . xq)_b  +  correction_b
-with correction -zero * s_b * d_b * sum_b (symmetric) or m_b * d_b * sum_b (asymmetric).
+`quantize_q8_linear` (8-bit codes) keeps the order. Each block gets its scale d = max|x| / 127 and
+d * (the sum of its codes), for the zero point or the minimum. Every dot returns, for one row r,
+    sum_b  s_b * d_b * (codes . xq)_b  +  c_b * (d * sum)_b,   c_b = m_b (asymmetric) or -zero * s_b
+The corrections are one short float dot product per row (and token), outside the block loop.
+
+Prefill (`*_tile`): DCC_TILE activation rows against one weight row, each block's codes unpacked once. With
+AVX-512 VNNI two blocks go through one 512-bit `vpdpbusd` (their scales spread over the two halves);
+AVX-VNNI and AVX2 take one block per 256-bit step.
 """
 
 INTRINSICS = r"""
@@ -25,8 +29,11 @@ INTRINSICS = r"""
 /* codes <= 15 keep the pair sums of vpmaddubsw within int16 (15 * 127 * 2) */
 #define DCC_DOT_U8S8(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1))
 #endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define DCC_ZMM 1
+#endif
 
-static inline void dcc_quantize_block(const float* x, int8_t* q, float* d, int32_t* sum, int pairs) {
+static inline void dcc_quantize_block(const float* x, int8_t* q, float* d, float* dsum, int pairs) {
   float amax = 0.0f;
   for (int i = 0; i < 32; ++i) { float a = fabsf(x[i]); amax = a > amax ? a : amax; }
   float dd = amax / 127.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
@@ -38,20 +45,32 @@ static inline void dcc_quantize_block(const float* x, int8_t* q, float* d, int32
     s += v;
   }
   *d = dd;
-  *sum = s;
+  *dsum = dd * (float)s;
 }
 
-/* n activations from x + off into row `row` of q (n per row), d and sum (n / 32 per row) */
-static inline void dcc_quantize_q8_pairs(const float* x, int8_t* q, float* d, int32_t* sum, int off, int n, int row) {
+/* n activations from x + off into row `row` of q (n per row), d and dsum (n / 32 per row) */
+static inline void dcc_quantize_q8_pairs(const float* x, int8_t* q, float* d, float* dsum, int off, int n, int row) {
   const int64_t r = row, nb = n / 32;
   for (int b = 0; b < nb; ++b)
-    dcc_quantize_block(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, sum + r * nb + b, 1);
+    dcc_quantize_block(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, dsum + r * nb + b, 1);
 }
 
-static inline void dcc_quantize_q8_linear(const float* x, int8_t* q, float* d, int32_t* sum, int off, int n, int row) {
+static inline void dcc_quantize_q8_linear(const float* x, int8_t* q, float* d, float* dsum, int off, int n, int row) {
   const int64_t r = row, nb = n / 32;
   for (int b = 0; b < nb; ++b)
-    dcc_quantize_block(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, sum + r * nb + b, 0);
+    dcc_quantize_block(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, dsum + r * nb + b, 0);
+}
+
+/* sum_b c_b * dsum_b with c_b = m_b, or -zero * s_b when m is 0 */
+static inline float dcc_correction(const half* s, const half* m, float zero, const float* dsum, int nb) {
+  float corr = 0.0f;
+  if (m) {
+    for (int b = 0; b < nb; ++b) corr += (float)m[b] * dsum[b];
+  } else {
+    for (int b = 0; b < nb; ++b) corr += (float)s[b] * dsum[b];
+    corr *= -zero;
+  }
+  return corr;
 }
 
 #if defined(DCC_DOT_U8S8)
@@ -61,33 +80,42 @@ static inline float dcc_hsum8(__m256 v) {
   a = _mm_add_ss(a, _mm_movehdup_ps(a));
   return _mm_cvtss_f32(a);
 }
+/* one block's 16 code bytes as its 32 codes: low nibbles (even elements), then high nibbles (odd) */
 static inline __m256i dcc_nibbles(const uint32_t* w) {
   const __m128i c = _mm_loadu_si128((const __m128i*)w), lo = _mm_set1_epi8(0x0F);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(c, 4), lo), _mm_and_si128(c, lo));
 }
 #endif
+#if defined(DCC_ZMM)
+/* two blocks' codes in one zmm: [even b, odd b, even b+1, odd b+1] */
+static inline __m512i dcc_nibbles2(const uint32_t* w) {
+  const __m256i c = _mm256_loadu_si256((const __m256i*)w), m = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_and_si256(c, m), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), m);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(lo, hi, 0x20)),
+                            _mm256_permute2x128_si256(lo, hi, 0x31), 1);
+}
+/* two consecutive floats spread over the two halves of a zmm */
+static inline __m512 dcc_halves(float a, float b) {
+  return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+#endif
 
-/* 4-bit codes, 4 words per block; zero: 8 (symmetric) or use m (asymmetric, m != 0) */
+/* 4-bit codes, 4 words per block; m: asymmetric minimums, or 0 with zero = 8 */
 static inline float dcc_dot_q4(const uint32_t* q, const half* s, const half* m, const int8_t* xq, const float* xd,
-                               const int32_t* xs, int nb, float zero) {
-  float corr = 0.0f;
+                               const float* xsd, int nb, float zero) {
+  const float corr = dcc_correction(s, m, zero, xsd, nb);
 #if defined(DCC_DOT_U8S8)
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int b = 0;
   for (; b + 1 < nb; b += 2) {
-    const float s0 = (float)s[b] * xd[b], s1 = (float)s[b + 1] * xd[b + 1];
     const __m256i d0 = DCC_DOT_U8S8(dcc_nibbles(q + 4 * b), _mm256_loadu_si256((const __m256i*)(xq + 32 * b)));
     const __m256i d1 = DCC_DOT_U8S8(dcc_nibbles(q + 4 * b + 4), _mm256_loadu_si256((const __m256i*)(xq + 32 * b + 32)));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(s0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(s1), acc1);
-    corr += (m ? (float)m[b] * xd[b] : -zero * s0) * (float)xs[b];
-    corr += (m ? (float)m[b + 1] * xd[b + 1] : -zero * s1) * (float)xs[b + 1];
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps((float)s[b] * xd[b]), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps((float)s[b + 1] * xd[b + 1]), acc1);
   }
   for (; b < nb; ++b) {
-    const float s0 = (float)s[b] * xd[b];
     const __m256i d0 = DCC_DOT_U8S8(dcc_nibbles(q + 4 * b), _mm256_loadu_si256((const __m256i*)(xq + 32 * b)));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(s0), acc0);
-    corr += (m ? (float)m[b] * xd[b] : -zero * s0) * (float)xs[b];
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps((float)s[b] * xd[b]), acc0);
   }
   return dcc_hsum8(_mm256_add_ps(acc0, acc1)) + corr;
 #else
@@ -96,32 +124,27 @@ static inline float dcc_dot_q4(const uint32_t* q, const half* s, const half* m, 
     const uint8_t* c = (const uint8_t*)(q + 4 * b);
     int32_t dot = 0;
     for (int p = 0; p < 16; ++p) dot += (c[p] & 15) * xq[32 * b + p] + (c[p] >> 4) * xq[32 * b + 16 + p];
-    const float s0 = (float)s[b] * xd[b];
-    acc += s0 * (float)dot;
-    corr += (m ? (float)m[b] * xd[b] : -zero * s0) * (float)xs[b];
+    acc += (float)s[b] * xd[b] * (float)dot;
   }
   return acc + corr;
 #endif
 }
 
 /* 8-bit codes (w = (code - 128) * s), 8 words per block */
-static inline float dcc_dot_q8(const uint32_t* q, const half* s, const int8_t* xq, const float* xd, const int32_t* xs,
+static inline float dcc_dot_q8(const uint32_t* q, const half* s, const int8_t* xq, const float* xd, const float* xsd,
                                int nb) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
   __m256 acc = _mm256_setzero_ps();
-  float corr = 0.0f;
   for (int b = 0; b < nb; ++b) {
-    const float s0 = (float)s[b] * xd[b];
     const __m256i d = DCC_DOT_U8S8(_mm256_loadu_si256((const __m256i*)(q + 8 * b)),
                                    _mm256_loadu_si256((const __m256i*)(xq + 32 * b)));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s0), acc);
-    corr -= 128.0f * s0 * (float)xs[b];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps((float)s[b] * xd[b]), acc);
   }
-  return dcc_hsum8(acc) + corr;
+  return dcc_hsum8(acc) + dcc_correction(s, 0, 128.0f, xsd, nb);
 #elif defined(__AVX2__)
   /* signed codes (code ^ 0x80 = code - 128); |w| x sign(x, w) keeps vpmaddubsw's pair sums in int16 */
   __m256 acc = _mm256_setzero_ps();
-  (void)xs;
+  (void)xsd;
   for (int b = 0; b < nb; ++b) {
     const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(q + 8 * b)), _mm256_set1_epi8((char)0x80));
     const __m256i x = _mm256_loadu_si256((const __m256i*)(xq + 32 * b));
@@ -138,84 +161,108 @@ static inline float dcc_dot_q8(const uint32_t* q, const half* s, const int8_t* x
     for (int p = 0; p < 32; ++p) dot += ((int)c[p] - 128) * xq[32 * b + p];
     acc += (float)s[b] * xd[b] * (float)dot;
   }
-  (void)xs;
+  (void)xsd;
   return acc;
 #endif
 }
 
-/* DCC_TILE rows t0.. of the activations (rows past `rows` repeat the last) against one weight row: the block's
-codes are unpacked once and used DCC_TILE times */
+/* DCC_TILE rows t0.. of the activations (rows past `rows` repeat the last) against one weight row */
 #define DCC_TILE 8
-static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const int32_t* xs, int nb, int t0, int rows,
-                                 const int8_t** xr, const float** dr, const int32_t** sr) {
+static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const float* xsd, int nb, int t0, int rows,
+                                 const int8_t** xr, const float** dr, const float** sr) {
   for (int t = 0; t < DCC_TILE; ++t) {
     const int64_t row = t0 + t < rows ? t0 + t : rows - 1;
     xr[t] = xq + row * nb * 32;
     dr[t] = xd + row * nb;
-    sr[t] = xs + row * nb;
+    sr[t] = xsd + row * nb;
   }
 }
 
-/* 4-bit weights: m (asymmetric minimum) or zero (symmetric zero point) as in dcc_dot_q4 */
+/* one block (b) of the tile, 256 bits: acc[t] += cvt(codes . x_t) * s_b * d_tb */
+#if defined(DCC_DOT_U8S8)
+#define DCC_TILE_BLOCK256(CODES, SW, ACC)                                                            \
+  for (int t = 0; t < DCC_TILE; ++t) {                                                               \
+    const __m256i d_ = DCC_DOT_U8S8((CODES), _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b))); \
+    ACC[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d_), _mm256_set1_ps((SW) * dr[t][b]), ACC[t]);      \
+  }
+#endif
+
 static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
-                                   const float* xd, const int32_t* xs, int nb, float zero, int t0, int rows) {
+                                   const float* xd, const float* xsd, int nb, float zero, int t0, int rows) {
   const int8_t* xr[DCC_TILE];
   const float* dr[DCC_TILE];
-  const int32_t* sr[DCC_TILE];
-  float corr[DCC_TILE] = {0};
-  dcc_tile_rows(xq, xd, xs, nb, t0, rows, xr, dr, sr);
+  const float* sr[DCC_TILE];
+  dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
+  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_correction(s, m, zero, sr[t], nb);
 #if defined(DCC_DOT_U8S8)
   __m256 acc[DCC_TILE];
   for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
-  for (int b = 0; b < nb; ++b) {
-    const __m256i codes = dcc_nibbles(q + 4 * b);
-    const float sw = (float)s[b], cw = m ? (float)m[b] : -zero * sw;
+  int b = 0;
+#if defined(DCC_ZMM)
+  __m512 acc2[DCC_TILE];
+  for (int t = 0; t < DCC_TILE; ++t) acc2[t] = _mm512_setzero_ps();
+  for (; b + 1 < nb; b += 2) {
+    const __m512i codes = dcc_nibbles2(q + 4 * b);
+    const __m512 sw = dcc_halves((float)s[b], (float)s[b + 1]);
 #pragma GCC unroll 8
     for (int t = 0; t < DCC_TILE; ++t) {
-      const __m256i d = DCC_DOT_U8S8(codes, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b)));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sw * dr[t][b]), acc[t]);
-      corr[t] += cw * dr[t][b] * (float)sr[t][b];
+      const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xr[t] + 32 * b));
+      acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, dcc_halves(dr[t][b], dr[t][b + 1])), acc2[t]);
     }
   }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_hsum8(acc[t]) + corr[t];
+  for (int t = 0; t < DCC_TILE; ++t) out[t] += _mm512_reduce_add_ps(acc2[t]);
+#endif
+  for (; b < nb; ++b) {
+    const __m256i codes = dcc_nibbles(q + 4 * b);
+    const float sw = (float)s[b];
+    DCC_TILE_BLOCK256(codes, sw, acc)
+  }
+  for (int t = 0; t < DCC_TILE; ++t) out[t] += dcc_hsum8(acc[t]);
 #else
-  float acc[DCC_TILE] = {0};
   for (int b = 0; b < nb; ++b) {
     const uint8_t* c = (const uint8_t*)(q + 4 * b);
-    const float sw = (float)s[b], cw = m ? (float)m[b] : -zero * sw;
     for (int t = 0; t < DCC_TILE; ++t) {
       int32_t dot = 0;
       for (int p = 0; p < 16; ++p) dot += (c[p] & 15) * xr[t][32 * b + p] + (c[p] >> 4) * xr[t][32 * b + 16 + p];
-      acc[t] += sw * dr[t][b] * (float)dot;
-      corr[t] += cw * dr[t][b] * (float)sr[t][b];
+      out[t] += (float)s[b] * dr[t][b] * (float)dot;
     }
   }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] = acc[t] + corr[t];
 #endif
 }
 
-/* 8-bit weights, w = (code - 128) * s */
 static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
-                                   const int32_t* xs, int nb, int t0, int rows) {
+                                   const float* xsd, int nb, int t0, int rows) {
   const int8_t* xr[DCC_TILE];
   const float* dr[DCC_TILE];
-  const int32_t* sr[DCC_TILE];
-  dcc_tile_rows(xq, xd, xs, nb, t0, rows, xr, dr, sr);
+  const float* sr[DCC_TILE];
+  dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
   __m256 acc[DCC_TILE];
-  float corr[DCC_TILE] = {0};
-  for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
-  for (int b = 0; b < nb; ++b) {
-    const __m256i codes = _mm256_loadu_si256((const __m256i*)(q + 8 * b));
-    const float sw = (float)s[b];
+  for (int t = 0; t < DCC_TILE; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    out[t] = dcc_correction(s, 0, 128.0f, sr[t], nb);
+  }
+  int b = 0;
+#if defined(DCC_ZMM)
+  __m512 acc2[DCC_TILE];
+  for (int t = 0; t < DCC_TILE; ++t) acc2[t] = _mm512_setzero_ps();
+  for (; b + 1 < nb; b += 2) {
+    const __m512i codes = _mm512_loadu_si512(q + 8 * b);
+    const __m512 sw = dcc_halves((float)s[b], (float)s[b + 1]);
 #pragma GCC unroll 8
     for (int t = 0; t < DCC_TILE; ++t) {
-      const __m256i d = DCC_DOT_U8S8(codes, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b)));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sw * dr[t][b]), acc[t]);
-      corr[t] -= 128.0f * sw * dr[t][b] * (float)sr[t][b];
+      const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xr[t] + 32 * b));
+      acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, dcc_halves(dr[t][b], dr[t][b + 1])), acc2[t]);
     }
   }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_hsum8(acc[t]) + corr[t];
+  for (int t = 0; t < DCC_TILE; ++t) out[t] += _mm512_reduce_add_ps(acc2[t]);
+#endif
+  for (; b < nb; ++b) {
+    const __m256i codes = _mm256_loadu_si256((const __m256i*)(q + 8 * b));
+    const float sw = (float)s[b];
+    DCC_TILE_BLOCK256(codes, sw, acc)
+  }
+  for (int t = 0; t < DCC_TILE; ++t) out[t] += dcc_hsum8(acc[t]);
 #elif defined(__AVX2__)
   __m256 acc[DCC_TILE];
   for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
@@ -230,6 +277,7 @@ static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s,
     }
   }
   for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_hsum8(acc[t]);
+  (void)sr;
 #else
   for (int t = 0; t < DCC_TILE; ++t) {
     float acc = 0.0f;
@@ -245,32 +293,32 @@ static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s,
 #endif
 }
 
+/* the kernels' entry points: weight row r of a [rows, nb] block matrix */
+static inline void dcc_dot_q4_sym_q8(float* acc, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
+                                     const float* xsd, int r, int nb) {
+  acc[0] = dcc_dot_q4(q + (int64_t)r * nb * 4, s + (int64_t)r * nb, 0, xq, xd, xsd, nb, 8.0f);
+}
+static inline void dcc_dot_q4_asym_q8(float* acc, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
+                                      const float* xd, const float* xsd, int r, int nb) {
+  acc[0] = dcc_dot_q4(q + (int64_t)r * nb * 4, s + (int64_t)r * nb, m + (int64_t)r * nb, xq, xd, xsd, nb, 0.0f);
+}
+static inline void dcc_dot_q8_sym_q8(float* acc, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
+                                     const float* xsd, int r, int nb) {
+  acc[0] = dcc_dot_q8(q + (int64_t)r * nb * 8, s + (int64_t)r * nb, xq, xd, xsd, nb);
+}
 static inline void dcc_dot_q4_sym_q8_tile(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
-                                          const float* xd, const int32_t* xs, int r, int nb, int t0, int rows) {
-  dcc_dot_q4_tile(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, 0, xq, xd, xs, nb, 8.0f, t0, rows);
+                                          const float* xd, const float* xsd, int r, int nb, int t0, int rows) {
+  dcc_dot_q4_tile(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, 0, xq, xd, xsd, nb, 8.0f, t0, rows);
 }
 static inline void dcc_dot_q4_asym_q8_tile(float* acc, const uint32_t* q, const half* s, const half* m,
-                                           const int8_t* xq, const float* xd, const int32_t* xs, int r, int nb,
+                                           const int8_t* xq, const float* xd, const float* xsd, int r, int nb,
                                            int t0, int rows) {
-  dcc_dot_q4_tile(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, m + (int64_t)r * nb, xq, xd, xs, nb, 0.0f, t0,
+  dcc_dot_q4_tile(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, m + (int64_t)r * nb, xq, xd, xsd, nb, 0.0f, t0,
                   rows);
 }
 static inline void dcc_dot_q8_sym_q8_tile(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
-                                          const float* xd, const int32_t* xs, int r, int nb, int t0, int rows) {
-  dcc_dot_q8_tile(acc, q + (int64_t)r * nb * 8, s + (int64_t)r * nb, xq, xd, xs, nb, t0, rows);
-}
-
-static inline void dcc_dot_q4_sym_q8(float* acc, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
-                                     const int32_t* xs, int r, int nb) {
-  acc[0] = dcc_dot_q4(q + (int64_t)r * nb * 4, s + (int64_t)r * nb, 0, xq, xd, xs, nb, 8.0f);
-}
-static inline void dcc_dot_q4_asym_q8(float* acc, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
-                                      const float* xd, const int32_t* xs, int r, int nb) {
-  acc[0] = dcc_dot_q4(q + (int64_t)r * nb * 4, s + (int64_t)r * nb, m + (int64_t)r * nb, xq, xd, xs, nb, 0.0f);
-}
-static inline void dcc_dot_q8_sym_q8(float* acc, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
-                                     const int32_t* xs, int r, int nb) {
-  acc[0] = dcc_dot_q8(q + (int64_t)r * nb * 8, s + (int64_t)r * nb, xq, xd, xs, nb);
+                                          const float* xd, const float* xsd, int r, int nb, int t0, int rows) {
+  dcc_dot_q8_tile(acc, q + (int64_t)r * nb * 8, s + (int64_t)r * nb, xq, xd, xsd, nb, t0, rows);
 }
 
 """

@@ -33,6 +33,14 @@ TINY = {
 }
 
 
+# Not in TINY (every architecture test runs over TINY): hidden and intermediate sizes of several blocks of 32,
+# so the cpu target's integer kernels take their multi-block paths (two blocks per 512-bit step, odd tails).
+WIDE = {
+    "llama-wide": ("llama", dict(vocab_size=131, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+                                 num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False)),
+}
+
+
 def fixture_home() -> Path:
     return Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc")) / "test-fixtures"
 
@@ -45,7 +53,7 @@ def make_tiny(name: str, seed: int = 0) -> Path:
     import torch
     import transformers as tf
 
-    arch, kwargs = TINY[name]
+    arch, kwargs = {**TINY, **WIDE}[name]
     cfg_cls, model_cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),

@@ -1,6 +1,6 @@
 """Rule (cpu): matmuls on group-quantized weights as integer dot products (tensorization).
 
-The activations are quantized to 8 bits per block of 32 (a scale and the block's code sum each),
+The activations are quantized to 8 bits per block of 32 (a scale d and d * the block's code sum),
 once per call of the kernel by every worker into its own stack arrays (a few hundred nanoseconds
 for a hidden size of 576 to 1536, cheaper than a separate kernel and a barrier), and each output
 row is a sum over blocks of scale_w * scale_x * (integer dot of codes) plus a per-block correction
@@ -123,7 +123,7 @@ class Matmul:
         """Decode: every worker quantizes x into its own stack arrays, then one output per group."""
         xq = Buffer("xq", (self.K,), "int8", "local")
         xd = Buffer("xd", (self.nb,), "float32", "local")
-        xs = Buffer("xs", (self.nb,), "int32", "local")
+        xs = Buffer("xsd", (self.nb,), "float32", "local")  # d * (sum of the block's codes)
         acc = Buffer("acc", (1,), "float32", "local")
         zero = {it.var: sym.as_expr(0) for it in self.spatial[:-1]}
 
@@ -141,7 +141,7 @@ class Matmul:
         (rows past the end repeat the last one and store nothing)."""
         xq = Buffer("xq", (rows, self.K), "int8", "global")
         xd = Buffer("xd", (rows, self.nb), "float32", "global")
-        xs = Buffer("xs", (rows, self.nb), "int32", "global")
+        xs = Buffer("xsd", (rows, self.nb), "float32", "global")
         order = list(self.prog.params) + [xq, xd, xs]
         extents = [it.extent for it in self.spatial[:-1]]
 

@@ -1,11 +1,13 @@
 """The cpu target's integer matmuls (deploycc/schedule/qgemv.py) kernel by kernel against the loop-level
 interpreter: decode GEMVs (qgemv-*) and prefill GEMMs (qgemm-*: a quantize kernel into workspace buffers, then
-tiles of TILE rows) of a tiny Llama in each 4/8-bit scheme, at prefill lengths that are below, equal to, one past
-and many times the tile. Activations are rounded to 8 bits per block of 32, so each output is held to 3% of the
-output's largest magnitude (+1e-4): measured up to 1.2% with hidden size 32 (one block per row, the worst case
-for the rounding), while a wrong layout, scale or zero point is off by the output's own size; float kernels of
-the same run to 1e-4."""
+tiles of TILE rows) of two tiny Llamas (hidden 32: one block per row; hidden 96 / intermediate 160: 3 and 5
+blocks, so the two-blocks-per-step paths and their odd tails run), in each 4/8-bit scheme and for each branch
+of the intrinsic table, at prefill lengths below, equal to, one past and many times the tile. Activations are
+rounded to 8 bits per block of 32, so each output is held to 3% of the output's largest magnitude (+1e-4):
+measured up to 1.2% with hidden size 32 (one block per row, the worst case for the rounding), while a wrong
+layout, scale or zero point is off by the output's own size; float kernels of the same run to 1e-4."""
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -33,12 +35,23 @@ def test_tile_size_agrees_with_the_intrinsics():
     assert int(re.search(r"#define DCC_TILE (\d+)", INTRINSICS)[1]) == qgemv.TILE
 
 
+# Each branch of the intrinsic table (targets/c_intrin.py), all runnable on an AVX-512 VNNI CPU: native (512-bit
+# vpdpbusd, two blocks per step), x86-64-v4 and x86-64-v3 (no VNNI: AVX2 vpmaddubsw), generic (plain C).
+ISAS = ("native", "x86-64-v4", "x86-64-v3", "generic")
+
+
+@pytest.mark.parametrize("fixture", ["llama-gqa1", "llama-wide"])  # one block per row; 3 and 5 blocks
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("scheme,head", [("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None)])
-def test_integer_matmuls_match_the_interpreter(scheme, head):
+def test_integer_matmuls_match_the_interpreter(scheme, head, isa, fixture):
     require_cc()
     device = require_device("cpu")
-    target = presets.load("cpu").target
-    model = quantize(deploycc.load_model(str(make_tiny("llama-gqa1"))), scheme, head)
+    from deploycc.runtime import native
+
+    if not set(native.isa_flags(isa)) <= (native.cpu_flags() or set()):
+        pytest.skip(f"this CPU cannot run {isa} code")
+    target = replace(presets.load("cpu").target, isa=isa)
+    model = quantize(deploycc.load_model(str(make_tiny(fixture))), scheme, head)
     compiled = run_pipeline(export(model, CONTEXT), target, "scheduled")
     rules = {scheduled(p).rule for p in compiled.programs().values()}
     fmt = {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[scheme]
