@@ -162,10 +162,11 @@ def compile_flags(isa: str, fast_math: bool) -> list[str]:
              "-fvisibility=hidden", "-fno-semantic-interposition"]
     if isa == "x86-64-v4":
         flags.append("-mprefer-vector-width=512")
-    if fast_math:  # -ffast-math's reassociation, without linking crtfastmath.o: gcc 12 links it into shared
-        # objects too, and it sets flush-to-zero for the whole process that loads the package
-        flags += ["-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-freciprocal-math",
-                  "-fno-math-errno"]
+    if fast_math:  # -ffast-math's reassociation (vectorised reductions), without linking crtfastmath.o (gcc 12
+        # links it into shared objects too, and it sets flush-to-zero for the whole process that loads the
+        # package) and without -freciprocal-math (x / 127 must round as the numpy reference of the 8-bit
+        # activations does)
+        flags += ["-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fno-math-errno"]
     return flags
 
 

@@ -73,6 +73,9 @@ class Target:
     # runs (0: one per physical core of the machine that runs it).
     isa: str = ""
     num_threads: int = 0
+    # cpu: matmuls on 4/8-bit weights as integer dot products with activations rounded to 8 bits per block
+    # of 32 (deploycc/schedule/qgemv.py; what llama.cpp does for Q4_1), or float kernels (false: exact, slower)
+    integer_matmuls: bool = True
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -40,7 +40,7 @@ FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True,
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
-    if target.kind != "cpu":
+    if target.kind != "cpu" or not target.integer_matmuls:
         return None
     found = split_matmul(prog)
     if found is None or found[2].op != "mul":
