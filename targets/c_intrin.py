@@ -187,6 +187,25 @@ static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const float*
   }
 #endif
 
+#if defined(DCC_ZMM)
+/* blocks b, b + 1, ... two at a time through 512-bit vpdpbusd (CODES: the two blocks' codes at b), added to out[] */
+#define DCC_TILE_BLOCKS512(CODES)                                                                                 \
+  {                                                                                                               \
+    __m512 acc2[DCC_TILE];                                                                                        \
+    for (int t = 0; t < DCC_TILE; ++t) acc2[t] = _mm512_setzero_ps();                                             \
+    for (; b + 1 < nb; b += 2) {                                                                                  \
+      const __m512i codes = (CODES);                                                                              \
+      const __m512 sw = dcc_halves((float)s[b], (float)s[b + 1]);                                                 \
+      _Pragma("GCC unroll 8") for (int t = 0; t < DCC_TILE; ++t) {                                                \
+        const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xr[t] + 32 * b)); \
+        acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, dcc_halves(dr[t][b], dr[t][b + 1])),   \
+                                  acc2[t]);                                                                        \
+      }                                                                                                           \
+    }                                                                                                             \
+    for (int t = 0; t < DCC_TILE; ++t) out[t] += _mm512_reduce_add_ps(acc2[t]);                                  \
+  }
+#endif
+
 static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
                                    const float* xd, const float* xsd, int nb, float zero, int t0, int rows) {
   const int8_t* xr[DCC_TILE];
@@ -199,18 +218,7 @@ static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s,
   for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
   int b = 0;
 #if defined(DCC_ZMM)
-  __m512 acc2[DCC_TILE];
-  for (int t = 0; t < DCC_TILE; ++t) acc2[t] = _mm512_setzero_ps();
-  for (; b + 1 < nb; b += 2) {
-    const __m512i codes = dcc_nibbles2(q + 4 * b);
-    const __m512 sw = dcc_halves((float)s[b], (float)s[b + 1]);
-#pragma GCC unroll 8
-    for (int t = 0; t < DCC_TILE; ++t) {
-      const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xr[t] + 32 * b));
-      acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, dcc_halves(dr[t][b], dr[t][b + 1])), acc2[t]);
-    }
-  }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] += _mm512_reduce_add_ps(acc2[t]);
+  DCC_TILE_BLOCKS512(dcc_nibbles2(q + 4 * b))
 #endif
   for (; b < nb; ++b) {
     const __m256i codes = dcc_nibbles(q + 4 * b);
@@ -244,18 +252,7 @@ static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s,
   }
   int b = 0;
 #if defined(DCC_ZMM)
-  __m512 acc2[DCC_TILE];
-  for (int t = 0; t < DCC_TILE; ++t) acc2[t] = _mm512_setzero_ps();
-  for (; b + 1 < nb; b += 2) {
-    const __m512i codes = _mm512_loadu_si512(q + 8 * b);
-    const __m512 sw = dcc_halves((float)s[b], (float)s[b + 1]);
-#pragma GCC unroll 8
-    for (int t = 0; t < DCC_TILE; ++t) {
-      const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xr[t] + 32 * b));
-      acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, dcc_halves(dr[t][b], dr[t][b + 1])), acc2[t]);
-    }
-  }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] += _mm512_reduce_add_ps(acc2[t]);
+  DCC_TILE_BLOCKS512(_mm512_loadu_si512(q + 8 * b))
 #endif
   for (; b < nb; ++b) {
     const __m256i codes = _mm256_loadu_si256((const __m256i*)(q + 8 * b));
