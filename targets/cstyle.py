@@ -195,6 +195,13 @@ class CStyleRenderer:
         return self.preamble + "\n".join(self.kernel(k) for k in kernels)
 
 
+# Math and library functions of C, OpenCL C, CUDA and WGSL that a kernel of the same name would
+# shadow or clash with (a program of op `exp` is named `exp`): kernel symbols get a trailing "_".
+LIBRARY_NAMES = frozenset("""exp exp2 log log2 sqrt rsqrt sin cos tan tanh erf pow fabs abs floor ceil round fmin fmax
+    min max select clamp mix sign fma dot free malloc memcpy memset printf abort exit""".split())
+
+
 def _ident(s: str) -> str:
     out = "".join(c if c.isalnum() or c == "_" else "_" for c in s)
-    return out if out and not out[0].isdigit() else "_" + out
+    out = out if out and not out[0].isdigit() else "_" + out
+    return out + "_" if out in LIBRARY_NAMES or out.startswith("dcc_") else out

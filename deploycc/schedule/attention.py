@@ -25,6 +25,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     t, kvh, _ = K.shape
     if not d.is_const:
         return None
+    if getattr(target, "kind", "") == "cpu":
+        return _blocked(prog, target)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
 
@@ -78,6 +80,83 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
             over_d(c3, lambda e: Store(O, (i, hh, e), acc[e] / l[0])),
         ))
         for buf in (m, l, s, corr, pr, acc):
+            body = Alloc(buf, body)
+        return body
+
+    body, groups = thread_grid(h * n, target.threads_per_block, body_of)
+    bufs, written = global_buffers(body, list(prog.params))
+    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, target.threads_per_block, written)
+    return Schedule((k,), (), "attention")
+
+
+BLOCK = 16  # keys per block on the cpu: one 512-bit register of scores
+
+
+def _blocked(prog: TensorProgram, target) -> Schedule:
+    """The cpu form: keys in blocks of BLOCK, one rescale per block instead of one per key.
+
+    Per block: the scores (each a dot over head_dim, vectorised over head_dim), the block maximum,
+    one correction exp(m_old - m_new) of the sums, the BLOCK weights exp(s - m_new) as a branch-free
+    loop the C compiler vectorises (dcc_expf), and the weighed values. The full blocks index keys
+    affinely (contiguous rows, no gathers); the last, partial block scores its missing keys NEG
+    (weight 0) and reads only the keys it has."""
+    Q, K, Vb, O = prog.params
+    n, h, d = Q.shape
+    t, kvh, _ = K.shape
+    group = sym.floordiv(h, kvh)
+    scale = float(prog.attrs["scale"])
+    B = sym.as_expr(BLOCK)
+
+    def body_of(r):
+        hh, i = sym.floordiv(r, n), sym.mod(r, n)
+        kv = sym.floordiv(hh, group)
+        z = (sym.as_expr(0),)
+        m, l, dot, corr, bm = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "dot", "corr", "bm"))
+        s, p = Buffer("s", (B,), "float32", "local"), Buffer("p", (B,), "float32", "local")
+        acc = Buffer("acc", (d,), "float32", "local")
+        limit = i + t - n + 1  # keys this query may see (causal, after the cached ones)
+        full = sym.floordiv(limit, BLOCK)
+
+        def over(name, extent, f) -> Stmt:
+            v = sym.SymVar(name)
+            return For(v, sym.as_expr(extent), f(sym.as_expr(v)))
+
+        def block(base, count) -> Stmt:
+            """Keys base .. base+count-1 (count <= BLOCK); the scores past count stay NEG."""
+            score = lambda jj: Seq((
+                Store(dot, z, tir.const(0.0)),
+                over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * K[base + jj, kv, c])),
+                Store(s, (jj,), dot[0] * scale),
+            ))
+            weigh = lambda jj: Seq((
+                Store(l, z, l[0] + p[jj]),
+                over("c", d, lambda c: Store(acc, (c,), acc[c] + p[jj] * Vb[base + jj, kv, c])),
+            ))
+            return Seq((
+                over("jj", count, score),
+                Store(bm, z, m[0]),
+                over("jj", B, lambda jj: Store(bm, z, tir.vmax(bm[0], s[jj]))),
+                Store(corr, z, tir.unary("exp", m[0] - bm[0])),
+                Store(l, z, l[0] * corr[0]),
+                over("c", d, lambda c: Store(acc, (c,), acc[c] * corr[0])),
+                Store(m, z, bm[0]),
+                over("jj", B, lambda jj: Store(p, (jj,), tir.unary("exp", s[jj] - m[0]))),
+                over("jj", count, weigh),
+            ))
+
+        jb = sym.SymVar("jb")
+        tail = full * BLOCK
+        body = Seq((
+            Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
+            over("c", d, lambda c: Store(acc, (c,), tir.const(0.0))),
+            For(jb, full, block(sym.as_expr(jb) * BLOCK, B)),
+            IfThenElse(tir.index(tail).cmp("lt", tir.index(limit)), Seq((
+                over("jj", B, lambda jj: Store(s, (jj,), tir.const(NEG))),
+                block(tail, limit - tail),
+            ))),
+            over("c", d, lambda c: Store(O, (i, hh, c), acc[c] / l[0])),
+        ))
+        for buf in (m, l, dot, corr, bm, s, p, acc):
             body = Alloc(buf, body)
         return body
 
