@@ -159,7 +159,7 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
             step("native")
             kernel_files["native"] = _write_native(tmp, lowered, kernel_files["entries"], preset)
         step("weights")
-        params_index = _write_params(tmp, model, lowered.constants, progress)
+        params_index = _write_params(tmp, model, lowered.constants, progress, lowered.merged_params)
         for name in TOKENIZER_FILES:
             if (model.path / name).exists():
                 shutil.copy2(model.path / name, tmp / name)
@@ -244,8 +244,11 @@ def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> 
             "compiler": " ".join(native.compiler()), "integer_activations": integer, **info}
 
 
-def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:
-    """Weights one tensor at a time into shards of at most SHARD_BYTES (peak memory: one shard)."""
+def _write_params(tmp: Path, model, constants: dict, progress, merged: dict | None = None) -> list[dict]:
+    """Weights one tensor at a time into shards of at most SHARD_BYTES (peak memory: one shard, plus
+    the parts of one merged linear: transform/merge_matmuls.py)."""
+    from .transform.merge_matmuls import merge_params
+
     from safetensors.numpy import save_file
 
     pdir = tmp / "params"
@@ -265,10 +268,12 @@ def _write_params(tmp: Path, model, constants: dict, progress) -> list[dict]:
             shard, size, n = {}, 0, n + 1
 
     dtypes = {k: p.dtype for k, p in model.build().named_parameters()}  # packed weights: uint32, float16
+    typed = ((n, np.ascontiguousarray(a, dtype=dtypes.get(n, "float32"))) for n, a in model.params())
     # A generator, never a list: one converted tensor in memory at a time, plus the shard being filled.
-    items = itertools.chain(model.params(), constants.items())
+    consts = ((n, np.ascontiguousarray(a, dtype="float32")) for n, a in constants.items())
+    items = itertools.chain(merge_params(merged or {}, typed), consts)
     for name, arr in items:
-        arr = np.ascontiguousarray(arr, dtype=dtypes.get(name, "float32"))
+        arr = np.ascontiguousarray(arr)
         if size + arr.nbytes > SHARD_BYTES:
             flush()
         shard[name] = arr

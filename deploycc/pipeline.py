@@ -18,14 +18,16 @@ from .transform import legalize
 from .transform.annotate_patterns import annotate_patterns
 from .transform.fuse_ops import fuse_ops
 from .transform.fuse_tensor import fuse_tensor
+from .transform.merge_matmuls import merge_matmuls
 
 STAGES = ("exported", "legalized", "fused", "scheduled")
 
 
-def passes(target) -> list[tuple[str, Callable[[IRModule], IRModule]]]:
-    """(stage reached, pass) in order; one list per target (the target is a parameter, not a global)."""
+def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IRModule]]]:
+    """(stage reached, pass) in order; one list per target (the target is a parameter, not a global).
+    fuse=False: neither the merge of parallel linears nor fusion (kernel_report's "before")."""
     return [
-        ("legalized", legalize),
+        ("legalized", (lambda m: legalize(merge_matmuls(m))) if fuse else legalize),
         ("fused", lambda m: fuse_tensor(fuse_ops(annotate_patterns(m)))),
         ("scheduled", lambda m: schedule(m, target)),
     ]
@@ -38,7 +40,7 @@ def run(mod: IRModule, target=None, stop_after: str = "scheduled", fuse: bool = 
         return mod
     if target is None and stop_after == "scheduled":
         raise DeployError("the scheduled stage needs a device preset (--device)")
-    for stage, p in passes(target):
+    for stage, p in passes(target, fuse):
         if stage == "fused" and not fuse:
             continue
         mod = p(mod)

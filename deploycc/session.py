@@ -15,6 +15,7 @@ from .hub import LoadedModel
 from .interp import Interpreter
 from .ir.module import IRModule
 from .op.attention import ContextOverflow, RefKVCache
+from .transform.merge_matmuls import function_params
 
 STAGES = ("exported", "legalized", "fused")  # stages the reference interpreter runs
 
@@ -50,7 +51,8 @@ class ReferenceSession:
         self.module = lower(export(model, context_window), stage)
         self.context_window = self.module.attrs["context_window"]
         dtypes = {n: p.dtype for n, p in model.build().named_parameters()}  # packed weights: uint32, float16
-        self.params = [np.ascontiguousarray(a, dtype=dtypes[n]) for n, a in model.params()]
+        typed = ((n, np.ascontiguousarray(a, dtype=dtypes[n])) for n, a in model.params())
+        self.params = function_params(self.module, typed, "prefill")  # merged linears concatenated
         self.interp = Interpreter(self.module)
         cfg = model.config
         self.cache = RefKVCache(cfg.num_hidden_layers, self.context_window, cfg.num_key_value_heads, cfg.head_dim)

@@ -9,7 +9,7 @@ from tensor shapes (`seq_len = input_ids.shape[1]`) and checked where the IR has
     source = module_to_python(mod)       # e.g. the exported or the fused module of a model
     py = load_python(source, mod, "host")
     logits = py.prefill(torch.tensor([ids], dtype=torch.int32), TorchKVCache.for_model(model),
-                        *torch_weights(model))
+                        *torch_weights(model, mod))
 
 Edit `source` (insert `print(...)`, change an op) before loading it to inspect a real model as one
 would a PyTorch one. Printing needs no torch; running does.
@@ -145,12 +145,16 @@ class TorchKVCache:
         self.length = 0
 
 
-def torch_weights(model) -> list:
+def torch_weights(model, mod: IRModule | None = None) -> list:
     """A deploycc.hub.LoadedModel's weights as torch tensors, in the order of the graph functions'
-    parameters after (input_ids, cache). Read-only (memory-mapped) arrays are copied."""
+    parameters after (input_ids, cache): those of `mod` when given (a module from the legalized stage on
+    has merged linears, transform/merge_matmuls.py), else the exported module's. Read-only
+    (memory-mapped) arrays are copied."""
     from .pymodule import to_torch
+    from .transform.merge_matmuls import function_params
 
-    return [to_torch(np.ascontiguousarray(a, np.float32)) for _, a in model.params()]
+    arrays = [a for _, a in model.params()] if mod is None else function_params(mod, model.params(), "prefill")
+    return [to_torch(np.ascontiguousarray(a, np.float32)) for a in arrays]
 
 
 # ---- printing --------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def test_inspect_as_python_runs(tmp_path):
     mod = run(export(model), None, "fused")
     py = load_python(r.stdout, mod, "host")
     ids = [5, 7, 11]
-    got = py.prefill(torch.tensor([ids], dtype=torch.int32), TorchKVCache.for_model(model), *torch_weights(model))
+    got = py.prefill(torch.tensor([ids], dtype=torch.int32), TorchKVCache.for_model(model), *torch_weights(model, mod))
     want = deploycc.reference_session(model).prefill(ids)
     assert np.abs(got[0, -1].numpy() - want).max() <= 1e-4
     bad = cli("inspect", str(path), "--as-python", "--kernels", "--device", "cpu-opencl")

@@ -33,6 +33,14 @@ QUANTIZATION: dict[str, Scheme] = {
 }
 
 
+def scheme_by_name(name: str) -> Scheme:
+    """A scheme by its `name` (what a dequantize program's attrs record): ours or a GGUF block format."""
+    for s in (*QUANTIZATION.values(), *BLOCK_SCHEMES.values()):
+        if s.name == name:
+            return s
+    raise KeyError(f"no quantization scheme named {name}")
+
+
 def get(name: str) -> Scheme:
     if name not in QUANTIZATION:
         raise DeployError(f"unknown quantization {name}; supported: {', '.join(QUANTIZATION)}")
@@ -101,4 +109,5 @@ def quantize(model, name: str | None, head: str | None = None):
 
 
 __all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel",
-           "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize"]
+           "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize",
+           "scheme_by_name"]

@@ -43,7 +43,8 @@ class Scheme:
         its = tir.iters("r c", (rows, cols))
         r, c = (tir.v(i) for i in its)
         body = tir.Block("dequantize", its, tir.Store(out, (r, c), self.value(bufs, r, c)))
-        return tir.TensorProgram(f"dequantize_{self.name}", (*bufs, out), body)
+        return tir.TensorProgram(f"dequantize_{self.name}", (*bufs, out), body, attrs={
+            "op": "dequantize", "scheme": self.name, "rows": rows, "cols": cols})
 
     def take_program(self, rows: int, cols: int, ndim: int) -> tir.TensorProgram:
         """`out[..., c] = dequantized weight[ids[...], c]` for ids of rank `ndim`: the lookup reads

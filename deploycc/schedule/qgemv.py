@@ -22,6 +22,7 @@ per group, each weight block unpacked once and dotted with the TILE rows' activa
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,7 @@ from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul
 
 BLOCK = 32
 TILE = 8  # prefill rows per group: each unpacked weight block is used TILE times from registers
+OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values are 28 KB (L1)
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128)}
 
@@ -151,8 +153,14 @@ class Matmul:
         q_grid, q_groups = thread_grid(rows, 1, lambda r: self.quantize(xq, xd, xs, coords(r), r))
         acc = Buffer("acc", (TILE,), "float32", "local")
 
+        tiles = sym.floordiv(rows + (TILE - 1), TILE)
+        nb_out = math.gcd(self.N.value, OUT_BLOCK) if self.N.is_const else 1
+
         def body_of(r: sym.Expr):
-            tile, n = sym.floordiv(r, self.N), sym.mod(r, self.N)
+            # Outputs in blocks of nb_out (their weight rows stay in L1), each block over every row tile
+            # (the quantized activations stay in L2); a thread's share is whole blocks of weight rows.
+            blk, rest = sym.floordiv(r, tiles * nb_out), sym.mod(r, tiles * nb_out)
+            tile, n = sym.floordiv(rest, nb_out), blk * nb_out + sym.mod(rest, nb_out)
             t0 = tile * TILE
             dot = Intrin(f"dot_{self.fmt}_q8_tile", (acc, *self.weights, xq, xd, xs),
                          (n, sym.as_expr(self.nb), t0, rows), (acc,))
@@ -163,7 +171,6 @@ class Matmul:
                 stores.append(stmt if i == 0 else IfThenElse(tir.index(at).cmp("lt", tir.index(rows)), stmt))
             return Alloc(acc, Seq((dot, *stores)))
 
-        tiles = sym.floordiv(rows + (TILE - 1), TILE)
         grid, groups = thread_grid(tiles * self.N, 1, body_of)
         kernels = (self.kernel(f"{self.prog.name}_quantize", q_grid, q_groups, order),
                    self.kernel(self.prog.name, grid, groups, order))

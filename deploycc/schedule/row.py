@@ -24,6 +24,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     p = _common_rows(blocks, intermediates + list(prog.outputs))
     if p == 0:
         return None
+    if _whole_rows(blocks, p, target):
+        p -= 1
     locals_: list[tuple[Buffer, Buffer]] = []
     for buf in intermediates:
         rest = buf.shape[p:]
@@ -78,6 +80,17 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     bufs, written = global_buffers(body, list(prog.params))
     k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, target.threads_per_block, written)
     return Schedule((k,), (), "row")
+
+
+def _whole_rows(blocks: list[Block], p: int, target) -> bool:
+    """cpu: a purely elementwise/injective program gets whole innermost rows per group, not one element
+    (the inner loop is contiguous, vectorised by the C compiler, and the index arithmetic of the outer
+    coordinates is done once per row)."""
+    if getattr(target, "kind", "") != "cpu" or p < 2:
+        return False
+    last = [sym.as_expr(b.iters[p - 1].extent) for b in blocks]
+    return (all(not b.reduce and len(b.iters) == p for b in blocks)
+            and all(e.is_const and e.value > 1 for e in last))
 
 
 def _common_rows(blocks: list[Block], dependent: list[Buffer]) -> int:

@@ -4,7 +4,10 @@ Within each dataflow block, a producer joins its consumer's group when its resul
 and the kinds allow it:
 - injective chains: producer and consumer at most Injective;
 - prologues: an at-most-Injective producer into a Reduction or OutputEwiseFusible consumer (the
-  dequantize loop into its matmul, an add into the rms_norm that reads it);
+  dequantize loop into its matmul, an add into the rms_norm that reads it). Into a matmul
+  (OutputEwiseFusible), a prologue that computes on activations would run once per output column,
+  so it must be pure data movement (a reshape, a slice) or read only weights (parameters and
+  constants: the dequantize); silu(gate) * up before the down projection stays its own kernel;
 - epilogues: an OutputEwiseFusible or Reduction group into an ElementWise/Broadcast consumer (the
   residual add after a projection), at most one such anchor per group.
 Opaque programs never fuse. Each group of two or more becomes a function marked `primitive`, called
@@ -73,6 +76,24 @@ def _can_fuse(producer: _Group, consumer: _Group) -> bool:
     return producer.anchored and not consumer.anchored and c <= Pattern.BROADCAST
 
 
+def _cheap_prologue(members: list[Binding], fn: Function, mod: IRModule) -> bool:
+    """Members that only move data, or whose outside inputs are all parameters or constants."""
+    defined = {m.var for m in members}
+    params = set(fn.params)
+    outside = [a for m in members for a in m.value.args if isinstance(a, Var) and a not in defined]
+    if all(a in params for a in outside):
+        return True
+    return all(_moves_only(mod[m.value.program]) for m in members)
+
+
+def _moves_only(prog) -> bool:
+    """Every store of the program writes a value loaded as is (reshape, slice, permute, concat)."""
+    from ..ir.tir import Store, walk
+
+    stores = [st for st in walk(prog.body) if isinstance(st, Store)]
+    return bool(stores) and all(st.value.op == "load" for st in stores)
+
+
 def _fuse_function(fn: Function, mod: IRModule) -> Function:
     uses = used_vars(fn)
     blocks = []
@@ -95,7 +116,8 @@ def _fuse_block(block: BindingBlock, fn: Function, mod: IRModule, uses: dict, co
             pg = group_of.get(arg) if isinstance(arg, Var) else None
             if pg is None or pg is g or uses.get(arg, 0) != 1 or bindings[pg.members[-1]].var is not arg:
                 continue
-            if _can_fuse(pg, g):
+            if _can_fuse(pg, g) and (g.anchor != Pattern.OUTPUT_EWISE_FUSIBLE or pg.anchored
+                                     or _cheap_prologue([bindings[m] for m in pg.members], fn, mod)):
                 g.members = sorted(pg.members + g.members)
                 g.others = max(g.others, pg.others)
                 g.anchor = g.anchor if g.anchor is not None else pg.anchor

@@ -78,6 +78,7 @@ class Lowered:
     storages: list[dict] = field(default_factory=list)  # {"bytes": bound}
     plans: dict = field(default_factory=dict)
     kv_copy: TensorProgram | None = None
+    merged_params: dict = field(default_factory=dict)  # parameter -> its parts (transform/merge_matmuls.py)
 
 
 def kv_copy_program() -> TensorProgram:
@@ -270,6 +271,7 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
         _reject_python(mod[fname].body, fname, target)
     out = Lowered({"version": FORMAT_VERSION, "functions": {}}, {})
     out.kv_copy = schedule_program(kv_copy_program(), target)
+    out.merged_params = dict(mod.attrs.get("merged_params", {}))
     ctx = mod.attrs["context_window"]
     # Functions never run at the same time: storage i of every function shares one buffer,
     # sized for the largest use. Storages for unplanned tensors are appended after these.

@@ -110,11 +110,11 @@ def _instruction(fname, i, **fields):
 # (id, edit, fragment of the error, prompt)
 CASES = [
     ("storage shrunk", manifest(_shrink_storage), "needs 28672 bytes of storage 0", "hi"),
-    ("storage shrunk, summary not", manifest(_set("storages", 0, "bytes", 100)), "memory.activation_bytes is 134036", "hi"),
+    ("storage shrunk, summary not", manifest(_set("storages", 0, "bytes", 100)), "memory.activation_bytes is 139264", "hi"),
     ("bounds raised, long prompt", manifest(_raise_bounds), "as buffer 1 of kv_copy, which takes float32 [128, 4, 8]", LONG),
     ("unknown builtin", bytecode(_instruction("decode", 2, fn="vm.exec")), "fn is 'vm.exec'", "hi"),
     ("goto", bytecode(_instruction("decode", 2, op="goto")), "op is 'goto'; expected one of call, ret", "hi"),
-    ("register out of range", bytecode(_instruction("decode", 2, args=[{"r": 9999}])), "must be an integer in 0..65, "
+    ("register out of range", bytecode(_instruction("decode", 2, args=[{"r": 9999}])), "must be an integer in 0..55, "
                                                                                       "got 9999", "hi"),
     ("register never written", bytecode(_instruction("decode", 2, args=[{"r": 40}])), "reads register 40 before", "hi"),
     ("kernel file outside the package", manifest(_set("kernels", "entries", "take", "file", "../../etc/passwd")),

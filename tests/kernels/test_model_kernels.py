@@ -14,6 +14,7 @@ import pytest
 from conftest import require_device
 
 import deploycc
+from deploycc.transform.merge_matmuls import function_params
 from deploycc import presets
 from deploycc.execute import KernelRunner
 from deploycc.interp import Interpreter
@@ -59,7 +60,7 @@ def test_kernels_and_logits(tiny_path, backend):
     exported = export(model, context)
     compiled = run_pipeline(exported, target, "scheduled")
     check(compiled)
-    params = [np.ascontiguousarray(a, np.float32) for _, a in model.params()]
+    params = [np.ascontiguousarray(a, np.float32) for a in function_params(compiled, model.params())]
     checked = CheckedRunner(KernelRunner(device, target))
     interp = Interpreter(compiled, run_program=checked)
     ref = deploycc.reference_session(model, context_window=context)

@@ -15,6 +15,7 @@ import pytest
 from conftest import require_cc, require_device
 
 import deploycc
+from deploycc.transform.merge_matmuls import function_params
 from deploycc import presets
 from deploycc.execute import KernelRunner
 from deploycc.interp import Interpreter
@@ -104,7 +105,7 @@ def test_integer_matmuls_match_the_interpreter(scheme, head, isa, fixture):
                                            err_msg=f"{prog.name} ({rule}) against the 8-bit activations")
 
     interp = Interpreter(compiled, run_program=checked)
-    params = [np.ascontiguousarray(a) for _, a in model.params()]
+    params = [np.ascontiguousarray(a) for a in function_params(compiled, model.params())]
     cfg = model.config
     rng = np.random.default_rng(0)
     for seq_len in (1, 5, qgemv.TILE, qgemv.TILE + 1, 3 * qgemv.TILE + 2):

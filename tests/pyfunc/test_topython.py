@@ -36,10 +36,10 @@ TOL = 1e-4
 SMOL_TOL = 5e-4  # SmolLM2: see test_smollm2_printed_as_python
 
 
-def compare_with_reference(py, model, ref, ids, decode_steps, context=None, all_logits=True):
+def compare_with_reference(py, model, ref, ids, decode_steps, context=None, all_logits=True, mod=None):
     """Run the printed module and the reference session side by side; return the worst |diff|."""
     ids_t = torch.tensor([ids], dtype=torch.int32)
-    weights = torch_weights(model)
+    weights = torch_weights(model, mod)
     worst = []
     if all_logits:
         ref.reset()
@@ -76,7 +76,7 @@ def test_tiny_models_printed_as_python(tiny, stage):
     else:
         assert "self.call_tir(" not in source and "F.linear(" in source
     py = load_python(source, mod, "host")
-    worst = compare_with_reference(py, model, ref, PROMPT, 3)
+    worst = compare_with_reference(py, model, ref, PROMPT, 3, mod=mod)
     assert worst <= TOL, f"{stage}: max |diff| {worst}"
 
 
@@ -89,7 +89,8 @@ def test_fused_python_runs_tensor_programs_on_a_device(name, device):
     model = deploycc.load_model(str(make_tiny(name)))
     mod = pipeline.run(export(model), None, "fused")
     py = load_python(module_to_python(mod, ["prefill", "decode"]), mod, device)
-    worst = compare_with_reference(py, model, deploycc.reference_session(model), PROMPT, 3, all_logits=False)
+    worst = compare_with_reference(py, model, deploycc.reference_session(model), PROMPT, 3, all_logits=False,
+                                   mod=mod)
     assert worst <= TOL and py.run_program.launches > 0
 
 
@@ -121,7 +122,7 @@ def test_smollm2_printed_as_python(smollm2_path, stage):
     py = load_python(module_to_python(mod, ["prefill", "decode"]), mod, "host")
     ids = Tokenizer.from_dir(smollm2_path).encode("The capital of France is", add_special_tokens=False)
     ref = deploycc.reference_session(model, context_window=64)
-    worst = compare_with_reference(py, model, ref, ids, 2, 64, all_logits=False)
+    worst = compare_with_reference(py, model, ref, ids, 2, 64, all_logits=False, mod=mod)
     print(f"SmolLM2 {stage} stage as Python: max |diff| {worst:.2e}")
     # 30 layers of float32 rounding, torch's kernels against numpy's: observed 3e-5 to 1.2e-4.
     assert worst <= SMOL_TOL, f"max |diff| {worst}"

@@ -186,14 +186,14 @@ BYTECODE = [
     ("operand kind", lambda bc: code(bc, "decode")[2]["args"].__setitem__(0, {"i": 23}), "must be one operand of kind r"),
     ("operand with two keys", lambda bc: code(bc, "decode")[2]["args"][0].update(i=1), "must be one operand of kind r"),
     ("register out of range", lambda bc: code(bc, "decode")[2]["args"][0].update(r=9999), ".r must be an integer in "
-                                                                                         "0..65"),
+                                                                                         "0..55"),
     ("register read before written", lambda bc: code(bc, "decode")[2]["args"][0].update(r=40),
      "reads register 40 before any instruction writes it"),
     ("dst on a launch", lambda bc: find(bc, "decode", "vm.launch").update(dst=50), "is set, but vm.launch has no result"),
     ("alloc without dst", lambda bc: find(bc, "decode", "vm.alloc").pop("dst"), "dst must be an integer"),
     ("dst a weight", lambda bc: find(bc, "decode", "vm.alloc").update(dst=3), "is register 3, which holds an input, a "
                                                                               "weight or a constant"),
-    ("alloc storage out of range", _set_arg("decode", "vm.alloc", 0, {"i": 7}), "is storage 7, but manifest.json has 7"),
+    ("alloc storage out of range", _set_arg("decode", "vm.alloc", 0, {"i": 6}), "is storage 6, but manifest.json has 6"),
     ("alloc dtype", _set_arg("decode", "vm.alloc", 1, {"str": "float64"}), "args[1].str is 'float64'"),
     ("alloc dim not growing", _set_arg("prefill", "vm.alloc", 3, {"s": ["+", 200, ["*", -1, "seq_len"]]}),
      "not a size that grows with seq_len and total_len"),
@@ -294,8 +294,8 @@ PLAN = [
     ("kv.begin reserves twice the tokens", lambda m, bc: find(bc, "prefill", "kv.begin")["args"].__setitem__(
         1, {"s": ["*", 2, "seq_len"]}), "a step must reserve its 1 new tokens"),
     ("vm.get of a tensor", lambda m, bc: code(bc, "decode").insert(5, {"op": "call", "fn": "vm.get",
-                                                                      "args": [{"r": 25}, {"i": 0}], "dst": 26}),
-     "needs tuple in register 25, which holds tensor float32 [1, 1, 32] (storage)"),
+                                                                      "args": [{"r": 19}, {"i": 0}], "dst": 26}),
+     "needs tuple in register 19, which holds tensor float32 [1, 1, 32] (storage)"),
     ("seq_len passed as 1000", _scalar("take", 1000), "passes int32 [1, 1] (input) as buffer 1 of take, which takes "
                                                       "int32 [1, 1000]"),
     ("seq_len past int32", _scalar("take", ["+", "seq_len", 2**31 - 1]), "passes seq_len = 2147483648 to take, outside int32"),
@@ -312,9 +312,9 @@ PLAN = [
                                                                      "step's rows were appended"),
     ("a launch removed", lambda m, bc: _remove(bc, find(bc, "prefill", "vm.launch", "take")),
      "reads float32 [1, 1, 32] (storage) as buffer 0 of rms_norm before any kernel writes it"),
-    ("storage reused too early", _reuse_storage, "after storage 2 was given to another tensor"),
+    ("storage reused too early", _reuse_storage, "after storage 4 was given to another tensor"),
     ("vocab_size not the logits'", lambda m, bc: m.update(vocab_size=200), "not the logits: float32 [1, 1, 200]"),
-    ("result not a tensor", lambda m, bc: code(bc, "decode")[-1]["args"].__setitem__(0, {"r": 24}),
+    ("result not a tensor", lambda m, bc: code(bc, "decode")[-1]["args"].__setitem__(0, {"r": 17}),
      "returns '(1,)', not the logits"),
 ]
 

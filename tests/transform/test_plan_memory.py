@@ -15,6 +15,7 @@ import deploycc
 import deploycc.pipeline
 import deploycc.presets
 import deploycc.session
+from deploycc.transform.merge_matmuls import function_params
 from deploycc.interp import Interpreter
 from deploycc.ir import BlockBuilder, CallTIR, Tensor, Tuple, TupleGetItem, Var, sym, tir
 from deploycc.ir import annotation as A
@@ -319,7 +320,7 @@ class PlannedInterpreter(Interpreter):
 def test_planned_storages_give_the_same_logits():
     model, mod = scheduled_module("llama-gqa1")
     cfg = model.config
-    params = [np.ascontiguousarray(a, dtype=np.float32) for _, a in model.params()]
+    params = [np.ascontiguousarray(a, dtype=np.float32) for a in function_params(mod, model.params())]
     plans = plan_module(mod)
     planned = PlannedInterpreter(mod, plans)
     arenas = [id(a) for f in planned.arenas.values() for a in f]
