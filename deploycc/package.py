@@ -130,7 +130,9 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
     from .quantization import quantize
 
     head = None if head_quantization == quant else head_quantization
-    model = quantize(load_model(source, revision), quant, head)
+    target = preset.target
+    interleave = target.kind == "cpu" and target.integer_matmuls and _interleave(target.isa)
+    model = quantize(load_model(source, revision), quant, head, interleave)
     from .limits import check_compile
 
     check_compile(model, preset, context_window)  # context window and device memory, before anything is built
@@ -193,6 +195,12 @@ def compile_model(source: str, device: str = "cpu-opencl", quantization: str | N
         (tmp / SEAL).write_text(seal_text(manifest_bytes))
         staging.commit()
     return out_dir
+
+
+def _interleave(isa: str) -> bool:
+    from .runtime.native import weight_interleave
+
+    return weight_interleave(isa)
 
 
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:

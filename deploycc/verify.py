@@ -43,11 +43,14 @@ class Against(str, enum.Enum):
 # SmolLM2-135M <= 2e-4 on PoCL (fast-math kernels, 30 layers); one tensor of other weights: >= 2.6e-3.
 DEFAULT_TOLERANCE = {"opencl": 1e-3, "webgpu": 1e-3, "cuda": 1e-3}
 
-# A cpu package whose decode GEMVs round the activations to 8 bits per block of 32 (integer dot products,
+# A cpu package whose matmuls round the activations to 8 bits per block of 32 (integer dot products,
 # deploycc/schedule/qgemv.py) is not float-equal to any reference: it is held to the relative RMS of the logit
-# difference (centred, per position) instead: 8e-3 measured on the tiny llama (hidden 32, one block per row),
-# other weights cost O(1).
-INTEGER_REL_RMS = 5e-2
+# difference (centred, per position) instead. Measured: 8e-3 on the tiny llama (hidden 32, one block per row);
+# SmolLM2-135M (q4f16_2, 8-bit head) 0.03-0.06 per decode step and 0.15-0.16 over the 33 positions of a
+# prefill (the first positions' logits are the least certain), in the plain and the interleaved layout alike;
+# other weights cost O(1). The kernels themselves are held to 1e-5 against the interpreter on identically
+# rounded activations (tests/kernels/test_qgemv.py); this bound catches a wrong package, not rounding.
+INTEGER_REL_RMS = 0.25
 
 # Against transformers on the same (scheme-rounded) weights: SmolLM2-135M q0f32, q4f16_1, q4f16_2 <= 1.2e-4.
 TRANSFORMERS_TOLERANCE = 1e-3

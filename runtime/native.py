@@ -111,6 +111,12 @@ def isa_flags(isa: str) -> list[str]:
     return sorted(ISA_FLAGS[isa])
 
 
+def weight_interleave(isa: str) -> bool:
+    """Whether packages for `isa` store 4-bit weights interleaved in 16s (the layout of the AVX-512 VNNI
+    kernels; other instruction sets read the plain layout faster)."""
+    return {"avx512_vnni", "avx512bw", "avx512vl"} <= set(isa_flags(isa))
+
+
 def check_cpu(required: list[str], what: str) -> None:
     have = cpu_flags()
     if have is None:

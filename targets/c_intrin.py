@@ -12,6 +12,10 @@ d * (the sum of its codes), for the zero point or the minimum. Every dot returns
     sum_b  s_b * d_b * (codes . xq)_b  +  c_b * (d * sum)_b,   c_b = m_b (asymmetric) or -zero * s_b
 The corrections are one short float dot product per row (and token), outside the block loop.
 
+Interleaved 4-bit weights (`*_x16*`, the layout of InterleavedScheme): 16 outputs per group, one per lane of
+a 512-bit vpdpbusd, 4 activation bytes broadcast; plain C elsewhere (the layout is chosen only for CPUs
+with AVX-512 VNNI, runtime/native.weight_interleave).
+
 Prefill (`*_tile`): DCC_TILE activation rows against one weight row, each block's codes unpacked once. With
 AVX-512 VNNI two blocks go through one 512-bit `vpdpbusd` (their scales spread over the two halves);
 AVX-VNNI and AVX2 take one block per 256-bit step.
@@ -318,4 +322,94 @@ static inline void dcc_dot_q8_sym_q8_tile(float* acc, const uint32_t* q, const h
   dcc_dot_q8_tile(acc, q + (int64_t)r * nb * 8, s + (int64_t)r * nb, xq, xd, xsd, nb, t0, rows);
 }
 
+
+/* interleaved 4-bit weights (quantization/group.py InterleavedScheme): R activation rows (activations in
+   linear order) against the 16 outputs of one interleaved group, one output per lane: per block, 8
+   vpdpbusd of 16 outputs' 4 codes by 4 activation bytes broadcast, then the block's scales as vectors;
+   out[r * ldo + l] for output l of the group. No horizontal sums. */
+static inline __attribute__((always_inline)) void dcc_x16_rows(
+    float* out, int ldo, const uint32_t* q, const half* s, const half* m, float zero, const int8_t* const* xr,
+    const float* const* dr, const float* const* sr, int nb, int R) {
+#if defined(DCC_ZMM)
+  __m512 acc[DCC_TILE];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i lo = _mm512_set1_epi8(15);
+  for (int b = 0; b < nb; ++b) {
+    const uint32_t* pb = q + 64 * b;
+    __m512i c[8];
+    for (int j = 0; j < 4; ++j) {
+      const __m512i p = _mm512_loadu_si512(pb + 16 * j);
+      c[j] = _mm512_and_si512(p, lo);
+      c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), lo);
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + 16 * b)));
+    const __m512 cv = m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(m + 16 * b)))
+                        : _mm512_mul_ps(dv, _mm512_set1_ps(-zero));
+    for (int r = 0; r < R; ++r) {
+      const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+      __m512i a = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) a = _mm512_dpbusd_epi32(a, c[j], _mm512_set1_epi32(x[j]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dv, _mm512_set1_ps(dr[r][b])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sr[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (int64_t)r * ldo, acc[r]);
+#else
+  for (int r = 0; r < R; ++r) {
+    for (int l = 0; l < 16; ++l) {
+      float a = 0.0f;
+      for (int b = 0; b < nb; ++b) {
+        const uint32_t* pb = q + 64 * b;
+        int32_t dot = 0;
+        for (int k = 0; k < 32; ++k) {
+          const int j = k >> 2;
+          dot += (int32_t)((pb[16 * (j & 3) + l] >> (8 * (k & 3) + 4 * (j >> 2))) & 15u) * xr[r][32 * b + k];
+        }
+        const float sc = (float)s[16 * b + l];
+        a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];
+      }
+      out[(int64_t)r * ldo + l] = a;
+    }
+  }
+#endif
+}
+
+static inline void dcc_dot_x16(float* acc, const uint32_t* q, const half* s, const half* m, float zero,
+                               const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {
+  const int8_t* xr[1] = {xq};
+  const float* dr[1] = {xd};
+  const float* sr[1] = {xsd};
+  const int64_t at = (int64_t)g * nb;
+  dcc_x16_rows(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, 1);
+}
+
+static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const half* s, const half* m, float zero,
+                                    const int8_t* xq, const float* xd, const float* xsd, int g, int nb, int t0,
+                                    int rows) {
+  const int8_t* xr[DCC_TILE];
+  const float* dr[DCC_TILE];
+  const float* sr[DCC_TILE];
+  dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
+  const int64_t at = (int64_t)g * nb;
+  dcc_x16_rows(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, DCC_TILE);
+}
+
+/* entry points: acc[16] (or acc[DCC_TILE * 16], row-major) for interleaved group g */
+static inline void dcc_dot_q4_sym_x16_q8(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
+                                         const float* xd, const float* xsd, int g, int nb) {
+  dcc_dot_x16(acc, q, s, 0, 8.0f, xq, xd, xsd, g, nb);
+}
+static inline void dcc_dot_q4_asym_x16_q8(float* acc, const uint32_t* q, const half* s, const half* m,
+                                          const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {
+  dcc_dot_x16(acc, q, s, m, 0.0f, xq, xd, xsd, g, nb);
+}
+static inline void dcc_dot_q4_sym_x16_q8_tile(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
+                                              const float* xd, const float* xsd, int g, int nb, int t0, int rows) {
+  dcc_dot_x16_tile(acc, q, s, 0, 8.0f, xq, xd, xsd, g, nb, t0, rows);
+}
+static inline void dcc_dot_q4_asym_x16_q8_tile(float* acc, const uint32_t* q, const half* s, const half* m,
+                                               const int8_t* xq, const float* xd, const float* xsd, int g, int nb,
+                                               int t0, int rows) {
+  dcc_dot_x16_tile(acc, q, s, m, 0.0f, xq, xd, xsd, g, nb, t0, rows);
+}
 """

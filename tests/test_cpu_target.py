@@ -133,11 +133,11 @@ def test_compile_writes_a_native_package_that_verifies(compiled, name):
     v = json.loads(r.stdout)
     # float kernels: largest |logit difference| 1e-3; decode GEMVs on 8-bit activations (integer dot products,
     # recorded as kernels.native.integer_activations): the relative RMS of the difference that deploycc/verify.py
-    # holds them to (at most 0.1 here: a package of other weights is O(1) away)
+    # holds them to (0.25: a package of other weights is O(1) away); this tiny model measures 8.7e-3, held to 5e-2
     if nat.get("integer_activations"):
         from deploycc.verify import INTEGER_REL_RMS
 
-        assert INTEGER_REL_RMS <= 0.1
+        assert INTEGER_REL_RMS <= 0.25 and v["rel_rms"] <= 5e-2
         expected = ("rel_rms", INTEGER_REL_RMS)
     else:
         expected = ("max_abs_diff", 1e-3)

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import DeployError
 from .base import QuantizedEmbedding, QuantizedLinear, Scheme, swap_modules
 from .gguf_blocks import BLOCK_SCHEMES, GGUFBlockScheme, GGUFModel, keep_blocks
-from .group import GroupScheme
+from .group import GroupScheme, InterleavedScheme
 from .none import NoQuantize, StoreHalf
 
 QUANTIZATION: dict[str, Scheme] = {
@@ -33,9 +33,17 @@ QUANTIZATION: dict[str, Scheme] = {
 }
 
 
+# The cpu target's layout of the 4-bit schemes (rows interleaved in 16s), used where runtime/native.py's
+# weight_interleave says the target's integer kernels read it (AVX-512 VNNI).
+INTERLEAVED: dict[str, Scheme] = {
+    "q4f16_1": InterleavedScheme("q4f16_1x16", bits=4, scale_dtype="float16", symmetric=True),
+    "q4f16_2": InterleavedScheme("q4f16_2x16", bits=4, scale_dtype="float16", symmetric=False),
+}
+
+
 def scheme_by_name(name: str) -> Scheme:
     """A scheme by its `name` (what a dequantize program's attrs record): ours or a GGUF block format."""
-    for s in (*QUANTIZATION.values(), *BLOCK_SCHEMES.values()):
+    for s in (*QUANTIZATION.values(), *INTERLEAVED.values(), *BLOCK_SCHEMES.values()):
         if s.name == name:
             return s
     raise KeyError(f"no quantization scheme named {name}")
@@ -56,6 +64,7 @@ class QuantizedModel:
     base: object
     scheme: Scheme
     head: Scheme | None = None  # embeddings and the output head (None: `scheme`)
+    interleave: bool = False  # linears whose shapes allow it in INTERLEAVED's layout
     _module: object = field(default=None, repr=False)
 
     def __getattr__(self, name):
@@ -65,7 +74,8 @@ class QuantizedModel:
 
     def build(self):
         if self._module is None:
-            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head)
+            wide = INTERLEAVED.get(self.scheme.name) if self.interleave else None
+            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head, wide)
         return self._module
 
     def quantized_names(self) -> dict[str, Scheme]:
@@ -93,9 +103,10 @@ def _quantized_modules(module, prefix: str = ""):
             yield from _quantized_modules(value, f"{prefix}{name}.")
 
 
-def quantize(model, name: str | None, head: str | None = None):
+def quantize(model, name: str | None, head: str | None = None, interleave: bool = False):
     """`model` (a LoadedModel) under scheme `name`, its embeddings and output head under `head`
-    (None: the same scheme); q0f32 (or None) with no other head returns the model itself."""
+    (None: the same scheme); q0f32 (or None) with no other head returns the model itself. interleave:
+    the linears (not the head) in the cpu target's interleaved layout where the scheme has one."""
     head_scheme = get(head) if head else None
     if (name is None or name == "q0f32") and head_scheme is None:
         get(name or "q0f32")
@@ -105,9 +116,9 @@ def quantize(model, name: str | None, head: str | None = None):
             raise DeployError("--head-quantization does not apply to a GGUF kept as stored; "
                               "give --quantization too to re-quantize it")
         return keep_blocks(model)
-    return QuantizedModel(model, get(name or "q0f32"), head_scheme)
+    return QuantizedModel(model, get(name or "q0f32"), head_scheme, interleave)
 
 
 __all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel",
-           "Scheme", "GroupScheme", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize",
+           "Scheme", "GroupScheme", "InterleavedScheme", "INTERLEAVED", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize",
            "scheme_by_name"]

@@ -133,19 +133,23 @@ class QuantizedEmbedding(_Quantized):
 HEAD_LINEARS = ("lm_head",)
 
 
-def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None) -> nn.Module:
+def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None,
+                 wide: Scheme | None = None) -> nn.Module:
     """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form.
     Embeddings (and with them a tied output head) and an untied `lm_head` take `head` when given
-    (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float."""
+    (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float. `wide`: the other
+    linears in this layout of `scheme` where their shape allows it (rows in 16s, whole groups)."""
     head = head or scheme
     for name, value in list(vars(module).items()):
         if isinstance(value, nn.Linear):
             s = head if name in HEAD_LINEARS else scheme
+            if s is scheme and wide is not None and value.out_features % 16 == 0 and value.in_features % 32 == 0:
+                s = wide
             if s.swaps:
                 setattr(module, name, QuantizedLinear(value, s))
         elif isinstance(value, nn.Embedding):
             if head.swaps:
                 setattr(module, name, QuantizedEmbedding(value, head))
         elif isinstance(value, nn.Module):
-            swap_modules(value, scheme, head)
+            swap_modules(value, scheme, head, wide)
     return module

@@ -105,3 +105,80 @@ class GroupScheme(Scheme):
         if self.symmetric:
             return (code - float(self.offset)) * scale
         return code * scale + tir.cast("float32", bufs[2][r, c // self.group_size])
+
+
+LANES = 16  # outputs per interleaved group: one 512-bit register of int32 sums, one output per lane
+
+
+@dataclass(frozen=True)
+class InterleavedScheme(GroupScheme):
+    """A 4-bit group scheme's weights in the layout the cpu target's integer kernels read fastest
+    (a compile-time layout transform, chosen by the target: runtime/native.weight_interleave).
+
+    16 output rows are interleaved so that one SIMD lane holds one output: for rows 16*g .. 16*g+15 and
+    group b, q_weight[g, b] is 64 words in which word 16*j + l holds, byte i, the codes of row 16*g + l at
+    columns 32*b + 4*j + i (low nibble) and 32*b + 4*(j + 4) + i (high nibble), j < 4; q_scale[g, b, l]
+    (and q_min) are row 16*g + l's. A kernel loads 16 outputs' 4 consecutive codes as one vector and
+    multiplies them by 4 bytes of activations broadcast (`vpdpbusd`), so the sums of a group never
+    need a horizontal reduction. Rows must be a multiple of 16 and columns of 32."""
+
+    lanes: int = LANES
+
+    def param_shapes(self, rows: int, cols: int):
+        if rows % self.lanes or cols % self.group_size or self.bits != 4:
+            raise ValueError(f"{self.name} interleaves 4-bit rows in {self.lanes}s and needs whole groups: "
+                             f"got [{rows}, {cols}]")
+        g, nb = rows // self.lanes, cols // self.group_size
+        shapes = {"q_weight": ((g, nb, 4 * self.lanes), "uint32"), "q_scale": ((g, nb, self.lanes), self.scale_dtype)}
+        if not self.symmetric:
+            shapes["q_min"] = ((g, nb, self.lanes), self.scale_dtype)
+        return shapes
+
+    def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
+        rows, cols = np.asarray(w).shape
+        self.param_shapes(rows, cols)
+        return self.interleave(super().quantize(w), cols)
+
+    def interleave(self, packed: dict[str, np.ndarray], cols: int) -> dict[str, np.ndarray]:
+        """The plain group layout (GroupScheme) -> this one."""
+        words = packed["q_weight"]
+        rows, L, nb = words.shape[0], self.lanes, cols // self.group_size
+        shifts = np.arange(8, dtype=np.uint32) * 4
+        codes = ((words[:, :, None] >> shifts) & 15).astype(np.uint8).reshape(rows // L, L, nb, 8, 4)
+        byte = codes[:, :, :, :4, :] | (codes[:, :, :, 4:, :] << 4)  # [g, l, b, j, i]
+        byte = np.ascontiguousarray(byte.transpose(0, 2, 3, 1, 4))  # [g, b, j, l, i]
+        out = {"q_weight": byte.view("<u4").reshape(rows // L, nb, 4 * L).astype(np.uint32)}
+        for k in ("q_scale", "q_min"):
+            if k in packed:
+                out[k] = np.ascontiguousarray(packed[k].reshape(rows // L, L, nb).transpose(0, 2, 1))
+        return out
+
+    def plain(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This layout -> the plain group layout."""
+        g, nb, _ = packed["q_weight"].shape
+        L = self.lanes
+        byte = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L, 4)
+        codes = np.concatenate([byte & 15, byte >> 4], axis=2)  # [g, b, j(8), l, i]
+        codes = codes.transpose(0, 3, 1, 2, 4).reshape(g * L, nb * 32).astype(np.uint32)  # [row, col]
+        shifts = np.arange(8, dtype=np.uint32) * 4
+        words = np.bitwise_or.reduce(codes.reshape(g * L, -1, 8) << shifts, axis=2).astype(np.uint32)
+        out = {"q_weight": words}
+        for k in ("q_scale", "q_min"):
+            if k in packed:
+                out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(g * L, nb))
+        return out
+
+    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
+        return super().dequantize(self.plain(packed), cols)
+
+    def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
+        L = self.lanes
+        g, lane, b = r // L, r % L, c // self.group_size
+        quad = (c % self.group_size) // 4
+        word = bufs[0][g, b, (quad % 4) * L + lane]
+        shift = tir.cast("uint32", tir.index((c % 4) * 8 + (quad // 4) * 4))
+        code = tir.cast("float32", tir.bitwise("bitand", tir.bitwise("shr", word, shift), 15))
+        scale = tir.cast("float32", bufs[1][g, b, lane])
+        if self.symmetric:
+            return (code - float(self.offset)) * scale
+        return code * scale + tir.cast("float32", bufs[2][g, b, lane])

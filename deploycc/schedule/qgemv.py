@@ -29,7 +29,7 @@ import numpy as np
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
-from ..ir.tir import Alloc, Block, Buffer, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram, V
+from ..ir.tir import Alloc, Block, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram, V
 from ..ir.tir_interp import _SYM_NP_OPS, _Exec
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, thread_grid, unravel
@@ -38,7 +38,9 @@ BLOCK = 32
 TILE = 8  # prefill rows per group: each unpacked weight block is used TILE times from registers
 OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values are 28 KB (L1)
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
-FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128)}
+FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128),
+           "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0)}
+LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
@@ -94,13 +96,17 @@ class Matmul:
         return self.K // BLOCK
 
     @property
+    def interleaved(self) -> bool:
+        return self.fmt.endswith("_x16")
+
+    @property
     def weights(self) -> tuple[Buffer, ...]:
         return (self.q, self.s) + ((self.mins,) if self.mins is not None else ())
 
     def quantize(self, xq: Buffer, xd: Buffer, xs: Buffer, coords: dict, row) -> Intrin:
         """Activations of one row (the spatial iterators at `coords`) into row `row` of xq/xd/xs."""
         off = Substitute(syms={**coords, self.k: sym.as_expr(0)}, fresh=False).expr(self.x_flat)
-        kind = "pairs" if FORMATS[self.fmt][0] == 4 else "linear"
+        kind = "pairs" if FORMATS[self.fmt][0] == 4 and not self.interleaved else "linear"
         return Intrin(f"quantize_q8_{kind}", (self.x, xq, xd, xs), (off, sym.as_expr(self.K), sym.as_expr(row)),
                       (xq, xd, xs))
 
@@ -133,7 +139,18 @@ class Matmul:
             dot = Intrin(f"dot_{self.fmt}_q8", (acc, *self.weights, xq, xd, xs), (r, sym.as_expr(self.nb)), (acc,))
             return Alloc(acc, Seq((dot, self.tail({**zero, self.n: r}, acc[0], ""))))
 
-        grid, groups = thread_grid(self.N, 1, body_of)
+        def group_of(g: sym.Expr):  # interleaved: 16 outputs per group, one Intrin
+            dot = Intrin(f"dot_{self.fmt}_q8", (acc, *self.weights, xq, xd, xs), (g, sym.as_expr(self.nb)), (acc,))
+            lane = sym.SymVar("l")
+            L = sym.as_expr(lane)
+            return Alloc(acc, Seq((dot, For(lane, sym.as_expr(LANES), self.tail({**zero, self.n: g * LANES + L},
+                                                                                  acc[L], "")))))
+
+        if self.interleaved:
+            acc = Buffer("acc", (LANES,), "float32", "local")
+            grid, groups = thread_grid(sym.floordiv(self.N, LANES), 1, group_of)
+        else:
+            grid, groups = thread_grid(self.N, 1, body_of)
         body = Alloc(xq, Alloc(xd, Alloc(xs, Seq((self.quantize(xq, xd, xs, zero, 0), grid)))))
         return Schedule((self.kernel(self.prog.name, body, groups, list(self.prog.params)),), (), f"qgemv-{self.fmt}")
 
@@ -156,6 +173,21 @@ class Matmul:
         tiles = sym.floordiv(rows + (TILE - 1), TILE)
         nb_out = math.gcd(self.N.value, OUT_BLOCK) if self.N.is_const else 1
 
+        def group_of(r: sym.Expr):
+            """Interleaved: TILE rows x the 16 outputs of group g, the group's weights once for all rows
+            (consecutive groups: the tiles of one weight group, so a thread's share is whole groups)."""
+            g, tile = sym.floordiv(r, tiles), sym.mod(r, tiles)
+            t0 = tile * TILE
+            wide = Buffer("acc", (sym.as_expr(TILE * LANES),), "float32", "local")
+            dot = Intrin(f"dot_{self.fmt}_q8_tile", (wide, *self.weights, xq, xd, xs),
+                         (g, sym.as_expr(self.nb), t0, rows), (wide,))
+            i, lane = sym.SymVar("i"), sym.SymVar("l")
+            at, L = t0 + sym.as_expr(i), sym.as_expr(lane)
+            store = self.tail({**coords(at), self.n: g * LANES + L}, wide[sym.as_expr(i) * LANES + L], "")
+            rows_loop = For(i, sym.as_expr(TILE), IfThenElse(tir.index(at).cmp("lt", tir.index(rows)),
+                                                             For(lane, sym.as_expr(LANES), store)))
+            return Alloc(wide, Seq((dot, rows_loop)))
+
         def body_of(r: sym.Expr):
             # Outputs in blocks of nb_out (their weight rows stay in L1), each block over every row tile
             # (the quantized activations stay in L2); a thread's share is whole blocks of weight rows.
@@ -171,7 +203,10 @@ class Matmul:
                 stores.append(stmt if i == 0 else IfThenElse(tir.index(at).cmp("lt", tir.index(rows)), stmt))
             return Alloc(acc, Seq((dot, *stores)))
 
-        grid, groups = thread_grid(tiles * self.N, 1, body_of)
+        if self.interleaved:
+            grid, groups = thread_grid(tiles * sym.floordiv(self.N, LANES), 1, group_of)
+        else:
+            grid, groups = thread_grid(tiles * self.N, 1, body_of)
         kernels = (self.kernel(f"{self.prog.name}_quantize", q_grid, q_groups, order),
                    self.kernel(self.prog.name, grid, groups, order))
         return Schedule(kernels, (xq, xd, xs), f"qgemm-{self.fmt}")
@@ -227,7 +262,11 @@ def _format(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: Tenso
     if len(codes) != 1 or len(scales) not in (1, 2) or len(bufs) != 1 + len(scales):
         return None
     q = codes[0]
-    if any(not all(sym.as_expr(d).is_const for d in b.shape) or len(b.shape) != 2 for b in bufs):
+    if any(not all(sym.as_expr(d).is_const for d in b.shape) for b in bufs):
+        return None
+    if len(q.shape) == 3:
+        return _format_x16(w, n, k, N, K, q, scales)
+    if any(len(b.shape) != 2 for b in bufs):
         return None
     rows = sym.as_expr(q.shape[0]).value
     if not (N.is_const and N.value == rows) or any(sym.as_expr(b.shape[0]).value != rows for b in scales):
@@ -255,4 +294,36 @@ def _format(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: Tenso
             want = (code - zero) * sc + (arrays[m][nn, kk // BLOCK].astype(np.float64) if m is not None else 0.0)
             if got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-6):
                 return name, q, s, m
+    return None
+
+
+def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buffer, scales: list[Buffer]):
+    """The interleaved 4-bit formats (InterleavedScheme): codes [N/16, K/32, 64] and scales [N/16, K/32, 16],
+    recognised, as the plain ones, by evaluating W at random points against the layout's definition."""
+    nb = K // BLOCK
+    if not (N.is_const and N.value % LANES == 0):
+        return None
+    g = N.value // LANES
+    dims = lambda b: tuple(sym.as_expr(d).value for d in b.shape)  # noqa: E731
+    if dims(q) != (g, nb, 4 * LANES) or any(dims(b) != (g, nb, LANES) for b in scales):
+        return None
+    rng = np.random.default_rng(0)
+    pts = 64
+    nn, kk = rng.integers(0, N.value, pts), rng.integers(0, K, pts)
+    symmetric = len(scales) == 1
+    for s, m in ([(scales[0], None)] if symmetric else [(scales[0], scales[1]), (scales[1], scales[0])]):
+        arrays = {q: rng.integers(0, 1 << 32, dims(q), dtype=np.uint64).astype(np.uint32),
+                  s: rng.uniform(0.5, 2.0, dims(s)).astype(s.dtype),
+                  **({m: rng.uniform(-2.0, 2.0, dims(m)).astype(m.dtype)} if m is not None else {})}
+        try:
+            got = _Exec(arrays).value(w, {n: nn, k: kk}).astype(np.float64)
+        except Exception:  # noqa: BLE001 - an expression the interpreter cannot run is no match
+            return None
+        grp, lane, blk, quad = nn // LANES, nn % LANES, kk // BLOCK, (kk % BLOCK) // 4
+        word = arrays[q][grp, blk, (quad % 4) * LANES + lane].astype(np.int64)
+        code = (word >> (8 * (kk % 4) + 4 * (quad // 4))) & 15
+        sc = arrays[s][grp, blk, lane].astype(np.float64)
+        want = (code - 8) * sc if symmetric else code * sc + arrays[m][grp, blk, lane].astype(np.float64)
+        if got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-6):
+            return ("q4_sym_x16" if symmetric else "q4_asym_x16"), q, s, m
     return None

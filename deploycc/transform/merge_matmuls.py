@@ -71,12 +71,13 @@ def _weight(fn: Function, defs: dict, w, mod: IRModule):
 
 
 def _concatenable(scheme_name: str, rows: int, cols: int) -> bool:
-    """Every packed parameter is [rows, ...] for the scheme: rows concatenate."""
+    """Every packed parameter's first dimension grows with the rows and the others do not: rows (or
+    interleaved groups of rows) concatenate."""
     from ..quantization import scheme_by_name
 
     shapes = scheme_by_name(scheme_name).param_shapes(rows, cols)
     twice = scheme_by_name(scheme_name).param_shapes(2 * rows, cols)
-    return all(s[0] == rows and twice[k][0][0] == 2 * rows and tuple(twice[k][0][1:]) == tuple(s[1:])
+    return all(twice[k][0][0] == 2 * s[0] and tuple(twice[k][0][1:]) == tuple(s[1:])
                for k, (s, _) in shapes.items())
 
 
@@ -150,8 +151,10 @@ def _rewrite(fn: Function, mod: IRModule, groups: dict, merged: dict, new_vars: 
                 name = merged_name(names)
                 merged[name] = names
                 if name not in new_vars:
-                    src = _parts(fn, defs, members[0], mod)[pos]
-                    shape = (total, *src.ann.shape[1:])
+                    parts = [_parts(fn, defs, m, mod)[pos] for m in members]
+                    src = parts[0]
+                    lead = sum(p.ann.shape[0].value for p in parts)  # rows, or interleaved groups of rows
+                    shape = (lead, *src.ann.shape[1:])
                     new_vars[name] = Var(name, A.Tensor(shape, src.ann.dtype))
                 mvars.append(new_vars[name])
             has_bias = len(b.value.args) == 3

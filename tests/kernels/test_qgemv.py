@@ -65,10 +65,17 @@ def test_tile_size_agrees_with_the_intrinsics():
 ISAS = ("native", "x86-64-v4", "x86-64-v3", "generic")
 
 
-@pytest.mark.parametrize("fixture", ["llama-gqa1", "llama-wide"])  # one block per row; 3 and 5 blocks
+# (scheme, head, interleaved layout, fixture): llama-gqa1 has one block per row, llama-wide 3 and 5; the interleaved
+# layout (InterleavedScheme: 512-bit VNNI on native, its plain-C branch on the other ISAs) on llama-wide, whose
+# rows all come in 16s (llama-gqa1's MLP rows, 56, do not)
+CASES = [(s, h, False, f) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))
+         for f in ("llama-gqa1", "llama-wide")] + [("q4f16_1", None, True, "llama-wide"),
+                                                    ("q4f16_2", "q8f16_0", True, "llama-wide")]
+
+
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("scheme,head", [("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None)])
-def test_integer_matmuls_match_the_interpreter(scheme, head, isa, fixture):
+@pytest.mark.parametrize("scheme,head,interleave,fixture", CASES)
+def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fixture):
     require_cc()
     device = require_device("cpu")
     from deploycc.runtime import native
@@ -76,10 +83,10 @@ def test_integer_matmuls_match_the_interpreter(scheme, head, isa, fixture):
     if not set(native.isa_flags(isa)) <= (native.cpu_flags() or set()):
         pytest.skip(f"this CPU cannot run {isa} code")
     target = replace(presets.load("cpu").target, isa=isa)
-    model = quantize(deploycc.load_model(str(make_tiny(fixture))), scheme, head)
+    model = quantize(deploycc.load_model(str(make_tiny(fixture))), scheme, head, interleave)
     compiled = run_pipeline(export(model, CONTEXT), target, "scheduled")
     rules = {scheduled(p).rule for p in compiled.programs().values()}
-    fmt = {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[scheme]
+    fmt = {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[scheme] + ("_x16" if interleave else "")
     assert f"qgemv-{fmt}" in rules and f"qgemm-{fmt}" in rules, rules
     runner = KernelRunner(device, target)
     ran: set[str] = set()

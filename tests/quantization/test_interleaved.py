@@ -1,0 +1,40 @@
+"""The cpu target's interleaved 4-bit layout (quantization/group.py InterleavedScheme): the same weights as
+the plain group layout, moved. Exact: the codes, scales and minimums go back to the plain layout bit for
+bit, and the layout's dequantize program (what the reference interpreter runs) gives exactly the plain
+scheme's dequantized weights. Which packages use it: runtime/native.weight_interleave."""
+import numpy as np
+import pytest
+
+from deploycc.ir.tir_interp import run_program
+from deploycc.quantization import INTERLEAVED, QUANTIZATION, scheme_by_name
+from deploycc.runtime import native
+
+
+@pytest.mark.parametrize("name", sorted(INTERLEAVED))
+def test_interleaved_layout_is_a_permutation_of_the_plain_one(name):
+    plain, wide = QUANTIZATION[name], INTERLEAVED[name]
+    assert scheme_by_name(wide.name) is wide
+    rows, cols = 48, 96
+    w = np.random.default_rng(3).standard_normal((rows, cols)).astype(np.float32)
+    packed, want = wide.quantize(w), plain.quantize(w)
+    assert {k: v.shape for k, v in packed.items()} == {k: s for k, (s, _) in wide.param_shapes(rows, cols).items()}
+    back = wide.plain(packed)
+    assert all(np.array_equal(back[k], want[k]) for k in want)
+    np.testing.assert_array_equal(wide.dequantize(packed, cols), plain.dequantize(want, cols))
+    prog = wide.program(rows, cols)
+    arrays = [packed[k] for k in wide.param_shapes(rows, cols)] + [np.zeros((rows, cols), np.float32)]
+    run_program(prog, arrays, [])
+    np.testing.assert_array_equal(arrays[-1], plain.dequantize(want, cols))
+
+
+def test_interleaved_layout_needs_rows_in_16s_and_whole_groups():
+    with pytest.raises(ValueError, match="interleaves"):
+        INTERLEAVED["q4f16_2"].param_shapes(56, 96)
+    with pytest.raises(ValueError, match="interleaves"):
+        INTERLEAVED["q4f16_2"].param_shapes(48, 100)
+
+
+def test_only_avx512_vnni_packages_interleave():
+    assert not native.weight_interleave("x86-64-v4") and not native.weight_interleave("generic")
+    have = native.cpu_flags() or set()
+    assert native.weight_interleave("native") == ({"avx512_vnni", "avx512bw", "avx512vl"} <= have)
