@@ -70,8 +70,9 @@ def cli():
 
 @cli.command(name="compile", short_help="Compile a model into a self-contained package for a device preset.")
 @click.argument("model")
-@click.option("--device", default="cpu-opencl", show_default=True,
-              help="Device preset name (see `deploycc devices`) or a preset YAML file.")
+@click.option("--device", default=None,
+              help="Device preset name (see `deploycc devices`) or a preset YAML file. Default: cpu (native C for this "
+                   "CPU) when a C compiler is found, else cpu-opencl; a GPU needs its preset named.")
 @click.option("--quantization", default=None,
               help="Weight quantization (default: the preset's; available: q0f32, q0f16, q4f16_1, q4f32_1, q4f16_2, q8f16_0).")
 @click.option("--head-quantization", default=None,

@@ -111,11 +111,23 @@ def lower_to_vm(exported, target, prefill_chunk: int):
     return lower_vm(scheduled, plans, target, bounds, fnames), plans
 
 
-def compile_model(source: str, device: str = "cpu-opencl", quantization: str | None = None,
+def default_device() -> str:
+    """The preset used when none is named: the native `cpu` target where a C compiler is found (gcc, clang,
+    `python -m ziglang cc`), else `cpu-opencl` (PoCL)."""
+    from .runtime import native
+
+    try:
+        native.compiler()
+    except native.NativeError:
+        return "cpu-opencl"
+    return "cpu"
+
+
+def compile_model(source: str, device: str | None = None, quantization: str | None = None,
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
                   force: bool = False, revision: str | None = None, progress=None,
                   head_quantization: str | None = None) -> Path:
-    preset = apply_overrides(presets.load(device), list(overrides))
+    preset = apply_overrides(presets.load(device or default_device()), list(overrides))
     from .gguf import is_gguf
 
     from_gguf = Path(source).expanduser().is_file() and is_gguf(Path(source).expanduser())

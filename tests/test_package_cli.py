@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_device
+from conftest import require_cc, require_device
 
 from fixtures import make_tiny
 
@@ -148,13 +148,15 @@ def test_compile_prints_path_and_summary(compiled, preset):
 
 
 def test_compile_json(model_dir, tmp_path):
-    needs("opencl")
+    """No --device: the native cpu preset where a C compiler is found (make test installs gcc), its
+    default quantization q4f16_2."""
+    require_cc()
     r = cli("compile", model_dir, "-o", tmp_path / "pkg", "--override", "prefill_chunk=16", "--json")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     out = json.loads(r.stdout)
     m = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
-    assert out["package"] == str(tmp_path / "pkg") and out["preset"] == "cpu-opencl" and out["backend"] == "opencl"
-    assert out["prefill_chunk"] == 16 and out["context_window"] == 128 and out["quantization"] == "q0f32"
+    assert out["package"] == str(tmp_path / "pkg") and out["preset"] == "cpu" and out["backend"] == "cpu"
+    assert out["prefill_chunk"] == 16 and out["context_window"] == 128 and out["quantization"] == "q4f16_2"
     assert out["kernels"] == len(m["kernels"]["entries"]) and out["memory"] == m["memory"]
     assert out["source"] == str(model_dir.resolve())
 
@@ -163,8 +165,8 @@ def test_compile_head_quantization(model_dir, tmp_path):
     """--head-quantization: the embedding (the tied head) in another scheme, recorded in the manifest; the
     package runs and its logits equal the reference session of the same two schemes (1e-4)."""
     needs("opencl")
-    r = cli("compile", model_dir, "-o", tmp_path / "pkg", "--quantization", "q4f16_2", "--head-quantization",
-            "q8f16_0", "--json")
+    r = cli("compile", model_dir, "-o", tmp_path / "pkg", "--device", "cpu-opencl", "--quantization", "q4f16_2",
+            "--head-quantization", "q8f16_0", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["quantization"], out["head_quantization"]) == ("q4f16_2", "q8f16_0")

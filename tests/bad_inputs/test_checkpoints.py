@@ -259,13 +259,13 @@ def override_context_window_huge(tmp):
 
 
 def kv_cache_does_not_fit_device_memory(tmp):
-    return compile_args(copy_tiny(tmp), "--override", "target.memory_bytes=400000"), [
+    return compile_args(copy_tiny(tmp), "--device", "cpu-opencl", "--override", "target.memory_bytes=400000"), [
         "KV cache 64.0 KiB for a context window of 128", "more than the 390.6 KiB device memory of preset cpu-opencl",
         "use --context-window 75 or less"]
 
 
 def weights_do_not_fit_device_memory(tmp):
-    return compile_args(copy_tiny(tmp), "--override", "target.memory_bytes=65536"), [
+    return compile_args(copy_tiny(tmp), "--device", "cpu-opencl", "--override", "target.memory_bytes=65536"), [
         "weights 99.9 KiB", "more than the 64.0 KiB device memory", "the weights alone do not fit"]
 
 
