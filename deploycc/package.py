@@ -259,17 +259,20 @@ def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> 
         native.build_shared(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math)
     except native.NativeError as e:
         raise DeployError(str(e)) from None
-    integer = any(isinstance(s, Intrin) for k in lowered.kernels.values() for s in walk(k.body))
+    intrins = [s.name for k in lowered.kernels.values() for s in walk(k.body) if isinstance(s, Intrin)]
+    # the layout transform of the 4-bit weights (quantization/group.py InterleavedScheme) the kernels read
+    layout = "interleaved16" if any("_x16" in n for n in intrins) else "plain"
     return {"library": "kernels/kernels.so", "isa": isa, "cpu_flags": native.isa_flags(isa),
-            "compiler": " ".join(native.compiler()), "integer_activations": integer, **info}
+            "compiler": " ".join(native.compiler()), "integer_activations": bool(intrins), "weight_layout": layout,
+            **info}
 
 
 def _write_params(tmp: Path, model, constants: dict, progress, merged: dict | None = None) -> list[dict]:
     """Weights one tensor at a time into shards of at most SHARD_BYTES (peak memory: one shard, plus
     the parts of one merged linear: transform/merge_matmuls.py)."""
-    from .transform.merge_matmuls import merge_params
-
     from safetensors.numpy import save_file
+
+    from .transform.merge_matmuls import merge_params
 
     pdir = tmp / "params"
     pdir.mkdir()

@@ -284,6 +284,8 @@ def _check_native(m: dict, n: dict) -> None:
     need_str(n["isa"], f"{where}.isa", ISAS)
     if "integer_activations" in n:
         need_bool(n["integer_activations"], f"{where}.integer_activations")
+    if "weight_layout" in n:
+        need_str(n["weight_layout"], f"{where}.weight_layout", ("plain", "interleaved16"))
     if n["isa"] != m["target"]["isa"]:
         fail(f"{where}.isa", f"is {show(n['isa'])}, but the target was compiled for {show(m['target']['isa'])}")
     for i, flag in enumerate(need_list(n["cpu_flags"], f"{where}.cpu_flags", hi=256)):

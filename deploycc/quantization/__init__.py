@@ -119,6 +119,6 @@ def quantize(model, name: str | None, head: str | None = None, interleave: bool 
     return QuantizedModel(model, get(name or "q0f32"), head_scheme, interleave)
 
 
-__all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel",
-           "Scheme", "GroupScheme", "InterleavedScheme", "INTERLEAVED", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize",
+__all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel", "Scheme", "GroupScheme",
+           "InterleavedScheme", "INTERLEAVED", "NoQuantize", "StoreHalf", "QuantizedModel", "get", "quantize",
            "scheme_by_name"]

@@ -14,7 +14,6 @@ import pytest
 from conftest import require_device
 
 import deploycc
-from deploycc.transform.merge_matmuls import function_params
 from deploycc import presets
 from deploycc.execute import KernelRunner
 from deploycc.interp import Interpreter
@@ -23,6 +22,7 @@ from deploycc.ir.tir_interp import run_program
 from deploycc.op.attention import RefKVCache
 from deploycc.pipeline import run as run_pipeline
 from deploycc.session import export
+from deploycc.transform.merge_matmuls import function_params
 
 CONTEXT = 72
 PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cpu": "cpu"}

@@ -15,7 +15,6 @@ import pytest
 from conftest import require_cc, require_device
 
 import deploycc
-from deploycc.transform.merge_matmuls import function_params
 from deploycc import presets
 from deploycc.execute import KernelRunner
 from deploycc.interp import Interpreter
@@ -27,6 +26,7 @@ from deploycc.pipeline import run as run_pipeline
 from deploycc.quantization import quantize
 from deploycc.schedule import qgemv
 from deploycc.session import export
+from deploycc.transform.merge_matmuls import function_params
 from fixtures import make_tiny
 
 CONTEXT = 40

@@ -15,7 +15,6 @@ import deploycc
 import deploycc.pipeline
 import deploycc.presets
 import deploycc.session
-from deploycc.transform.merge_matmuls import function_params
 from deploycc.interp import Interpreter
 from deploycc.ir import BlockBuilder, CallTIR, Tensor, Tuple, TupleGetItem, Var, sym, tir
 from deploycc.ir import annotation as A
@@ -24,6 +23,7 @@ from deploycc.ir.kernel import scheduled
 from deploycc.ir.tir_interp import NP_DTYPES
 from deploycc.op.attention import RefKVCache
 from deploycc.schedule import schedule
+from deploycc.transform.merge_matmuls import function_params
 from deploycc.transform.plan_memory import ITEMSIZE, function_bounds, memory_report, plan_memory, plan_module
 from fixtures import TINY, make_tiny
 
