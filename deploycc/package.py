@@ -143,8 +143,9 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
 
     head = None if head_quantization == quant else head_quantization
     target = preset.target
-    interleave = target.kind == "cpu" and target.integer_matmuls and _interleave(target.isa)
-    model = quantize(load_model(source, revision), quant, head, interleave)
+    integer = target.kind == "cpu" and target.integer_matmuls
+    interleave = integer and _interleave(target.isa)
+    model = quantize(load_model(source, revision), quant, head, interleave, groups=integer)
     from .limits import check_compile
 
     check_compile(model, preset, context_window)  # context window and device memory, before anything is built

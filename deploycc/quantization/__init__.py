@@ -103,10 +103,12 @@ def _quantized_modules(module, prefix: str = ""):
             yield from _quantized_modules(value, f"{prefix}{name}.")
 
 
-def quantize(model, name: str | None, head: str | None = None, interleave: bool = False):
+def quantize(model, name: str | None, head: str | None = None, interleave: bool = False, groups: bool = False):
     """`model` (a LoadedModel) under scheme `name`, its embeddings and output head under `head`
     (None: the same scheme); q0f32 (or None) with no other head returns the model itself. interleave:
-    the linears (not the head) in the cpu target's interleaved layout where the scheme has one."""
+    the linears (not the head) in the cpu target's interleaved layout where the scheme has one. groups:
+    a GGUF kept as stored ("gguf") has its Q4_0/Q4_1/Q8_0 tensors moved, value for value, into
+    q4f16_1/q4f16_2/q8f16_0 (what the cpu target's integer kernels read)."""
     head_scheme = get(head) if head else None
     if (name is None or name == "q0f32") and head_scheme is None:
         get(name or "q0f32")
@@ -115,7 +117,7 @@ def quantize(model, name: str | None, head: str | None = None, interleave: bool 
         if head_scheme is not None:
             raise DeployError("--head-quantization does not apply to a GGUF kept as stored; "
                               "give --quantization too to re-quantize it")
-        return keep_blocks(model)
+        return keep_blocks(model, groups, interleave)
     return QuantizedModel(model, get(name or "q0f32"), head_scheme, interleave)
 
 

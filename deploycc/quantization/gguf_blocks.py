@@ -75,6 +75,29 @@ class GGUFBlockScheme(Scheme):
             out["q_min"] = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16).reshape(rows, -1)
         return out
 
+    @property
+    def group_scheme(self) -> str:
+        """Our group scheme with exactly this format's values (GroupScheme: (code - 8) * d, code * d + m,
+        (code - 128) * d with f16 d and m per 32): only the byte layout differs."""
+        return {"Q4_0": "q4f16_1", "Q4_1": "q4f16_2", "Q8_0": "q8f16_0"}[self.qtype]
+
+    def to_group(self, raw: np.ndarray) -> dict[str, np.ndarray]:
+        """The stored bytes moved, value for value, into group_scheme's packed parameters."""
+        rows = raw.shape[0]
+        b = np.ascontiguousarray(raw, np.uint8).reshape(rows, -1, self.block_bytes)
+        qs = b[:, :, self.header:]
+        if self.bits == 8:
+            codes = (qs.view(np.int8).astype(np.int16) + 128).astype(np.uint32)  # [rows, nb, 32]
+        else:  # element j < 16: the low nibble of byte j; j >= 16: the high nibble of byte j - 16
+            codes = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.uint32)
+        per = 32 // self.bits
+        shifts = np.arange(per, dtype=np.uint32) * self.bits
+        words = np.bitwise_or.reduce(codes.reshape(rows, -1, per) << shifts, axis=2).astype(np.uint32)
+        out = {"q_weight": words, "q_scale": np.ascontiguousarray(b[:, :, 0:2]).view(np.float16).reshape(rows, -1)}
+        if self.qtype == "Q4_1":
+            out["q_min"] = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16).reshape(rows, -1)
+        return out
+
     def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
         """Float weights -> this format, with llama.cpp's rounding (`gguf.quants.quantize`)."""
         import gguf
@@ -244,9 +267,13 @@ BLOCK_SCHEMES: dict[str, Scheme] = {
 
 @dataclass
 class GGUFModel:
-    """A GGUF LoadedModel with its Q4_0/Q4_1/Q8_0 tensors kept in their block formats."""
+    """A GGUF LoadedModel with its Q4_0/Q4_1/Q8_0 tensors kept in their block formats, or, with `groups`,
+    with exactly their values in our group schemes (the cpu target's integer kernels read those; with
+    `interleave`, the linears whose shapes allow it in the interleaved layout)."""
 
     base: object
+    groups: bool = False
+    interleave: bool = False
     _module: object = field(default=None, repr=False)
     _schemes: dict = field(default=None, repr=False)
 
@@ -255,11 +282,20 @@ class GGUFModel:
             raise AttributeError(name)
         return getattr(self.base, name)
 
-    def _scheme_of(self, ours: str) -> Scheme | None:
+    def _scheme_of(self, ours: str, module=None) -> Scheme | None:
         hf, transform = self.base.arch.weight_map(self.base.config).get(ours, (ours, None))
         if transform is not None or hf not in self.base.weights:
             return None
-        return BLOCK_SCHEMES.get(self.base.weights.qtype(hf))
+        block = BLOCK_SCHEMES.get(self.base.weights.qtype(hf))
+        if not (self.groups and isinstance(block, GGUFBlockScheme)):
+            return block
+        from . import INTERLEAVED, QUANTIZATION
+
+        name = block.group_scheme
+        if (self.interleave and isinstance(module, nn.Linear) and name in INTERLEAVED
+                and module.out_features % 16 == 0 and module.in_features % 32 == 0):
+            return INTERLEAVED[name]
+        return QUANTIZATION[name]
 
     def build(self):
         if self._module is None:
@@ -270,7 +306,7 @@ class GGUFModel:
     def _swap(self, module, prefix: str):
         for name, value in list(vars(module).items()):
             if isinstance(value, (nn.Linear, nn.Embedding)):
-                scheme = self._scheme_of(f"{prefix}{name}.weight")
+                scheme = self._scheme_of(f"{prefix}{name}.weight", value)
                 if scheme is not None:
                     cls = QuantizedLinear if isinstance(value, nn.Linear) else QuantizedEmbedding
                     setattr(module, name, cls(value, scheme))
@@ -288,14 +324,21 @@ class GGUFModel:
         for name, hf, transform in self.base._sources():
             if name in schemes:
                 prefix = name[: -len(".weight")]
-                for suffix, packed in schemes[name].from_blocks(self.base.weights.raw(hf)).items():
-                    yield f"{prefix}.{suffix}", packed
+                scheme, raw = schemes[name], self.base.weights.raw(hf)
+                if isinstance(scheme, GGUFBlockScheme) or not self.groups:
+                    packed = scheme.from_blocks(raw)
+                else:  # moved into our group layout, value for value
+                    packed = BLOCK_SCHEMES[self.base.weights.qtype(hf)].to_group(raw)
+                    if hasattr(scheme, "interleave"):  # InterleavedScheme
+                        packed = scheme.interleave(packed, packed["q_scale"].shape[1] * BLOCK)
+                for suffix, arr in packed.items():
+                    yield f"{prefix}.{suffix}", arr
             else:
                 arr = self.base.weights.read(hf)
                 yield name, arr.T if transform == "transpose" else arr
 
 
-def keep_blocks(model) -> GGUFModel:
+def keep_blocks(model, groups: bool = False, interleave: bool = False) -> GGUFModel:
     if not hasattr(model.weights, "raw"):
         raise DeployError("quantization 'gguf' keeps a GGUF file's block formats; the model was not loaded from a .gguf")
-    return GGUFModel(model)
+    return GGUFModel(model, groups, interleave)

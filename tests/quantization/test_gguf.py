@@ -513,3 +513,47 @@ def test_smollm2_gguf_package(smollm2_gguf, tmp_path):
     ref = reference_session(deploycc.load_model(str(smollm2_gguf)), context_window=256, quantization="gguf")
     assert np.abs(engine.prefill(ids, all_logits=True) - ref.prefill(ids, all_logits=True)).max() <= 5e-4
     assert "Paris" in "".join(engine.generate("What is the capital of France?", max_tokens=12))
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_kept_blocks_move_into_group_schemes_exactly(tmp_path, interleave):
+    """For the cpu target's integer kernels (groups=True) Q4_0/Q4_1/Q8_0 tensors become q4f16_1/q4f16_2/
+    q8f16_0 (interleaved where asked and the shape allows): every weight dequantizes bit for bit to the
+    value of the blocks kept as stored; F16 tensors stay float."""
+    from deploycc.quantization import quantize
+
+    path, _ = write_tiny(tmp_path, MIXED)
+    model = deploycc.load_model(str(path))
+    kept, moved = quantize(model, "gguf"), quantize(model, "gguf", interleave=interleave, groups=True)
+    a, b = kept.quantized_names(), moved.quantized_names()
+    assert a.keys() == b.keys()
+    assert {s.name for s in b.values()} >= ({"q4f16_1x16", "q4f16_2x16", "q8f16_0"} if interleave
+                                            else {"q4f16_1", "q4f16_2", "q8f16_0"})
+    pa, pb = dict(kept.params()), dict(moved.params())
+    assert pa.keys() == pb.keys()
+    for name, scheme in b.items():
+        prefix = name[: -len(".weight")]
+        cols = pa[f"{prefix}.q_scale"].shape[1] * 32
+        want = a[name].dequantize({k: pa[f"{prefix}.{k}"] for k in a[name].param_shapes(1, cols)}, cols)
+        got = scheme.dequantize({k: pb[f"{prefix}.{k}"] for k in scheme.param_shapes(16, cols)}, cols)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_compile_gguf_for_the_cpu_target(tmp_path):
+    """A .gguf compiled as stored for `cpu` runs the integer kernels on its blocks' exact values: the
+    package's logits against the reference session of the kept blocks within 3% of the largest logit (8-bit
+    activations; tests/kernels/test_qgemv.py holds each kernel to 1e-5 on identically rounded ones)."""
+    from conftest import require_cc
+
+    from deploycc.package import compile_model
+    from deploycc.runtime import native
+    from deploycc.runtime.engine import Engine
+
+    require_cc()
+    path, _ = write_tiny(tmp_path, MIXED)
+    out = compile_model(str(path), "cpu", out=str(tmp_path / "pkg"))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["quantization"] == "gguf" and m["kernels"]["native"]["integer_activations"]
+    assert m["kernels"]["native"]["weight_layout"] == ("interleaved16" if native.weight_interleave("native") else "plain")
+    got, want = logits(Engine.load(out)), logits(reference_session(deploycc.load_model(str(path)), quantization="gguf"))
+    np.testing.assert_allclose(got, want, atol=3e-2 * float(np.abs(want).max()), rtol=0)
