@@ -83,10 +83,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
             body = Alloc(buf, body)
         return body
 
-    body, groups = thread_grid(h * n, target.threads_per_block, body_of)
-    bufs, written = global_buffers(body, list(prog.params))
-    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, target.threads_per_block, written)
-    return Schedule((k,), (), "attention")
+    return _kernel(prog, target, h * n, body_of)
 
 
 BLOCK = 16  # keys per block on the cpu: one 512-bit register of scores
@@ -160,7 +157,12 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
             body = Alloc(buf, body)
         return body
 
-    body, groups = thread_grid(h * n, target.threads_per_block, body_of)
+    return _kernel(prog, target, h * n, body_of)
+
+
+def _kernel(prog: TensorProgram, target, rows, body_of) -> Schedule:
+    """One thread per (head, query) row: the attention kernel of either form."""
+    body, groups = thread_grid(rows, target.threads_per_block, body_of)
     bufs, written = global_buffers(body, list(prog.params))
     k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, target.threads_per_block, written)
     return Schedule((k,), (), "attention")
