@@ -140,11 +140,12 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     # before any model work: a refused output costs nothing
     out_dir = check_output(Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}"), force)
     from .quantization import quantize
+    from .runtime.native import weight_interleave as native_weight_interleave
 
     head = None if head_quantization == quant else head_quantization
     target = preset.target
     integer = target.kind == "cpu" and target.integer_matmuls
-    interleave = integer and _interleave(target.isa)
+    interleave = integer and native_weight_interleave(target.isa)
     model = quantize(load_model(source, revision), quant, head, interleave, groups=integer)
     from .limits import check_compile
 
@@ -208,12 +209,6 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         (tmp / SEAL).write_text(seal_text(manifest_bytes))
         staging.commit()
     return out_dir
-
-
-def _interleave(isa: str) -> bool:
-    from .runtime.native import weight_interleave
-
-    return weight_interleave(isa)
 
 
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:

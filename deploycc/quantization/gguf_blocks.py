@@ -29,6 +29,7 @@ from .. import nn
 from ..errors import DeployError
 from ..ir import tir
 from .base import QuantizedEmbedding, QuantizedLinear, Scheme
+from .group import pack_codes
 
 BLOCK = 32
 
@@ -90,10 +91,8 @@ class GGUFBlockScheme(Scheme):
             codes = (qs.view(np.int8).astype(np.int16) + 128).astype(np.uint32)  # [rows, nb, 32]
         else:  # element j < 16: the low nibble of byte j; j >= 16: the high nibble of byte j - 16
             codes = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.uint32)
-        per = 32 // self.bits
-        shifts = np.arange(per, dtype=np.uint32) * self.bits
-        words = np.bitwise_or.reduce(codes.reshape(rows, -1, per) << shifts, axis=2).astype(np.uint32)
-        out = {"q_weight": words, "q_scale": np.ascontiguousarray(b[:, :, 0:2]).view(np.float16).reshape(rows, -1)}
+        out = {"q_weight": pack_codes(codes.reshape(rows, -1), self.bits),
+               "q_scale": np.ascontiguousarray(b[:, :, 0:2]).view(np.float16).reshape(rows, -1)}
         if self.qtype == "Q4_1":
             out["q_min"] = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16).reshape(rows, -1)
         return out

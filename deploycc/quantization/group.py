@@ -28,6 +28,14 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes [rows, n] (n a multiple of 32 // bits) packed little end first into uint32 words [rows, n * bits / 32]."""
+    per = 32 // bits
+    shifts = np.arange(per, dtype=np.uint32) * bits
+    c = np.asarray(codes, np.uint32).reshape(codes.shape[0], -1, per)
+    return np.bitwise_or.reduce(c << shifts, axis=2).astype(np.uint32)
+
+
 @dataclass(frozen=True)
 class GroupScheme(Scheme):
     bits: int = 4
@@ -79,10 +87,7 @@ class GroupScheme(Scheme):
             step = np.divide(g - m32, s32, out=np.zeros_like(g), where=s32 > 0)
             q = np.clip(np.round(step), 0, top)
             out = {"q_scale": scale, "q_min": low}
-        codes = q.astype(np.uint32).reshape(rows, -1, self.per_word)
-        shifts = (np.arange(self.per_word, dtype=np.uint32) * self.bits)
-        words = np.bitwise_or.reduce(codes << shifts, axis=2).astype(np.uint32)
-        return {"q_weight": words, **out}
+        return {"q_weight": pack_codes(q.reshape(rows, -1), self.bits), **out}
 
     def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
         words = packed["q_weight"]
@@ -159,10 +164,7 @@ class InterleavedScheme(GroupScheme):
         L = self.lanes
         byte = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L, 4)
         codes = np.concatenate([byte & 15, byte >> 4], axis=2)  # [g, b, j(8), l, i]
-        codes = codes.transpose(0, 3, 1, 2, 4).reshape(g * L, nb * 32).astype(np.uint32)  # [row, col]
-        shifts = np.arange(8, dtype=np.uint32) * 4
-        words = np.bitwise_or.reduce(codes.reshape(g * L, -1, 8) << shifts, axis=2).astype(np.uint32)
-        out = {"q_weight": words}
+        out = {"q_weight": pack_codes(codes.transpose(0, 3, 1, 2, 4).reshape(g * L, nb * 32), 4)}  # [row, col]
         for k in ("q_scale", "q_min"):
             if k in packed:
                 out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(g * L, nb))

@@ -13,12 +13,15 @@ expression W(n, k) as the fused program computes it and checks it, by evaluating
 codes, scales and minimums at random (n, k), against each known block format (Mirage's
 probabilistic equivalence check, for one expression): 4-bit symmetric (code - 8) * s, 4-bit
 asymmetric code * s + m, 8-bit symmetric (code - 128) * s, codes packed little end first into
-uint32 words, one scale per 32 inputs. Anything else (GGUF blocks, float weights) is left to the
-next rule.
+uint32 words, one scale per 32 inputs; and the same two 4-bit formats with rows interleaved in 16s
+(quantization/group.py InterleavedScheme: codes [N/16, K/32, 64]), whose kernels put one output in
+each lane of a 512-bit register. Anything else (GGUF blocks kept as stored, float weights) is left
+to the next rule.
 
 Prefill (more than one row, a symbolic count) is two kernels: every row of x quantized once into
 workspace buffers (a group per row, so the workers share the work), then TILE rows of one output
-per group, each weight block unpacked once and dotted with the TILE rows' activations.
+per group (interleaved: of 16 outputs), each weight block unpacked once and dotted with the TILE
+rows' activations.
 """
 from __future__ import annotations
 
@@ -132,7 +135,7 @@ class Matmul:
         xq = Buffer("xq", (self.K,), "int8", "local")
         xd = Buffer("xd", (self.nb,), "float32", "local")
         xs = Buffer("xsd", (self.nb,), "float32", "local")  # d * (sum of the block's codes)
-        acc = Buffer("acc", (1,), "float32", "local")
+        acc = Buffer("acc", (LANES if self.interleaved else 1,), "float32", "local")
         zero = {it.var: sym.as_expr(0) for it in self.spatial[:-1]}
 
         def body_of(r: sym.Expr):
@@ -147,7 +150,6 @@ class Matmul:
                                                                                   acc[L], "")))))
 
         if self.interleaved:
-            acc = Buffer("acc", (LANES,), "float32", "local")
             grid, groups = thread_grid(sym.floordiv(self.N, LANES), 1, group_of)
         else:
             grid, groups = thread_grid(self.N, 1, body_of)
