@@ -138,12 +138,12 @@ def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None,
     """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form.
     Embeddings (and with them a tied output head) and an untied `lm_head` take `head` when given
     (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float. `wide`: the other
-    linears in this layout of `scheme` where their shape allows it (rows in 16s, whole groups)."""
+    linears in this layout of `scheme` where their shape allows it (InterleavedScheme.fits)."""
     head = head or scheme
     for name, value in list(vars(module).items()):
         if isinstance(value, nn.Linear):
             s = head if name in HEAD_LINEARS else scheme
-            if s is scheme and wide is not None and value.out_features % 16 == 0 and value.in_features % 32 == 0:
+            if s is scheme and wide is not None and wide.fits(value.out_features, value.in_features):
                 s = wide
             if s.swaps:
                 setattr(module, name, QuantizedLinear(value, s))

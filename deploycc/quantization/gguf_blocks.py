@@ -29,7 +29,7 @@ from .. import nn
 from ..errors import DeployError
 from ..ir import tir
 from .base import QuantizedEmbedding, QuantizedLinear, Scheme
-from .group import pack_codes
+from .group import InterleavedScheme, pack_codes
 
 BLOCK = 32
 
@@ -292,7 +292,7 @@ class GGUFModel:
 
         name = block.group_scheme
         if (self.interleave and isinstance(module, nn.Linear) and name in INTERLEAVED
-                and module.out_features % 16 == 0 and module.in_features % 32 == 0):
+                and INTERLEAVED[name].fits(module.out_features, module.in_features)):
             return INTERLEAVED[name]
         return QUANTIZATION[name]
 
@@ -324,11 +324,12 @@ class GGUFModel:
             if name in schemes:
                 prefix = name[: -len(".weight")]
                 scheme, raw = schemes[name], self.base.weights.raw(hf)
-                if isinstance(scheme, GGUFBlockScheme) or not self.groups:
+                block = BLOCK_SCHEMES[self.base.weights.qtype(hf)]
+                if scheme is block:  # kept as stored (K-quants always)
                     packed = scheme.from_blocks(raw)
                 else:  # moved into our group layout, value for value
-                    packed = BLOCK_SCHEMES[self.base.weights.qtype(hf)].to_group(raw)
-                    if hasattr(scheme, "interleave"):  # InterleavedScheme
+                    packed = block.to_group(raw)
+                    if isinstance(scheme, InterleavedScheme):
                         packed = scheme.interleave(packed, packed["q_scale"].shape[1] * BLOCK)
                 for suffix, arr in packed.items():
                     yield f"{prefix}.{suffix}", arr

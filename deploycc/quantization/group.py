@@ -129,8 +129,12 @@ class InterleavedScheme(GroupScheme):
 
     lanes: int = LANES
 
+    def fits(self, rows: int, cols: int) -> bool:
+        """Whether a [rows, cols] weight can take this layout (else it keeps the plain one)."""
+        return rows % self.lanes == 0 and cols % self.group_size == 0 and self.bits == 4
+
     def param_shapes(self, rows: int, cols: int):
-        if rows % self.lanes or cols % self.group_size or self.bits != 4:
+        if not self.fits(rows, cols):
             raise ValueError(f"{self.name} interleaves 4-bit rows in {self.lanes}s and needs whole groups: "
                              f"got [{rows}, {cols}]")
         g, nb = rows // self.lanes, cols // self.group_size

@@ -557,3 +557,20 @@ def test_compile_gguf_for_the_cpu_target(tmp_path):
     assert m["kernels"]["native"]["weight_layout"] == ("interleaved16" if native.weight_interleave("native") else "plain")
     got, want = logits(Engine.load(out)), logits(reference_session(deploycc.load_model(str(path)), quantization="gguf"))
     np.testing.assert_allclose(got, want, atol=3e-2 * float(np.abs(want).max()), rtol=0)
+
+
+def test_k_quants_stay_kept_when_the_rest_moves(tmp_path):
+    """A Q4_K_M-like mix for the cpu target (groups=True): Q4_K/Q6_K tensors stay in their own blocks (the
+    integer kernels do not read them), Q4_0/Q8_0 move into group schemes; the module computes the same
+    logits as with every tensor kept (1e-5: the same values, other programs)."""
+    from deploycc.quantization import quantize
+    from deploycc.session import ReferenceSession
+
+    path, _ = write_tiny(tmp_path, K_MIXED, hidden_size=256, intermediate_size=256, head_dim=64)
+    model = deploycc.load_model(str(path))
+    moved = quantize(model, "gguf", interleave=True, groups=True)
+    names = {getattr(s, "qtype", s.name) for s in moved.quantized_names().values()}
+    assert names == {"Q4_K", "Q6_K", "q4f16_1x16", "q8f16_0"}, names
+    got = logits(ReferenceSession(moved))
+    want = logits(reference_session(model, quantization="gguf"))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
