@@ -130,35 +130,40 @@ class Matmul:
         bufs, written = global_buffers(body, order)
         return Kernel(name, bufs, tuple(free_syms(body)), body, groups, 1, written)
 
+    @property
+    def width(self) -> int:
+        """Outputs per group (one Intrin): 16 for the interleaved formats, else 1."""
+        return LANES if self.interleaved else 1
+
+    def stores(self, acc: Buffer, coords_of, g: sym.Expr, rows_here: int, guard_of) -> Stmt:
+        """acc[i * width + l] -> output g * width + l of row i (the tail and epilogues), i < rows_here;
+        guard_of(i) is None or the condition for row i to exist."""
+        i, lane = sym.SymVar("i"), sym.SymVar("l")
+        I, L = sym.as_expr(i), sym.as_expr(lane)
+        store: Stmt = For(lane, sym.as_expr(self.width),
+                          self.tail({**coords_of(I), self.n: g * self.width + L}, acc[I * self.width + L], ""))
+        cond = guard_of(I)
+        return For(i, sym.as_expr(rows_here), store if cond is None else IfThenElse(cond, store))
+
     def gemv(self) -> Schedule:
-        """Decode: every worker quantizes x into its own stack arrays, then one output per group."""
+        """Decode: every worker quantizes x into its own stack arrays, then `width` outputs per group."""
         xq = Buffer("xq", (self.K,), "int8", "local")
         xd = Buffer("xd", (self.nb,), "float32", "local")
         xs = Buffer("xsd", (self.nb,), "float32", "local")  # d * (sum of the block's codes)
-        acc = Buffer("acc", (LANES if self.interleaved else 1,), "float32", "local")
+        acc = Buffer("acc", (self.width,), "float32", "local")
         zero = {it.var: sym.as_expr(0) for it in self.spatial[:-1]}
 
-        def body_of(r: sym.Expr):
-            dot = Intrin(f"dot_{self.fmt}_q8", (acc, *self.weights, xq, xd, xs), (r, sym.as_expr(self.nb)), (acc,))
-            return Alloc(acc, Seq((dot, self.tail({**zero, self.n: r}, acc[0], ""))))
-
-        def group_of(g: sym.Expr):  # interleaved: 16 outputs per group, one Intrin
+        def group_of(g: sym.Expr):
             dot = Intrin(f"dot_{self.fmt}_q8", (acc, *self.weights, xq, xd, xs), (g, sym.as_expr(self.nb)), (acc,))
-            lane = sym.SymVar("l")
-            L = sym.as_expr(lane)
-            return Alloc(acc, Seq((dot, For(lane, sym.as_expr(LANES), self.tail({**zero, self.n: g * LANES + L},
-                                                                                  acc[L], "")))))
+            return Alloc(acc, Seq((dot, self.stores(acc, lambda _i: zero, g, 1, lambda _i: None))))
 
-        if self.interleaved:
-            grid, groups = thread_grid(sym.floordiv(self.N, LANES), 1, group_of)
-        else:
-            grid, groups = thread_grid(self.N, 1, body_of)
+        grid, groups = thread_grid(sym.floordiv(self.N, self.width), 1, group_of)
         body = Alloc(xq, Alloc(xd, Alloc(xs, Seq((self.quantize(xq, xd, xs, zero, 0), grid)))))
         return Schedule((self.kernel(self.prog.name, body, groups, list(self.prog.params)),), (), f"qgemv-{self.fmt}")
 
     def gemm(self, rows: sym.Expr) -> Schedule:
         """Prefill: one kernel quantizes every row of x into workspace buffers (a group per row), a second
-        computes TILE rows of one output per group, unpacking each weight block once for all of them
+        computes TILE rows of `width` outputs per group, unpacking each weight block once for all of them
         (rows past the end repeat the last one and store nothing)."""
         xq = Buffer("xq", (rows, self.K), "int8", "global")
         xd = Buffer("xd", (rows, self.nb), "float32", "global")
@@ -170,45 +175,23 @@ class Matmul:
             return {it.var: v for it, v in zip(self.spatial[:-1], unravel(row, extents))}
 
         q_grid, q_groups = thread_grid(rows, 1, lambda r: self.quantize(xq, xd, xs, coords(r), r))
-        acc = Buffer("acc", (TILE,), "float32", "local")
-
+        acc = Buffer("acc", (sym.as_expr(TILE * self.width),), "float32", "local")
         tiles = sym.floordiv(rows + (TILE - 1), TILE)
-        nb_out = math.gcd(self.N.value, OUT_BLOCK) if self.N.is_const else 1
+        n_groups = sym.floordiv(self.N, self.width)
+        # Groups in blocks of OUT_BLOCK outputs (their weight rows stay in L1), each block over every row
+        # tile (the quantized activations stay in L2); a thread's share is whole blocks of weight rows.
+        per = math.gcd(n_groups.value, max(1, OUT_BLOCK // self.width)) if n_groups.is_const else 1
 
         def group_of(r: sym.Expr):
-            """Interleaved: TILE rows x the 16 outputs of group g, the group's weights once for all rows
-            (consecutive groups: the tiles of one weight group, so a thread's share is whole groups)."""
-            g, tile = sym.floordiv(r, tiles), sym.mod(r, tiles)
-            t0 = tile * TILE
-            wide = Buffer("acc", (sym.as_expr(TILE * LANES),), "float32", "local")
-            dot = Intrin(f"dot_{self.fmt}_q8_tile", (wide, *self.weights, xq, xd, xs),
-                         (g, sym.as_expr(self.nb), t0, rows), (wide,))
-            i, lane = sym.SymVar("i"), sym.SymVar("l")
-            at, L = t0 + sym.as_expr(i), sym.as_expr(lane)
-            store = self.tail({**coords(at), self.n: g * LANES + L}, wide[sym.as_expr(i) * LANES + L], "")
-            rows_loop = For(i, sym.as_expr(TILE), IfThenElse(tir.index(at).cmp("lt", tir.index(rows)),
-                                                             For(lane, sym.as_expr(LANES), store)))
-            return Alloc(wide, Seq((dot, rows_loop)))
-
-        def body_of(r: sym.Expr):
-            # Outputs in blocks of nb_out (their weight rows stay in L1), each block over every row tile
-            # (the quantized activations stay in L2); a thread's share is whole blocks of weight rows.
-            blk, rest = sym.floordiv(r, tiles * nb_out), sym.mod(r, tiles * nb_out)
-            tile, n = sym.floordiv(rest, nb_out), blk * nb_out + sym.mod(rest, nb_out)
+            blk, rest = sym.floordiv(r, tiles * per), sym.mod(r, tiles * per)
+            tile, g = sym.floordiv(rest, per), blk * per + sym.mod(rest, per)
             t0 = tile * TILE
             dot = Intrin(f"dot_{self.fmt}_q8_tile", (acc, *self.weights, xq, xd, xs),
-                         (n, sym.as_expr(self.nb), t0, rows), (acc,))
-            stores = []
-            for i in range(TILE):
-                at = t0 + i
-                stmt = self.tail({**coords(at), self.n: n}, acc[i], str(i))
-                stores.append(stmt if i == 0 else IfThenElse(tir.index(at).cmp("lt", tir.index(rows)), stmt))
-            return Alloc(acc, Seq((dot, *stores)))
+                         (g, sym.as_expr(self.nb), t0, rows), (acc,))
+            inside = lambda i: tir.index(t0 + i).cmp("lt", tir.index(rows))  # noqa: E731
+            return Alloc(acc, Seq((dot, self.stores(acc, lambda i: coords(t0 + i), g, TILE, inside))))
 
-        if self.interleaved:
-            grid, groups = thread_grid(tiles * sym.floordiv(self.N, LANES), 1, group_of)
-        else:
-            grid, groups = thread_grid(tiles * self.N, 1, body_of)
+        grid, groups = thread_grid(tiles * n_groups, 1, group_of)
         kernels = (self.kernel(f"{self.prog.name}_quantize", q_grid, q_groups, order),
                    self.kernel(self.prog.name, grid, groups, order))
         return Schedule(kernels, (xq, xd, xs), f"qgemm-{self.fmt}")
