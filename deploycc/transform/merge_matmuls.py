@@ -31,15 +31,11 @@ def merge_matmuls(mod: IRModule) -> IRModule:
     out.attrs["_program_text"] = dict(mod.attrs.get("_program_text", {}))
     fns = out.graph_functions()
     plans = {name: _groups(fn, out) for name, fn in fns.items()}
-    # A group is merged only where every function that reads its weights has it (the functions share
-    # one parameter list: prefill, prefill_all and decode all read every weight).
-    keys = [set(p) for p in plans.values() if p]
-    common = set.intersection(*keys) if keys else set()
-    readers: dict[str, int] = {}
-    for fn in fns.values():
-        for p in fn.params:
-            readers[p.name] = readers.get(p.name, 0) + 1
-    common = {k for k in common if all(readers.get(n) == len(keys) for part in k for n in part)}
+    # A group is merged only if every function that reads its weights has it: the functions share one
+    # parameter list (prefill, prefill_all and decode all read every weight).
+    reads = {name: {p.name for p in fn.params} for name, fn in fns.items()}
+    common = {k for plan in plans.values() for k in plan
+              if all(k in plans[f] for f in fns if reads[f] & {n for part in k for n in part})}
     if not common:
         return mod
     merged: dict[str, list[str]] = dict(mod.attrs.get(ATTR, {}))
@@ -146,16 +142,15 @@ def _rewrite(fn: Function, mod: IRModule, groups: dict, merged: dict, new_vars: 
             x = b.value.args[0]
             # The merged parameters, one per part position (q_weight, q_scale, ..., bias).
             mvars = []
+            member_parts = [_parts(fn, defs, m, mod) for m in members]
             for pos in range(len(key[0])):
                 names = [k[pos] for k in key]
                 name = merged_name(names)
                 merged[name] = names
                 if name not in new_vars:
-                    parts = [_parts(fn, defs, m, mod)[pos] for m in members]
-                    src = parts[0]
-                    lead = sum(p.ann.shape[0].value for p in parts)  # rows, or interleaved groups of rows
-                    shape = (lead, *src.ann.shape[1:])
-                    new_vars[name] = Var(name, A.Tensor(shape, src.ann.dtype))
+                    parts = [p[pos] for p in member_parts]
+                    dim0 = sum(p.ann.shape[0].value for p in parts)  # rows, or interleaved groups of rows
+                    new_vars[name] = Var(name, A.Tensor((dim0, *parts[0].ann.shape[1:]), parts[0].ann.dtype))
                 mvars.append(new_vars[name])
             has_bias = len(b.value.args) == 3
             wparts = mvars[:-1] if has_bias else mvars
