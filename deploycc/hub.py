@@ -284,7 +284,17 @@ class LoadedModel:
         """(our name, array) for every parameter, in export order, checked against the model's shapes."""
         for name, hf_name, transform in self._sources():
             arr = self.weights.read(hf_name)
-            yield name, arr.T if transform == "transpose" else arr
+            yield name, transformed(arr, transform)
+
+
+def transformed(arr: np.ndarray, transform: str | None) -> np.ndarray:
+    """A checkpoint tensor as the model computes with it: weight_map's transforms ("transpose": Conv1D
+    weights stored [in, out]; "plus_one": Gemma's RMSNorm weights, stored as w of x * (1 + w))."""
+    if transform == "transpose":
+        return arr.T
+    if transform == "plus_one":
+        return (np.asarray(arr, np.float32) + np.float32(1.0)).astype(np.float32)
+    return arr
 
 
 def load_model(source: str, revision: str | None = None, **overrides) -> LoadedModel:

@@ -65,29 +65,36 @@ def apply_rope(x, inv_freq, offset):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 ''',
     "rope_table": '''\
-def rope_table(inv_freq, offset, n):
-    """[n, head_dim / 2, 2]: cos and sin of the rotary angles of positions offset .. offset + n - 1."""
+def rope_table(inv_freq, offset, n, scale=1.0):
+    """[n, head_dim / 2, 2]: cos and sin of the rotary angles of positions offset .. offset + n - 1 (times scale)."""
     angle = torch.outer(torch.arange(offset, offset + n, dtype=torch.float32), inv_freq)
-    return torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1)
+    table = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1)
+    return table if scale == 1.0 else table * scale
 ''',
     "apply_rope_table": '''\
 def apply_rope_table(x, table):
-    """Rotary embedding, rotate-half form, of x [..., seq, heads, head_dim] with a rope_table."""
-    d = x.shape[-1]
+    """Rotary embedding, rotate-half form, of x [..., seq, heads, head_dim] with a rope_table; the first
+    2 * table.shape[1] dimensions rotate, the rest pass through (partial rotary)."""
+    r = 2 * table.shape[1]
     cos, sin = table[:, None, :, 0], table[:, None, :, 1]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x[..., : r // 2], x[..., r // 2: r]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], dim=-1)
 ''',
     "causal_attention": '''\
-def causal_attention(q, k, v, scale):
+def causal_attention(q, k, v, scale, window=0, softcap=0.0):
     """q [seq_len, heads, head_dim], k and v [total_len, kv_heads, head_dim] (grouped-query heads):
-    query i sees keys j <= i + total_len - seq_len (the cache holds total_len - seq_len earlier tokens)."""
+    query i sees keys j <= i + total_len - seq_len (the cache holds total_len - seq_len earlier tokens),
+    and with a sliding window only the last `window` of them; softcap > 0 caps scores at softcap * tanh(s / softcap)."""
     seq_len, total_len = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,thd->hnt", q, k) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     visible = torch.ones(seq_len, total_len, dtype=torch.bool).tril(total_len - seq_len)
+    if window:
+        visible &= ~torch.ones(seq_len, total_len, dtype=torch.bool).tril(total_len - seq_len - window)
     probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
     return torch.einsum("hnt,thd->nhd", probs, v)
 ''',
@@ -560,9 +567,12 @@ OPS: dict[str, Callable[[_FunctionPrinter, Call], str]] = {
                                 f"eps={_float(c.attrs['eps'])})"),
     "softmax": lambda p, c: f"torch.softmax({_a(p, c)}, dim={c.attrs.get('axis', -1)})",
     "rope": lambda p, c: f"apply_rope({_a(p, c)}, {_a(p, c, 1)}, {p.values(c.args[2])[0]})",
-    "rope_table": lambda p, c: f"rope_table({_a(p, c)}, {', '.join(p.values(c.args[1]))})",
+    "rope_table": lambda p, c: (f"rope_table({_a(p, c)}, {', '.join(p.values(c.args[1]))}"
+                                + (f", scale={_float(c.attrs['scale'])})" if c.attrs.get("scale", 1.0) != 1.0 else ")")),
     "rope_apply": lambda p, c: f"apply_rope_table({_a(p, c)}, {_a(p, c, 1)})",
-    "attention": lambda p, c: f"causal_attention({_a(p, c)}, {_a(p, c, 1)}, {_a(p, c, 2)}, scale={_float(c.attrs['scale'])})",
+    "attention": lambda p, c: (f"causal_attention({_a(p, c)}, {_a(p, c, 1)}, {_a(p, c, 2)}, scale={_float(c.attrs['scale'])}"
+                               + "".join(f", {k}={_float(c.attrs[k]) if k == 'softcap' else c.attrs[k]}"
+                                         for k in ("window", "softcap") if c.attrs.get(k)) + ")"),
     "reshape": lambda p, c: f"{_a(p, c)}.reshape({', '.join(p.values(c.args[1]))})",
     "permute_dims": lambda p, c: f"{_a(p, c)}.permute({', '.join(str(a) for a in c.attrs['axes'])})",
     "concat": lambda p, c: f"torch.cat([{', '.join(p.expr(a) for a in c.args)}], dim={c.attrs.get('axis', 0)})",

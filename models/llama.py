@@ -1,7 +1,10 @@
-"""Llama family (Llama 2/3, Mistral, SmolLM2, TinyLlama): GQA, SwiGLU, RMSNorm, rotary embedding.
+"""Llama family (Llama 2/3, SmolLM2, TinyLlama), and the base of its relatives (Mistral, Qwen2/3,
+SmolLM3, Phi-3): GQA, SwiGLU, RMSNorm, rotary embedding.
 
 Mirrors transformers' `modeling_llama.py`; parameter names equal the Hugging Face ones, so the
-weight-name map is the identity.
+weight-name map is the identity. What the relatives change is in the config: a sliding window and
+the layers it applies to (`window(layer)`), whether a layer rotates at all (`rotates(layer)`), and
+per-head RMSNorm of q and k (`qk_norm`).
 """
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ from dataclasses import dataclass
 from deploycc import nn
 from deploycc.nn import op
 
-from ._config import apply_overrides, count, flag, positive
-from ._rope import inv_freq, rope_parameters
+from ._config import apply_overrides, count, flag, positive, value
+from ._rope import Rope, rope_of
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -24,14 +29,31 @@ class LlamaConfig:
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
+    rope: Rope
     tie_word_embeddings: bool
     max_position_embeddings: int
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
     context_window: int = 0
+    # Sliding-window attention: the window (0: none), and which layers use it. Held as a rule, not a list
+    # per layer, so that a config naming 10**9 layers is refused (by the tensor check) before anything
+    # of that size exists.
+    sliding_window: int = 0
+    layer_types: tuple[str, ...] = ()  # config.json's, where given: "sliding_attention" or "full_attention"
+    sliding_from: int = 0  # else: layers from this one on slide (Qwen2's max_window_layers) ...
+    global_every: int = 0  # ... but every global_every-th is global (Gemma 2: 2, Gemma 3: 6)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before rotation (Qwen3)
+    # Windows apply where config.json sets sliding_window (Llama never; its relatives override this).
+    WINDOWED = False
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
+
+    @property
+    def rope_scaling(self) -> dict | None:
+        return self.rope.scaling
 
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> LlamaConfig:
@@ -48,20 +70,40 @@ class LlamaConfig:
             raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         if head_dim % 2:
             raise ValueError(f"head_dim {head_dim} is odd; rotary embeddings rotate pairs of dimensions")
-        theta, scaling = rope_parameters(hf)
         bias = flag(hf, "attention_bias", False)
+        layers, positions = count(hf, "num_hidden_layers"), count(hf, "max_position_embeddings", 2048)
         cfg = cls(
             vocab_size=count(hf, "vocab_size"), hidden_size=hidden, intermediate_size=count(hf, "intermediate_size"),
-            num_hidden_layers=count(hf, "num_hidden_layers"), num_attention_heads=heads,
+            num_hidden_layers=layers, num_attention_heads=heads,
             num_key_value_heads=kv_heads, head_dim=head_dim, rms_norm_eps=positive(hf, "rms_norm_eps", 1e-6, hi=1.0),
-            rope_theta=theta, rope_scaling=scaling, tie_word_embeddings=flag(hf, "tie_word_embeddings", False),
-            max_position_embeddings=count(hf, "max_position_embeddings", 2048),
+            rope=rope_of(hf, head_dim, positions), tie_word_embeddings=flag(hf, "tie_word_embeddings", False),
+            max_position_embeddings=positions,
             qkv_bias=bias, o_bias=bias, mlp_bias=flag(hf, "mlp_bias", False),
+            layer_types=layer_types(hf, layers),
+            sliding_window=count(hf, "sliding_window") if cls.windowed(hf) else 0,
         )
         apply_overrides(cfg, overrides)
         if not cfg.context_window:
             cfg.context_window = min(cfg.max_position_embeddings, 4096)
         return cfg
+
+    @classmethod
+    def windowed(cls, hf: dict) -> bool:
+        return cls.WINDOWED and value(hf, "sliding_window", None) is not None
+
+    def window(self, layer: int) -> int:
+        """The sliding window of `layer`, 0 for global attention."""
+        if not self.sliding_window:
+            return 0
+        if self.layer_types:
+            return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
+        every = self.global_every
+        slides = layer >= self.sliding_from and not (every and (layer + 1) % every == 0)
+        return self.sliding_window if slides else 0
+
+    def rotates(self, layer: int) -> bool:
+        """Whether `layer` applies rotary embedding (all but SmolLM3's NoPE layers)."""
+        return True
 
     @property
     def max_context_window(self) -> int:
@@ -70,26 +112,66 @@ class LlamaConfig:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, layer: int):
         h, d = cfg.hidden_size, cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
         self.q_proj = nn.Linear(h, self.heads * d, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.heads * d, h, bias=cfg.o_bias)
-        self.inv_freq = inv_freq(d, cfg.rope_theta, cfg.rope_scaling)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(d, cfg.rms_norm_eps)
+        self.rope = cfg.rope if cfg.rotates(layer) else None
+        self.window, self.softcap, self.scale = cfg.window(layer), 0.0, d ** -0.5
+
+    def project(self, x: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor, nn.Tensor]:
+        """q [n, heads, head_dim], k and v [n, kv_heads, head_dim] of x [1, n, hidden]."""
+        n = x.shape[1]
+        return (self.q_proj(x).reshape(n, self.heads, self.head_dim),
+                self.k_proj(x).reshape(n, self.kv_heads, self.head_dim),
+                self.v_proj(x).reshape(n, self.kv_heads, self.head_dim))
 
     def forward(self, x: nn.Tensor, cache: nn.Cache, layer: int, rope) -> nn.Tensor:
-        """rope: the step's cos/sin table (op.rope_table), computed once for all layers."""
+        """rope: the step's cos/sin table of this layer's rotation (op.rope_table, shared by the layers that
+        rotate alike), None for a layer without."""
         n = x.shape[1]
-        q = self.q_proj(x).reshape(n, self.heads, self.head_dim)
-        k = self.k_proj(x).reshape(n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(n, self.kv_heads, self.head_dim)
-        q, k = op.rope_apply(q, rope), op.rope_apply(k, rope)
+        q, k, v = self.project(x)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = op.rope_apply(q, rope), op.rope_apply(k, rope)
         cache.append(layer, k, v)
         keys, values = cache.view(layer, self.kv_heads, self.head_dim)
-        o = op.attention(q, keys, values, scale=self.head_dim ** -0.5)
+        o = op.attention(q, keys, values, scale=self.scale, window=self.window, softcap=self.softcap)
         return self.o_proj(o.reshape(1, n, self.heads * self.head_dim))
+
+
+def rope_tables(h: nn.Tensor, attns, offset, context: int) -> list:
+    """Per layer, the cos/sin table of its rotation for the positions of h from `offset` on; one table per
+    distinct rotation (computed once a step, shared by every layer that rotates alike), None where a
+    layer does not rotate."""
+    tables, out = {}, []
+    for attn in attns:
+        if attn.rope is None:
+            out.append(None)
+            continue
+        key = repr(attn.rope)  # its numbers (scaling holds lists, so a Rope is not hashable)
+        if key not in tables:
+            freq, scale = attn.rope.frequencies(context)
+            tables[key] = op.rope_table(h, freq, offset, scale)
+        out.append(tables[key])
+    return out
+
+
+def layer_types(hf: dict, layers: int) -> tuple[str, ...]:
+    """config.json's layer_types, checked: one of LAYER_TYPES per layer (empty where absent)."""
+    types = value(hf, "layer_types", None)
+    if types is None:
+        return ()
+    if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
+        raise ValueError(f"layer_types must list {layers} of {' or '.join(LAYER_TYPES)}, got {str(types)[:80]}")
+    return tuple(types)
 
 
 class LlamaMLP(nn.Module):
@@ -104,8 +186,8 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
-        self.self_attn = LlamaAttention(cfg)
+    def __init__(self, cfg: LlamaConfig, layer: int):
+        self.self_attn = LlamaAttention(cfg, layer)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -118,7 +200,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -132,8 +214,8 @@ class LlamaForCausalLM(nn.Module):
         n = input_ids.shape[1]
         total = cache.begin(n)
         h = self.model.embed_tokens(input_ids)
-        rope = op.rope_table(h, self.model.layers[0].self_attn.inv_freq, total - n)
-        for i, layer in enumerate(self.model.layers):
+        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n, self.config.context_window)
+        for i, (layer, rope) in enumerate(zip(self.model.layers, ropes)):
             h = layer(h, cache, i, rope)
         if last_only:  # generation needs the last position's logits only: skip the head elsewhere
             h = op.strided_slice(h, n - 1, n, axis=1)

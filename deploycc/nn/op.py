@@ -45,6 +45,7 @@ def multiply(a, b): return call("multiply", a, b)
 def divide(a, b): return call("divide", a, b)
 def silu(x): return call("silu", x)
 def gelu_tanh(x): return call("gelu_tanh", x)
+def tanh(x): return call("tanh", x)
 def softmax(x, axis: int = -1): return call("softmax", x, axis=axis)
 def take(table, ids): return call("take", table, ids)
 def matmul(a, b): return call("matmul", a, b)
@@ -84,21 +85,24 @@ def rope(x, inv_freq: np.ndarray, offset) -> Tensor:
     return call("rope", x, const(np.asarray(inv_freq, np.float32), tracer), shape(offset))
 
 
-def rope_table(x, inv_freq: np.ndarray, offset) -> Tensor:
-    """[n, head_dim / 2, 2] for the n positions of x [..., n, hidden] from `offset` on: cos and sin of
-    (offset + p) * inv_freq, for rope_apply."""
+def rope_table(x, inv_freq: np.ndarray, offset, scale: float = 1.0) -> Tensor:
+    """[n, len(inv_freq), 2] for the n positions of x [..., n, hidden] from `offset` on: cos and sin of
+    (offset + p) * inv_freq, times `scale` (YaRN's and LongRoPE's attention factor), for rope_apply."""
     x = as_tensor(x)
-    return call("rope_table", const(np.asarray(inv_freq, np.float32), _tracer(x)), shape(offset, x.shape[-2]))
+    extra = {"scale": float(scale)} if scale != 1.0 else {}
+    return call("rope_table", const(np.asarray(inv_freq, np.float32), _tracer(x)), shape(offset, x.shape[-2]), **extra)
 
 
 def rope_apply(x, table) -> Tensor:
     return call("rope_apply", x, table)
 
 
-def attention(q, k, v, scale: float) -> Tensor:
-    return call("attention", q, k, v, scale=float(scale))
+def attention(q, k, v, scale: float, window: int = 0, softcap: float = 0.0) -> Tensor:
+    """Causal attention; `window` > 0 keeps the `window` most recent keys, `softcap` > 0 caps scores."""
+    extra = {**({"window": int(window)} if window else {}), **({"softcap": float(softcap)} if softcap else {})}
+    return call("attention", q, k, v, scale=float(scale), **extra)
 
 
-__all__ = ["Parameter", "add", "subtract", "multiply", "divide", "silu", "gelu_tanh", "softmax", "take", "matmul",
+__all__ = ["Parameter", "add", "subtract", "multiply", "divide", "silu", "gelu_tanh", "tanh", "softmax", "take", "matmul",
            "rms_norm", "layer_norm", "permute_dims", "linear", "reshape", "concat", "split", "strided_slice",
            "arange", "rope", "rope_table", "rope_apply", "attention", "shape", "call"]

@@ -4,7 +4,9 @@ The KV cache is a runtime object. `kv.begin(cache, shape([n]))` reserves n posit
 new total length, which the model binds with match_cast to the symbolic `total_len`; `kv.append`
 writes a layer's new keys and values into the reserved positions; `kv.keys` / `kv.values` return the
 layer's cache as `[total_len, kv_heads, head_dim]`. Attention itself is a pure op on tensors, so it
-legalizes like any other (query i sees keys j <= i + total_len - seq_len).
+legalizes like any other (query i sees keys j <= i + total_len - seq_len; with a sliding window of W,
+also j > i + total_len - seq_len - W, the W most recent positions, itself included, as in transformers'
+sliding-window mask). `softcap` c > 0 caps every score at c smoothly: c * tanh(s / c) (Gemma 2).
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ def _rope_legalize(call, module):
 register("rope", _rope_infer, lambda x, f, off: rope_reference(x, f, off), _rope_legalize)
 
 
-# rope_table(inv_freq, shape([offset, n])) -> [n, head_dim / 2, 2]: cos and sin of (offset + p) * inv_freq[i],
+# rope_table(inv_freq, shape([offset, n]), scale=1) -> [n, r / 2, 2]: cos and sin of (offset + p) * inv_freq[i]
+# (times `scale`, the attention factor of YaRN and LongRoPE), r the rotated dimensions (head_dim but for partial rotary),
 # computed once per step and shared by every layer's rope_apply (q and k of all heads), so the
 # transcendental functions run n * head_dim / 2 times a step instead of once per rotated element.
 
@@ -71,13 +74,17 @@ def _rope_table_infer(args, attrs):
     vals = shape_values(args[1], "rope_table")
     if len(f) != 1 or len(vals) != 2:
         raise OpError("rope_table: expects inv_freq [head_dim / 2] and shape([offset, n])")
+    scale = attrs.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise OpError(f"rope_table: scale must be a positive number, got {scale!r}")
     return A.Tensor((vals[1], f[0], sym.as_expr(2)), "float32")
 
 
-def rope_table_reference(inv_freq, vals):
+def rope_table_reference(inv_freq, vals, scale=1.0):
     off, n = int(vals[0]), int(vals[1])
     ang = np.outer(np.arange(off, off + n, dtype=np.float32), inv_freq).astype(np.float32)
-    return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+    table = np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+    return table if scale == 1.0 else (table * np.float32(scale)).astype(np.float32)
 
 
 def _rope_table_legalize(call, module):
@@ -88,32 +95,39 @@ def _rope_table_legalize(call, module):
     its = tir.iters("p i", T.shape[:2])
     pp, i = (tir.v(it) for it in its)
     ang = tir.cast("float32", tir.index(pp + off)) * F[i]
-    body = Seq((Block("rope_cos", its, Store(T, (pp, i, sym.as_expr(0)), tir.unary("cos", ang))),
-                Block("rope_sin", its, Store(T, (pp, i, sym.as_expr(1)), tir.unary("sin", ang)))))
-    return emit_tir(module, "rope_table", smap, (F,), (T,), body, call.args[:1], call.ann)
+    scale = float(call.attrs.get("scale", 1.0))
+    cos, sin = tir.unary("cos", ang), tir.unary("sin", ang)
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    body = Seq((Block("rope_cos", its, Store(T, (pp, i, sym.as_expr(0)), cos)),
+                Block("rope_sin", its, Store(T, (pp, i, sym.as_expr(1)), sin))))
+    attrs = {"scale": scale} if scale != 1.0 else None
+    return emit_tir(module, "rope_table", smap, (F,), (T,), body, call.args[:1], call.ann, attrs)
 
 
-register("rope_table", _rope_table_infer, lambda f, vals: rope_table_reference(f, vals), _rope_table_legalize)
+register("rope_table", _rope_table_infer, rope_table_reference, _rope_table_legalize)
 
 
 # rope_apply(x, table): the rotate-half rotary embedding of x [..., n, heads, head_dim] with the
-# cos/sin table of rope_table (row p for the p-th of the n positions).
+# cos/sin table of rope_table (row p for the p-th of the n positions); a table of r / 2 < head_dim / 2
+# frequencies rotates the first r dimensions and passes the rest (partial_rotary_factor, Phi-4).
 
 def _rope_apply_infer(args, attrs):
     x = known_shape(args[0], "rope_apply", "x")
     t = known_shape(args[1], "rope_apply", "table")
     if len(x) < 3 or len(t) != 3:
         raise OpError("rope_apply: x must be [..., seq, heads, head_dim] and table [seq, head_dim / 2, 2]")
-    if not same(t[0], x[-3]) or not same(t[1] * 2, x[-1]):
-        raise OpError(f"rope_apply: table must be [{sym.to_python(x[-3])}, {sym.to_python(x[-1] // 2)}, 2]")
+    if not same(t[0], x[-3]) or not (t[1].is_const and x[-1].is_const and 0 < 2 * t[1].value <= x[-1].value):
+        raise OpError(f"rope_apply: table must be [{sym.to_python(x[-3])}, r / 2, 2], r <= {sym.to_python(x[-1])} "
+                      f"the rotated dimensions")
     return args[0].ann
 
 
 def rope_apply_reference(x, table):
-    d = x.shape[-1]
+    r = 2 * table.shape[1]  # the rotated dimensions (partial rotary: the rest pass through)
     cos, sin = table[:, None, :, 0], table[:, None, :, 1]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+    x1, x2 = x[..., : r // 2], x[..., r // 2: r]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], axis=-1).astype(x.dtype)
 
 
 def _rope_apply_legalize(call, module):
@@ -132,6 +146,12 @@ def _rope_apply_legalize(call, module):
             blocks.append(Block("rope_lo", its, Store(Y, lo, X[lo] * c - X[hi] * s)))
         else:
             blocks.append(Block("rope_hi", its, Store(Y, hi, X[hi] * c + X[lo] * s)))
+    rest = X.shape[-1] - 2 * half
+    if not rest.is_const or rest.value:  # partial rotary: the dimensions past 2 * half pass through
+        its = tir.iters(" ".join(f"i{k}" for k in range(nd)), X.shape[:-1] + (rest,))
+        idx = tuple(tir.v(it) for it in its)
+        at = idx[:-1] + (idx[-1] + 2 * half,)
+        blocks.append(Block("rope_pass", its, Store(Y, at, X[at])))
     return emit_tir(module, "rope_apply", smap, (X, T), (Y,), Seq(tuple(blocks)), call.args[:2], call.ann)
 
 
@@ -150,16 +170,26 @@ def _attn_infer(args, attrs):
         raise OpError("attention: k and v must be [total_len, kv_heads, head_dim] matching q's head_dim")
     if q[1].is_const and k[1].is_const and q[1].value % k[1].value:
         raise OpError(f"attention: {q[1].value} query heads are not a multiple of {k[1].value} kv heads")
+    window, cap = attrs.get("window", 0), attrs.get("softcap", 0.0)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise OpError(f"attention: window must be a non-negative integer (0: none), got {window!r}")
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 0:
+        raise OpError(f"attention: softcap must be a non-negative number (0: none), got {cap!r}")
     return A.Tensor(q, args[0].ann.dtype)
 
 
-def attention_reference(q, k, v, scale):
+def attention_reference(q, k, v, scale, window=0, softcap=0.0):
     n, h, d = q.shape
     t, kvh, _ = k.shape
     g = h // kvh
     kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)  # [t, h, d]
     s = np.einsum("nhd,thd->hnt", q, kk).astype(np.float32) * np.float32(scale)
-    mask = np.arange(t)[None, :] <= np.arange(n)[:, None] + (t - n)
+    if softcap:
+        s = (np.tanh(s / np.float32(softcap)) * np.float32(softcap)).astype(np.float32)
+    last = np.arange(n)[:, None] + (t - n)  # the position of query i
+    mask = np.arange(t)[None, :] <= last
+    if window:
+        mask &= np.arange(t)[None, :] > last - window
     s = np.where(mask[None], s, -np.inf)
     s = s - s.max(-1, keepdims=True)
     p = np.exp(s)
@@ -175,6 +205,7 @@ def _attn_legalize(call, module):
     t, kvh, _ = K.shape
     group = h // kvh
     scale = float(call.attrs["scale"])
+    window, cap = window_and_cap(call.attrs)
     S = Buffer("scores", (h, n, t), "float32", "local")
     M = Buffer("row_max", (h, n), "float32", "local")
     L = Buffer("row_sum", (h, n), "float32", "local")
@@ -184,24 +215,38 @@ def _attn_legalize(call, module):
     scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * K[j, hh // group, k]),
                    init=Store(S, (hh, i, j), tir.const(0.0)))
 
-    def visible(i_, j_):
-        return tir.index(j_).cmp("le", tir.index(i_ + t - n))
+    def masked(i_, j_, value, hidden):
+        """value where query i_ sees key j_, else hidden."""
+        out = tir.select(tir.index(j_).cmp("le", tir.index(i_ + t - n)), value, hidden)
+        if window:
+            out = tir.select(tir.index(j_).cmp("gt", tir.index(i_ + t - n - window)), out, hidden)
+        return out
+
+    def score(hh_, i_, j_):
+        s = S[hh_, i_, j_] * scale
+        return tir.unary("tanh", s / cap) * cap if cap else s
 
     its = tir.iters("h i j", (h, n, t), "SSR")
     hh, i, j = (tir.v(x) for x in its)
-    mx = Block("max", its, Store(M, (hh, i), tir.vmax(M[hh, i], tir.select(visible(i, j), S[hh, i, j] * scale, -np.inf))),
+    mx = Block("max", its, Store(M, (hh, i), tir.vmax(M[hh, i], masked(i, j, score(hh, i, j), -np.inf))),
                init=Store(M, (hh, i), tir.const(-np.inf)))
     its = tir.iters("h i j", (h, n, t), "SSR")
     hh, i, j = (tir.v(x) for x in its)
-    p = tir.select(visible(i, j), tir.unary("exp", S[hh, i, j] * scale - M[hh, i]), 0.0)
+    p = masked(i, j, tir.unary("exp", score(hh, i, j) - M[hh, i]), 0.0)
     sm = Block("sum_exp", its, Store(L, (hh, i), L[hh, i] + p), init=Store(L, (hh, i), tir.const(0.0)))
     its = tir.iters("i h c j", (n, h, d, t), "SSSR")
     i, hh, c, j = (tir.v(x) for x in its)
-    p = tir.select(visible(i, j), tir.unary("exp", S[hh, i, j] * scale - M[hh, i]) / L[hh, i], 0.0)
+    p = masked(i, j, tir.unary("exp", score(hh, i, j) - M[hh, i]) / L[hh, i], 0.0)
     out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * Vb[j, hh // group, c]),
                 init=Store(O, (i, hh, c), tir.const(0.0)))
     body = Alloc(S, Alloc(M, Alloc(L, Seq((scores, mx, sm, out)))))
-    return emit_tir(module, "attention", smap, (Q, K, Vb), (O,), body, call.args, call.ann, {"scale": scale})
+    attrs = {"scale": scale, **({"window": window} if window else {}), **({"softcap": cap} if cap else {})}
+    return emit_tir(module, "attention", smap, (Q, K, Vb), (O,), body, call.args, call.ann, attrs)
+
+
+def window_and_cap(attrs) -> tuple[int, float]:
+    """(sliding window, score cap) of an attention call or program; 0 for none."""
+    return int(attrs.get("window", 0)), float(attrs.get("softcap", 0.0))
 
 
 register("attention", _attn_infer, attention_reference, _attn_legalize)

@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import DeployError
+from ..hub import transformed
 from ..ir import tir
 from .base import QuantizedEmbedding, QuantizedLinear, Scheme
 from .group import InterleavedScheme, pack_codes
@@ -335,7 +336,7 @@ class GGUFModel:
                     yield f"{prefix}.{suffix}", arr
             else:
                 arr = self.base.weights.read(hf)
-                yield name, arr.T if transform == "transpose" else arr
+                yield name, transformed(arr, transform)
 
 
 def keep_blocks(model, groups: bool = False, interleave: bool = False) -> GGUFModel:

@@ -6,12 +6,15 @@ maximum, the running sum and the output row in registers (the flash-attention re
 memory is O(head_dim) per thread for any total_len. Grouped-query heads read kv head h // group.
 The score is a "lanes" reduction (vector code on OpenCL), and each key costs one exp: a key above
 the running maximum rescales the sums by exp(m - s) and weighs 1, any other weighs exp(s - m).
+A sliding window W starts the loop at the first key the query sees, max(0, i + total_len - seq_len + 1 - W),
+so keys outside it cost nothing; a score cap c replaces a score s by c * tanh(s / c).
 """
 from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from ..op.attention import window_and_cap
 from .lowering import reduce_lanes, thread_grid
 
 NEG = -1e30  # a finite -infinity: exp(NEG - s) == 0, and fast-math builds may assume no infinities
@@ -29,6 +32,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return _blocked(prog, target)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
+    window, cap = window_and_cap(prog.attrs)
 
     lanes = reduce_lanes(target)
 
@@ -39,7 +43,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         m, l, s, corr, pr = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "s", "corr", "p"))
         acc = Buffer("acc", (d,), "float32", "local")
         j, c, c1, c2, c3 = (sym.SymVar(x) for x in ("j", "c", "c", "c", "c"))
-        J = sym.as_expr(j)
+        limit, first = visible_keys(i, t, n, window)
+        J = sym.as_expr(j) + first
         if d.value % lanes == 0:  # the score as a lanes loop: vector code where the target renders it
             ko = sym.SymVar("ko")
             score: Stmt = For(ko, sym.as_expr(d.value // lanes), Seq(tuple(
@@ -70,13 +75,13 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         step = Seq((
             Store(s, z, tir.const(0.0)),
             score,
-            Store(s, z, s[0] * scale),
+            Store(s, z, capped(s[0] * scale, cap)),
             IfThenElse(s[0].cmp("gt", m[0]), new_max, weighed),
         ))
         body = Seq((
             Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
             over_d(c2, lambda e: Store(acc, (e,), tir.const(0.0))),
-            For(j, i + t - n + 1, step),  # the keys this query may see (causal, after the cached ones)
+            For(j, limit - first, step),  # the keys this query may see (causal, after the cached ones)
             over_d(c3, lambda e: Store(O, (i, hh, e), acc[e] / l[0])),
         ))
         for buf in (m, l, s, corr, pr, acc):
@@ -84,6 +89,16 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return body
 
     return _kernel(prog, target, h * n, body_of)
+
+
+def visible_keys(i, t, n, window: int) -> tuple[sym.Expr, sym.Expr]:
+    """(end, start) of the keys query i of n sees over a cache of t: causal, and the last `window` (0: all)."""
+    limit = i + t - n + 1
+    return limit, (sym.smax(0, limit - window) if window else sym.as_expr(0))
+
+
+def capped(score: tir.V, cap: float) -> tir.V:
+    return tir.unary("tanh", score * (1.0 / cap)) * cap if cap else score
 
 
 BLOCK = 16  # keys per block on the cpu: one 512-bit register of scores
@@ -102,6 +117,7 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
     t, kvh, _ = K.shape
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
+    window, cap = window_and_cap(prog.attrs)
     B = sym.as_expr(BLOCK)
 
     def body_of(r):
@@ -111,8 +127,8 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
         m, l, dot, corr, bm = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "dot", "corr", "bm"))
         s, p = Buffer("s", (B,), "float32", "local"), Buffer("p", (B,), "float32", "local")
         acc = Buffer("acc", (d,), "float32", "local")
-        limit = i + t - n + 1  # keys this query may see (causal, after the cached ones)
-        full = sym.floordiv(limit, BLOCK)
+        limit, first = visible_keys(i, t, n, window)
+        full = sym.floordiv(limit - first, BLOCK)
 
         def over(name, extent, f) -> Stmt:
             v = sym.SymVar(name)
@@ -123,7 +139,7 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
             score = lambda jj: Seq((
                 Store(dot, z, tir.const(0.0)),
                 over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * K[base + jj, kv, c])),
-                Store(s, (jj,), dot[0] * scale),
+                Store(s, (jj,), capped(dot[0] * scale, cap)),
             ))
             weigh = lambda jj: Seq((
                 Store(l, z, l[0] + p[jj]),
@@ -142,11 +158,11 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
             ))
 
         jb = sym.SymVar("jb")
-        tail = full * BLOCK
+        tail = first + full * BLOCK
         body = Seq((
             Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
             over("c", d, lambda c: Store(acc, (c,), tir.const(0.0))),
-            For(jb, full, block(sym.as_expr(jb) * BLOCK, B)),
+            For(jb, full, block(first + sym.as_expr(jb) * BLOCK, B)),
             IfThenElse(tir.index(tail).cmp("lt", tir.index(limit)), Seq((
                 over("jj", B, lambda jj: Store(s, (jj,), tir.const(NEG))),
                 block(tail, limit - tail),

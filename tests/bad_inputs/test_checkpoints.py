@@ -148,7 +148,40 @@ def max_position_embeddings_zero(tmp):
 
 
 def unknown_rope_scaling(tmp):
-    return compile_args(llama(tmp, rope_scaling={"rope_type": "yarn", "factor": 4.0})), ["unsupported rope_scaling type 'yarn'"]
+    return compile_args(llama(tmp, rope_scaling={"rope_type": "dynamic", "factor": 4.0})), [
+        "unsupported rope_scaling type 'dynamic'"]
+
+
+def yarn_without_factor(tmp):
+    return compile_args(llama(tmp, rope_scaling={"rope_type": "yarn"})), ["rope_scaling of type yarn lacks 'factor'"]
+
+
+def longrope_factors_too_few(tmp):
+    scaling = {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}
+    return compile_args(edit_config(copy_tiny(tmp, "phi3-longrope-partial-window"), rope_scaling=scaling,
+                                    drop=("rope_parameters",))), [
+        "rope_scaling.short_factor has 1 numbers; the 4 rotated dimensions need 2"]
+
+
+def layer_types_wrong_length(tmp):
+    return compile_args(edit_config(copy_tiny(tmp, "gemma2-gqa2-softcap"), layer_types=["full_attention"])), [
+        "layer_types must list 3 of full_attention or sliding_attention"]
+
+
+def sliding_window_zero(tmp):
+    return compile_args(edit_config(copy_tiny(tmp, "mistral-gqa4-window"), sliding_window=0)), [
+        "sliding_window is 0; it must be between 1 and"]
+
+
+def no_rope_layers_not_flags(tmp):
+    return compile_args(edit_config(copy_tiny(tmp, "smollm3-nope-yarn"), no_rope_layers=[1, 1, 2, 0])), [
+        "no_rope_layers must list 4 values of 1 (rotary) or 0 (none)"]
+
+
+def partial_rotary_odd(tmp):
+    return compile_args(edit_config(copy_tiny(tmp, "phi3-longrope-partial-window"), partial_rotary_factor=0.375,
+                                    rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})), [
+        "partial_rotary_factor 0.375 rotates 3 of head_dim 8"]
 
 
 def tie_word_embeddings_string(tmp):
@@ -331,7 +364,9 @@ CASES = {f.__name__: f for f in [
     config_list, config_null, config_string, config_list_inspect, layers_float_1e9, layers_int_1e9, layers_negative,
     layers_zero, layers_string, layers_fraction, layers_fewer_than_tensors, gpt2_layers_more_than_tensors,
     hidden_size_mismatch, vocab_size_mismatch, heads_do_not_divide_hidden, heads_not_multiple_of_kv_heads,
-    heads_times_head_dim_mismatch, max_position_embeddings_zero, unknown_rope_scaling, tie_word_embeddings_string,
+    heads_times_head_dim_mismatch, max_position_embeddings_zero, unknown_rope_scaling, yarn_without_factor,
+    longrope_factors_too_few, layer_types_wrong_length, sliding_window_zero, no_rope_layers_not_flags,
+    partial_rotary_odd, tie_word_embeddings_string,
     architectures_not_a_list, header_longer_than_file, absurd_offsets, negative_offsets, duplicate_tensor_names,
     duplicate_tensor_across_shards, unknown_dtype, index_names_a_path_outside, gguf_block_count_2_31,
     gguf_block_count_beyond_tensors,

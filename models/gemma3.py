@@ -1,0 +1,37 @@
+"""Gemma 3 (text; Gemma3ForCausalLM, model_type gemma3_text): Gemma 2's layers with an RMSNorm over each
+head of q and k, `sliding_window_pattern - 1` local layers to each global one, and a rotation of their own
+for the local layers (rope_local_base_freq, unscaled) beside the global layers' (rope_theta with
+rope_scaling). The layers are models/gemma.py's."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._config import count, positive, value
+from ._rope import Rope, check_scaling, rope_of
+from .gemma import LAYERS, GemmaConfig, GemmaForCausalLM, shape_facts, weight_map  # noqa: F401
+
+
+@dataclass
+class Gemma3Config(GemmaConfig):
+    @classmethod
+    def from_hf(cls, hf: dict, **overrides) -> Gemma3Config:
+        params = hf.get("rope_parameters")
+        nested = isinstance(params, dict) and isinstance(params.get("full_attention"), dict)
+        if nested:  # transformers 5: one rope_parameters per layer type
+            hf = dict(hf, rope_parameters=params["full_attention"])
+        cfg = super().from_hf(hf, **overrides)
+        cfg.qk_norm = True
+        # five local layers, then a global one, where config.json has no layer_types
+        cfg.global_every = count(hf, "sliding_window_pattern", value(hf, "_sliding_window_pattern", 6))
+        positions = cfg.max_position_embeddings
+        if nested and isinstance(params.get("sliding_attention"), dict):
+            cfg.local_rope = rope_of(dict(hf, rope_parameters=params["sliding_attention"]), cfg.head_dim, positions)
+        else:  # transformers 4: rope_local_base_freq, unscaled
+            theta = positive(hf, "rope_local_base_freq", 10000.0)
+            cfg.local_rope = Rope(theta, check_scaling({}, hf), cfg.rope.dim, positions)
+        return cfg
+
+
+
+Config = Gemma3Config
+Model = GemmaForCausalLM
