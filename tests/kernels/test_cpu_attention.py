@@ -4,7 +4,7 @@ vectorisable exp (dcc_expf in targets/c.py), compiled with the machine's C compi
 Attention: against attention_reference (numpy, float32) at 2e-6 absolute on outputs of size ~1, for
 query counts and key counts that give only a partial block, exact multiples of the block (no tail),
 full blocks plus a tail, grouped-query ratios 1, 3 and 4, and scores large enough that the running
-maximum moves between blocks. exp: within 2 float32 ulp (2.4e-7 relative) of float64 exp over
+maximum moves between blocks; with a sliding window and a score cap on every backend. exp: within 2 float32 ulp (2.4e-7 relative) of float64 exp over
 [-87, 88], exactly 0 below -87 (softmax's masked scores are -1e30).
 """
 from __future__ import annotations
@@ -20,13 +20,13 @@ from deploycc.op.attention import attention_reference
 from deploycc.schedule import attention, schedule_program
 
 
-def attention_program(n: int, h: int, kvh: int, d: int, scale: float) -> tir.TensorProgram:
+def attention_program(n: int, h: int, kvh: int, d: int, scale: float, **attrs) -> tir.TensorProgram:
     t = sym.var("total_len")
     Q = tir.Buffer("q", (sym.as_expr(n), sym.as_expr(h), sym.as_expr(d)))
     K = tir.Buffer("k", (t, sym.as_expr(kvh), sym.as_expr(d)))
     V = tir.Buffer("v", (t, sym.as_expr(kvh), sym.as_expr(d)))
     O = tir.Buffer("o", (sym.as_expr(n), sym.as_expr(h), sym.as_expr(d)))
-    return tir.TensorProgram("attention", (Q, K, V, O), None, (), 1, {"op": "attention", "scale": scale})
+    return tir.TensorProgram("attention", (Q, K, V, O), None, (), 1, {"op": "attention", "scale": scale, **attrs})
 
 
 @pytest.mark.parametrize("n,total,h,kvh", [
@@ -54,6 +54,40 @@ def test_blocked_attention_matches_reference(n, total, h, kvh):
     KernelRunner(device, target)(prog, [q, k, v, out], [total])
     want = attention_reference(q, k, v, scale)
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-6)
+
+
+PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "webgpu": "cpu-webgpu"}
+
+
+@pytest.mark.parametrize("backend", sorted(PRESETS))
+@pytest.mark.parametrize("n,total,h,kvh,window,cap", [
+    (1, 40, 4, 2, 5, 0.0),      # decode: a window inside the last block
+    (1, 75, 8, 2, 16, 0.0),     # decode: a window of exactly one block, starting mid-block
+    (7, 40, 6, 3, 20, 2.0),     # prefill after 33 cached: a window of a block and a tail, scores capped at 2
+    (33, 33, 2, 2, 6, 50.0),    # prefill: the first queries see fewer keys than the window
+    (3, 3, 4, 4, 8, 1.0),       # a window longer than the cache: causal alone
+])
+def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap):
+    """The sliding window (keys j with i + total - n - window < j <= i + total - n) and the score cap
+    (cap * tanh(s / cap)) in both schedule forms: the cpu's blocked loop starts at the window's first key; the
+    OpenCL and WGSL loop likewise. Against attention_reference at 2e-6 (OpenCL/WGSL: 1e-5, their native exp)."""
+    if backend == "cpu":
+        require_cc()
+    device = require_device(backend)
+    target = presets.load(PRESETS[backend]).target
+    d, scale = 32, 0.125
+    attrs = {"window": window, **({"softcap": cap} if cap else {})}
+    prog = schedule_program(attention_program(n, h, kvh, d, scale, **attrs), target)
+    assert prog.attrs["schedule"].rule == "attention"
+    rng = np.random.default_rng(n * 1000 + total)
+    q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
+    k = rng.standard_normal((total, kvh, d)).astype(np.float32)
+    v = rng.standard_normal((total, kvh, d)).astype(np.float32)
+    out = np.zeros((n, h, d), np.float32)
+    KernelRunner(device, target)(prog, [q, k, v, out], [total])
+    want = attention_reference(q, k, v, scale, window=window, softcap=cap)
+    assert np.abs(want - attention_reference(q, k, v, scale)).max() > 1e-2 or window >= total  # the window matters
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 if backend == "cpu" else 1e-5)
 
 
 def test_cpu_exp_is_accurate_and_vectorisable():
