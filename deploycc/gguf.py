@@ -23,6 +23,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .errors import DeployError
@@ -42,12 +44,35 @@ PRE_TOKENIZERS = {
 
 TOKENIZER_FORMAT = b"deploycc-gguf-tokenizer-1\n"
 
-# GGUF tensor names (per block N) -> Hugging Face Llama names.
-_LLAMA_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
+# GGUF tensor names (per block N) -> Hugging Face names, per llama.cpp architecture (gguf's
+# constants.TENSOR_NAMES, as convert_hf_to_gguf.py writes them).
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
 _LLAMA_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_GEMMA_BLOCK = {**_LLAMA_BLOCK, **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
+                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_PHI3_BLOCK = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
+               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What a llama.cpp architecture name stands for here."""
+    hf: str  # the Hugging Face architecture
+    model_type: str
+    block: dict  # GGUF block tensor -> HF module
+    permuted: bool = False  # convert_hf_to_gguf permuted the Q/K rows (Llama only)
+
+
+ARCHS = {"llama": Arch("LlamaForCausalLM", "llama", _LLAMA_BLOCK, permuted=True),
+         "qwen2": Arch("Qwen2ForCausalLM", "qwen2", _LLAMA_BLOCK),
+         "qwen3": Arch("Qwen3ForCausalLM", "qwen3", {**_LLAMA_BLOCK, **_QK_NORM}),
+         "gemma2": Arch("Gemma2ForCausalLM", "gemma2", _GEMMA_BLOCK),
+         "gemma3": Arch("Gemma3ForCausalLM", "gemma3_text", _GEMMA_BLOCK),
+         "phi3": Arch("Phi3ForCausalLM", "phi3", _PHI3_BLOCK)}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -143,13 +168,14 @@ def _permute_back(w: np.ndarray, n_head: int) -> np.ndarray:
 class GGUFWeights:
     """The Weights interface (names, shape, read) over a GGUF file, under Hugging Face names."""
 
-    def __init__(self, path: Path, reader, n_head: int, n_head_kv: int):
+    def __init__(self, path: Path, reader, n_head: int, n_head_kv: int, arch: Arch = ARCHS["llama"]):
         self.path = path
         self.reader = reader
         self.n_head, self.n_head_kv = n_head, n_head_kv
+        self.permuted = arch.permuted
         self.tensors = {}
         for t in reader.tensors:
-            hf = _hf_name(t.name)
+            hf = _hf_name(t.name, arch)
             if hf is not None:
                 self.tensors[hf] = t
 
@@ -166,6 +192,8 @@ class GGUFWeights:
         return self.tensors[name].tensor_type.name
 
     def _heads(self, name: str) -> int | None:
+        if not self.permuted:
+            return None
         if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
             return self.n_head
         if name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
@@ -205,42 +233,59 @@ class GGUFWeights:
         return _permute_back(arr, heads) if heads else arr
 
 
-def _hf_name(name: str) -> str | None:
-    if name in _LLAMA_GLOBAL:
-        return _LLAMA_GLOBAL[name]
+def _hf_name(name: str, arch: Arch) -> str | None:
+    if name in _GLOBAL:
+        return _GLOBAL[name]
     m = _BLOCK.match(name)
-    if m and m.group(2) in _LLAMA_BLOCK:
-        return f"model.layers.{m.group(1)}.{_LLAMA_BLOCK[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in arch.block:
+        return f"model.layers.{m.group(1)}.{arch.block[m.group(2)]}.{m.group(3)}"
     return None
 
 
-# Config keys -> the GGUF metadata they come from (for messages about a file's metadata).
-GGUF_KEYS = {"num_hidden_layers": "llama.block_count", "hidden_size": "llama.embedding_length",
-             "intermediate_size": "llama.feed_forward_length", "num_attention_heads": "llama.attention.head_count",
-             "num_key_value_heads": "llama.attention.head_count_kv", "head_dim": "llama.attention.key_length",
-             "vocab_size": "the vocabulary size (tokenizer.ggml.tokens)", "max_position_embeddings": "llama.context_length",
-             "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon", "rope_theta": "llama.rope.freq_base",
-             "rope_scaling.factor": "llama.rope.scaling.factor"}
+# Config keys -> the GGUF metadata they come from (for messages about a file's metadata), "{arch}" for the
+# file's architecture.
+GGUF_KEYS = {"num_hidden_layers": "{arch}.block_count", "hidden_size": "{arch}.embedding_length",
+             "intermediate_size": "{arch}.feed_forward_length", "num_attention_heads": "{arch}.attention.head_count",
+             "num_key_value_heads": "{arch}.attention.head_count_kv", "head_dim": "{arch}.attention.key_length",
+             "vocab_size": "the vocabulary size (tokenizer.ggml.tokens)", "max_position_embeddings": "{arch}.context_length",
+             "rms_norm_eps": "{arch}.attention.layer_norm_rms_epsilon", "rope_theta": "{arch}.rope.freq_base",
+             "rope_scaling.factor": "{arch}.rope.scaling.factor", "sliding_window": "{arch}.attention.sliding_window",
+             "partial_rotary_factor": "{arch}.rope.dimension_count / {arch}.attention.key_length"}
 
 
-def gguf_names(message: str) -> str:
+def gguf_keys(arch: str) -> dict[str, str]:
+    return {k: v.replace("{arch}", arch) for k, v in GGUF_KEYS.items()}
+
+
+def gguf_names(message: str, arch: str = "llama") -> str:
     """A config-level message in the GGUF file's own key names."""
-    return re.sub(r"\b(" + "|".join(map(re.escape, sorted(GGUF_KEYS, key=len, reverse=True))) + r")\b",
-                  lambda m: GGUF_KEYS[m.group(1)], message)
+    keys = gguf_keys(arch)
+    return re.sub(r"\b(" + "|".join(map(re.escape, sorted(keys, key=len, reverse=True))) + r")\b",
+                  lambda m: keys[m.group(1)], message)
+
+
+def _arch(path: Path, reader) -> tuple[str, Arch]:
+    name = _str(reader, "general.architecture")
+    if name not in ARCHS:
+        raise DeployError(f"{path}: GGUF architecture {name!r} is not supported; supported: {', '.join(ARCHS)}")
+    return name, ARCHS[name]
 
 
 def hf_config(path: Path, reader) -> dict:
     """The metadata as a Hugging Face config dict. Only types are checked here (a count must be an
-    integer, ...); sizes and ranges are the architecture's from_hf's business, as for config.json."""
-    arch = _str(reader, "general.architecture")
-    if arch != "llama":
-        raise DeployError(f"{path}: GGUF architecture {arch!r} is not supported; supported: llama")
+    integer, ...); sizes and ranges are the architecture's from_hf's business, as for config.json.
+    What llama.cpp does not store is what its own loader assumes (Gemma's attention scale and local
+    rotary base, Gemma 3's five local layers to one global)."""
+    name, arch = _arch(path, reader)
 
     def need(key, read=_int):
-        v = read(reader, f"llama.{key}")
+        v = read(reader, f"{name}.{key}")
         if v is None:
-            raise DeployError(f"{path}: GGUF metadata lacks llama.{key}")
+            raise DeployError(f"{path}: GGUF metadata lacks {name}.{key}")
         return v
+
+    def opt(key, read=_int, default=None):
+        return read(reader, f"{name}.{key}", default)
 
     tokens = _typed(reader, "tokenizer.ggml.tokens", {8}, "strings", array=True)
     hidden, heads = need("embedding_length"), need("attention.head_count")
@@ -248,30 +293,80 @@ def hf_config(path: Path, reader) -> dict:
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise DeployError(f"{path}: GGUF rope_freqs (Llama 3.1 rope scaling) is not supported yet")
-    head_dim = _int(reader, "llama.attention.key_length") or _int(reader, "llama.rope.dimension_count")
+    head_dim = opt("attention.key_length") or (opt("rope.dimension_count") if name == "llama" else None)
     cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": [arch.hf], "model_type": arch.model_type,
         "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": need("feed_forward_length"),
         "num_hidden_layers": need("block_count"), "num_attention_heads": heads,
-        "num_key_value_heads": _int(reader, "llama.attention.head_count_kv", heads),
+        "num_key_value_heads": opt("attention.head_count_kv", default=heads),
         "head_dim": head_dim or None,
-        "rms_norm_eps": _float(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5),
-        "rope_theta": _float(reader, "llama.rope.freq_base", 10000.0),
-        "max_position_embeddings": _int(reader, "llama.context_length", 2048),
+        "rms_norm_eps": opt("attention.layer_norm_rms_epsilon", _float, 1e-5 if name in ("llama", "phi3") else 1e-6),
+        "rope_theta": opt("rope.freq_base", _float, 10000.0),
+        "max_position_embeddings": opt("context_length", default=2048),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
     }
-    scaling = _str(reader, "llama.rope.scaling.type")
-    if scaling not in (None, "none"):
+    scaling = opt("rope.scaling.type", _str)
+    if scaling not in (None, "none") and name != "phi3":
         if scaling != "linear":
             raise DeployError(f"{path}: GGUF rope scaling {scaling!r} is not supported yet")
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": _float(reader, "llama.rope.scaling.factor")}
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": opt("rope.scaling.factor", _float)}
+    window = opt("attention.sliding_window")
+    if window:
+        cfg["sliding_window"] = window
+    if name.startswith("gemma"):
+        _gemma_config(cfg, name, opt)
+    if name == "phi3":
+        _phi3_config(path, reader, cfg, opt, names)
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                     ("padding_token_id", "pad_token_id")):
         v = _int(reader, f"tokenizer.ggml.{key}")
         if v is not None:
             cfg[hf] = v
     return cfg
+
+
+def _gemma_config(cfg: dict, name: str, opt) -> None:
+    # llama.cpp's Gemma scales attention by key_length ** -0.5 but for the 27B models (46 layers of Gemma 2,
+    # 62 of Gemma 3), whose query_pre_attn_scalar is hidden_size / heads; their norms hold 1 + w already.
+    big = cfg["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[name]
+    head_dim = cfg["head_dim"] or cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg.update(query_pre_attn_scalar=cfg["hidden_size"] // cfg["num_attention_heads"] if big else head_dim,
+               hidden_activation="gelu_pytorch_tanh", _norms_include_one=True,
+               attn_logit_softcapping=opt("attn_logit_softcapping", _float),
+               final_logit_softcapping=opt("final_logit_softcapping", _float))
+    pattern = opt("attention.sliding_window_pattern")
+    if name == "gemma3":
+        cfg["sliding_window_pattern"] = pattern or 6
+        cfg["rope_local_base_freq"] = opt("rope.freq_base_swa", _float, 10000.0)
+    elif pattern:
+        cfg["layer_types"] = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                              for i in range(cfg["num_hidden_layers"])]
+
+
+def _phi3_config(path: Path, reader, cfg: dict, opt, names: set) -> None:
+    """LongRoPE's factors are tensors (rope_factors_short/long.weight); the rotated part of each head is
+    rope.dimension_count."""
+    head_dim = cfg["head_dim"] or cfg["hidden_size"] // cfg["num_attention_heads"]
+    dims = opt("rope.dimension_count")
+    if dims and dims != head_dim:
+        cfg["partial_rotary_factor"] = dims / head_dim
+    if "rope_factors_short.weight" in names or "rope_factors_long.weight" in names:
+        factors = {}
+        for which in ("short", "long"):
+            t = next((t for t in reader.tensors if t.name == f"rope_factors_{which}.weight"), None)
+            if t is None:
+                raise DeployError(f"{path}: GGUF has rope_factors_{'long' if which == 'short' else 'short'}.weight "
+                                  f"but not rope_factors_{which}.weight; re-convert the model")
+            factors[f"{which}_factor"] = [float(x) for x in np.asarray(t.data, np.float32).reshape(-1)]
+        orig = opt("rope.scaling.original_context_length")
+        if orig is None:
+            raise DeployError(f"{path}: GGUF metadata lacks phi3.rope.scaling.original_context_length, which "
+                              f"LongRoPE needs; re-convert the model")
+        cfg["rope_scaling"] = {"rope_type": "longrope", **factors, "original_max_position_embeddings": orig}
+        attn = opt("rope.scaling.attn_factor", _float)
+        if attn is not None:
+            cfg["rope_scaling"]["attention_factor"] = attn
 
 
 # ---- the tokenizer --------------------------------------------------------------------------
@@ -371,7 +466,7 @@ def tokenizer_files(path: Path, reader) -> dict[str, str]:
                                 "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
                                          {"Sequence": {"id": "B", "type_id": 1}}],
                                 "special_tokens": {bos: {"id": bos, "ids": [int(ids["bos_token"])], "tokens": [bos]}}}
-    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": _int(reader, "llama.context_length", 2048),
+    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": _int(reader, f"{_str(reader, 'general.architecture')}.context_length", 2048),
           "clean_up_tokenization_spaces": False}
     for k, v in ids.items():
         if v is not None and 0 <= int(v) < len(tokens):
@@ -432,16 +527,17 @@ def load_gguf(path: Path, source: str = "", **overrides):
     path = Path(path)
     reader = _reader(path)
     hf = hf_config(path, reader)
+    name, gguf_arch = _arch(path, reader)
     arch = lookup(hf)
     try:
         config = arch.Config.from_hf(hf, **overrides)
     except KeyError as e:
-        raise DeployError(f"{path}: GGUF metadata lacks {gguf_names(str(e.args[0]))}; re-convert the model") from None
+        raise DeployError(f"{path}: GGUF metadata lacks {gguf_names(str(e.args[0]), name)}; re-convert the model") from None
     except ValueError as e:
-        raise DeployError(f"{path}: {gguf_names(str(e))}; the GGUF metadata is wrong, re-convert the model") from None
-    weights = GGUFWeights(path, reader, config.num_attention_heads, config.num_key_value_heads)
+        raise DeployError(f"{path}: {gguf_names(str(e), name)}; the GGUF metadata is wrong, re-convert the model") from None
+    weights = GGUFWeights(path, reader, config.num_attention_heads, config.num_key_value_heads, gguf_arch)
     check_config(str(path), arch, config, weights, "the GGUF metadata and tensors disagree; re-convert the model",
-                 GGUF_KEYS)
+                 gguf_keys(name))
     model = LoadedModel(path, hf, arch, config, weights, source or str(path))
     model.check()  # every tensor present with its shape, before the tokenizer is built
     model.path = tokenizer_dir(path, reader)  # the package writer copies tokenizer files from here
