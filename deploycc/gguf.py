@@ -21,9 +21,8 @@ import os
 import re
 import shutil
 import tempfile
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -466,7 +465,8 @@ def tokenizer_files(path: Path, reader) -> dict[str, str]:
                                 "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
                                          {"Sequence": {"id": "B", "type_id": 1}}],
                                 "special_tokens": {bos: {"id": bos, "ids": [int(ids["bos_token"])], "tokens": [bos]}}}
-    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": _int(reader, f"{_str(reader, 'general.architecture')}.context_length", 2048),
+    arch = _str(reader, "general.architecture")
+    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": _int(reader, f"{arch}.context_length", 2048),
           "clean_up_tokenization_spaces": False}
     for k, v in ids.items():
         if v is not None and 0 <= int(v) < len(tokens):

@@ -172,7 +172,8 @@ def test_gguf_gemma2_compiles_for_cpu(tmp_path):
     _, path = make("gemma2", tmp_path)
     out = tmp_path / "pkg"
     r = subprocess.run([sys.executable, "-m", "deploycc", "compile", str(path), "--device", "cpu", "-o", str(out),
-                        "--override", "context_window=64", "--override", "prefill_chunk=16"], capture_output=True, text=True, timeout=600)
+                        "--override", "context_window=64", "--override", "prefill_chunk=16"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run([sys.executable, "-m", "deploycc", "verify", str(out), "--steps", "4", "--json"],
                        capture_output=True, text=True, timeout=600)
