@@ -5,8 +5,8 @@ Attention: against attention_reference (numpy, float32) at 2e-6 absolute on outp
 query counts and key counts that give only a partial block, exact multiples of the block (no tail),
 full blocks plus a tail, grouped-query ratios 1, 3 and 4, and scores large enough that the running
 maximum moves between blocks; with a sliding window and a score cap on every backend. exp: within
-2 float32 ulp (2.4e-7 relative) of float64 exp over
-[-87, 88], exactly 0 below -87 (softmax's masked scores are -1e30).
+2 float32 ulp (2.4e-7 relative) of float64 exp over [-87, 88], exactly 0 below -87 (softmax's masked
+scores are -1e30).
 """
 from __future__ import annotations
 
