@@ -161,7 +161,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     step = progress or (lambda *a, **k: None)
 
     step("export")
-    exported = export(model, ctx)
+    exported = export(model, ctx, chunk)  # sliding-window layers keep rings sized for chunk-token steps
     step("compile")
     lowered, plans = lower_to_vm(exported, preset.target, chunk)
 
@@ -195,7 +195,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             "target": preset.target.to_dict(),
             "bounds": {"context_window": ctx, "prefill_chunk": chunk},
             "kv_cache": {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads,
-                         "head_dim": cfg.head_dim, "dtype": "float32"},
+                         "head_dim": cfg.head_dim, "dtype": "float32",
+                         **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {})},
             "vocab_size": cfg.vocab_size,
             "storages": lowered.storages,
             "memory": _memory_summary(plans, lowered, params_index, cfg, ctx),
@@ -303,9 +304,14 @@ def _write_params(tmp: Path, model, constants: dict, progress, merged: dict | No
     return index
 
 
+def kv_rows(lowered, cfg) -> list[int]:
+    """Per layer, the rows of its sliding-window ring (0: the whole context window)."""
+    return [lowered.kv_rows.get(layer, 0) for layer in range(cfg.num_hidden_layers)]
+
+
 def _memory_summary(plans, lowered, params_index, cfg, ctx) -> dict:
     weights = sum(int(np.prod(p["shape"])) * np.dtype(p["dtype"]).itemsize for p in params_index)
-    kv = 2 * cfg.num_hidden_layers * ctx * cfg.num_key_value_heads * cfg.head_dim * 4
+    kv = 2 * sum(r or ctx for r in kv_rows(lowered, cfg)) * cfg.num_key_value_heads * cfg.head_dim * 4
     return {"weights_bytes": weights, "kv_cache_bytes": kv,
             "activation_bytes": sum(s["bytes"] for s in lowered.storages),
             "unplanned_activation_bytes": {f: getattr(p, "unplanned_bytes", None) for f, p in plans.items()}}

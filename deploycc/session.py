@@ -20,8 +20,10 @@ from .transform.merge_matmuls import function_params
 STAGES = ("exported", "legalized", "fused")  # stages the reference interpreter runs
 
 
-def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
-    """The graph-level module: `prefill` (input ids [1, seq_len]) and `decode` (one token)."""
+def export(model: LoadedModel, context_window: int | None = None, step: int = 0) -> IRModule:
+    """The graph-level module: `prefill` (input ids [1, seq_len]) and `decode` (one token). With `step` (the
+    most tokens a prefill step holds, the package's prefill chunk), sliding-window layers keep a ring of
+    window + step - 1 rows instead of the whole context window (nn.Cache.rows)."""
     cfg = model.config
     ctx = context_window or cfg.context_window
     limit = getattr(cfg, "max_context_window", None)
@@ -30,11 +32,11 @@ def export(model: LoadedModel, context_window: int | None = None) -> IRModule:
                           f"use --context-window {limit} or less")
     spec = {
         # prefill returns the last position's logits (what generation needs), prefill_all every position's.
-        "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec()},
-        "prefill_all": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec()},
-        "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec()},
+        "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
+        "prefill_all": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
+        "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
     }
-    mod, _ = model.build().export(spec, bounds={"total_len": ctx, "seq_len": ctx})
+    mod, _ = model.build().export(spec, bounds={"total_len": ctx, "seq_len": step or ctx})
     mod.attrs.update(context_window=ctx, model=model.architecture, num_layers=cfg.num_hidden_layers)
     return mod
 

@@ -81,10 +81,14 @@ def apply_rope_table(x, table):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], dim=-1)
 ''',
     "causal_attention": '''\
-def causal_attention(q, k, v, scale, window=0, softcap=0.0):
+def causal_attention(q, k, v, scale, window=0, softcap=0.0, total=None):
     """q [seq_len, heads, head_dim], k and v [total_len, kv_heads, head_dim] (grouped-query heads):
     query i sees keys j <= i + total_len - seq_len (the cache holds total_len - seq_len earlier tokens),
-    and with a sliding window only the last `window` of them; softcap > 0 caps scores at softcap * tanh(s / softcap)."""
+    and with a sliding window only the last `window` of them; softcap > 0 caps scores at softcap * tanh(s / softcap).
+    total: k and v are a ring cache holding position j at row j % len(k)."""
+    if total is not None:
+        rows = torch.arange(total) % k.shape[0]
+        k, v = k[rows], v[rows]
     seq_len, total_len = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
@@ -135,18 +139,22 @@ class TorchKVCache:
         self.length += int(n)
         return self.length
 
-    def append(self, layer: int, k, v) -> TorchKVCache:
-        """Write a layer's keys and values [n, kv_heads, head_dim] into the n reserved positions."""
-        n = k.shape[0]
-        self.k[layer, self.length - n: self.length] = k
-        self.v[layer, self.length - n: self.length] = v
+    def append(self, layer: int, k, v, rows: int = 0) -> TorchKVCache:
+        """Write a layer's keys and values [n, kv_heads, head_dim] into the n reserved positions (in a ring
+        of `rows` rows: position j at row j % rows)."""
+        import torch
+
+        at = torch.arange(self.length - k.shape[0], self.length)
+        at = at % rows if rows else at
+        self.k[layer, at] = k
+        self.v[layer, at] = v
         return self
 
-    def keys(self, layer: int):
-        return self.k[layer, : self.length]
+    def keys(self, layer: int, rows: int = 0):
+        return self.k[layer, : rows or self.length]
 
-    def values(self, layer: int):
-        return self.v[layer, : self.length]
+    def values(self, layer: int, rows: int = 0):
+        return self.v[layer, : rows or self.length]
 
     def reset(self) -> None:
         self.length = 0
@@ -495,6 +503,11 @@ def _literal(v: np.ndarray):
     return repr(v.tolist())
 
 
+def _rows(c) -> str:
+    """kv ops of a ring cache layer: the ring's row count."""
+    return f", rows={c.attrs['rows']}" if c.attrs.get("rows") else ""
+
+
 def _float(v: float) -> str:
     """The shortest text of a float32 attribute (1e-05, not 9.999999747378752e-06); kernels and
     references use it as float32 either way."""
@@ -572,7 +585,8 @@ OPS: dict[str, Callable[[_FunctionPrinter, Call], str]] = {
     "rope_apply": lambda p, c: f"apply_rope_table({_a(p, c)}, {_a(p, c, 1)})",
     "attention": lambda p, c: (f"causal_attention({_a(p, c)}, {_a(p, c, 1)}, {_a(p, c, 2)}, scale={_float(c.attrs['scale'])}"
                                + "".join(f", {k}={_float(c.attrs[k]) if k == 'softcap' else c.attrs[k]}"
-                                         for k in ("window", "softcap") if c.attrs.get(k)) + ")"),
+                                         for k in ("window", "softcap") if c.attrs.get(k))
+                               + (f", total={p.values(c.args[3])[0]}" if len(c.args) == 4 else "") + ")"),
     "reshape": lambda p, c: f"{_a(p, c)}.reshape({', '.join(p.values(c.args[1]))})",
     "permute_dims": lambda p, c: f"{_a(p, c)}.permute({', '.join(str(a) for a in c.attrs['axes'])})",
     "concat": lambda p, c: f"torch.cat([{', '.join(p.expr(a) for a in c.args)}], dim={c.attrs.get('axis', 0)})",
@@ -581,9 +595,9 @@ OPS: dict[str, Callable[[_FunctionPrinter, Call], str]] = {
     "arange": lambda p, c: (f"torch.arange({', '.join(p.values(c.args[0]))}, "
                             f"dtype={TORCH_DTYPES[c.attrs.get('dtype', 'int32')]})"),
     "kv.begin": _kv_begin,
-    "kv.append": lambda p, c: f"{_a(p, c)}.append({c.attrs['layer']}, {_a(p, c, 1)}, {_a(p, c, 2)})",
-    "kv.keys": lambda p, c: f"{_a(p, c)}.keys({c.attrs['layer']})",
-    "kv.values": lambda p, c: f"{_a(p, c)}.values({c.attrs['layer']})",
+    "kv.append": lambda p, c: f"{_a(p, c)}.append({c.attrs['layer']}, {_a(p, c, 1)}, {_a(p, c, 2)}{_rows(c)})",
+    "kv.keys": lambda p, c: f"{_a(p, c)}.keys({c.attrs['layer']}{_rows(c)})",
+    "kv.values": lambda p, c: f"{_a(p, c)}.values({c.attrs['layer']}{_rows(c)})",
 }
 
 

@@ -141,9 +141,11 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = op.rope_apply(q, rope), op.rope_apply(k, rope)
-        cache.append(layer, k, v)
-        keys, values = cache.view(layer, self.kv_heads, self.head_dim)
-        o = op.attention(q, keys, values, scale=self.scale, window=self.window, softcap=self.softcap)
+        rows = cache.rows(self.window)  # a sliding-window layer keeps a ring of what its window needs
+        cache.append(layer, k, v, rows)
+        keys, values = cache.view(layer, self.kv_heads, self.head_dim, rows)
+        o = op.attention(q, keys, values, scale=self.scale, window=self.window, softcap=self.softcap,
+                         total=cache.total_len if rows else None)
         return self.o_proj(o.reshape(1, n, self.heads * self.head_dim))
 
 

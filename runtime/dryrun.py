@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .symexpr import compile_expr
-from .validate import INT32_MAX, SHAPE_VARS, fail, nbytes, show
+from .validate import INT32_MAX, SHAPE_VARS, fail, kv_rows, nbytes, show
 
 LIMIT = 1 << 62
 
@@ -73,10 +73,8 @@ class _DryRun:
         self.fname, self.spec, self.m, self.s, self.length = fname, spec, m, s, cached
         self.compiled = compiled
         self.where = f"bytecode.json: functions.{fname}"
-        b, kv = m["bounds"], m["kv_cache"]
+        b = m["bounds"]
         self.chunk, self.ctx = b["prefill_chunk"], b["context_window"]
-        self.cache_buf = Tensor((self.ctx, kv["kv_heads"], kv["head_dim"]), kv["dtype"], "cache",
-                                nbytes((self.ctx, kv["kv_heads"], kv["head_dim"]), kv["dtype"]))
         self.at = f"{s} new tokens after {cached} cached"
         self.heap: list = [None] * len(SHAPE_VARS)
         self.live: dict[int, Tensor] = {}  # storage -> the tensor that now owns it
@@ -178,8 +176,9 @@ class _DryRun:
 
     def kv_view(self, w: str, args: list) -> Tensor:
         self.reg(args[0], w, "cache")
-        c = self.cache_buf
-        t = Tensor((self.length, *c.shape[1:]), c.dtype, "cache", c.capacity)
+        c = self.layer_buf(args[2]["i"])
+        ring = self.m["kv_cache"].get("rows") and self.m["kv_cache"]["rows"][args[2]["i"]]
+        t = Tensor((ring or self.length, *c.shape[1:]), c.dtype, "cache", c.capacity)
         self.views[id(t)] = (args[1]["str"], args[2]["i"])
         return t
 
@@ -213,7 +212,13 @@ class _DryRun:
 
     def kv_buffer(self, a: dict, w: str) -> Tensor:
         self.reg({"r": a["kv"][0]}, w, "cache")
-        return self.cache_buf
+        return self.layer_buf(a["kv"][2])
+
+    def layer_buf(self, layer: int) -> Tensor:
+        """A layer's keys or values buffer: the whole context window, or its sliding-window ring."""
+        kv = self.m["kv_cache"]
+        shape = (kv_rows(self.m, layer), kv["kv_heads"], kv["head_dim"])
+        return Tensor(shape, kv["dtype"], "cache", nbytes(shape, kv["dtype"]))
 
     def buffer(self, w: str, name: str, j: int, b: Tensor, dims: list, decl: dict) -> None:
         numel = 1

@@ -37,7 +37,8 @@ class Engine:
         self.build_seconds = time.perf_counter() - t0
         storages = [device.alloc(max(int(s["bytes"]), 4)) for s in manifest["storages"]]
         kv = manifest["kv_cache"]
-        self.cache = KVCache(device, kv["layers"], self.context_window, kv["kv_heads"], kv["head_dim"], kv["dtype"])
+        self.cache = KVCache(device, kv["layers"], self.context_window, kv["kv_heads"], kv["head_dim"], kv["dtype"],
+                             kv.get("rows"), self.prefill_chunk)
         max_grid = manifest["target"].get("max_grid", 65535)
         self.vm = VM(bytecode, device, kernels, storages, self.cache, max_grid,
                      bounds={"seq_len": self.prefill_chunk, "total_len": self.context_window})

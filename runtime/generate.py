@@ -60,7 +60,8 @@ class PrefixCache:
             n += 1
         n = min(n, len(ids) - 1)
         truncate = getattr(session, "truncate", None)
-        if n > 0 and truncate is not None:
+        keeps = getattr(getattr(session, "cache", None), "keeps", None)  # sliding-window rings forget
+        if n > 0 and truncate is not None and (keeps is None or keeps(n)):
             truncate(n)
         else:
             n = 0

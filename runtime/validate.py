@@ -237,14 +237,29 @@ def _check_bounds(m: dict) -> None:
     need_int(kv["kv_heads"], f"{M} kv_cache.kv_heads", 1, MAX_HEADS)
     need_int(kv["head_dim"], f"{M} kv_cache.head_dim", 1, MAX_HEAD_DIM)
     need_str(kv["dtype"], f"{M} kv_cache.dtype", ("float32", "float16"))
+    if "rows" in kv:  # sliding-window rings: each holds at least a step's rows, fewer than the context window
+        rows = kv["rows"]
+        if not isinstance(rows, list) or len(rows) != kv["layers"]:
+            fail(f"{M} kv_cache.rows", f"must list the ring rows of each of the {kv['layers']} layers")
+        for i, r in enumerate(rows):
+            need_int(r, f"{M} kv_cache.rows[{i}]", 0, ctx)
+            if r and not b["prefill_chunk"] <= r < ctx:
+                fail(f"{M} kv_cache.rows[{i}]", f"is {r}; a ring holds at least a step's {b['prefill_chunk']} rows "
+                                                f"and fewer than the context window's {ctx} (0: no ring)")
     if nbytes((ctx, kv["kv_heads"], kv["head_dim"]), kv["dtype"]) > MAX_BYTES or kv_bytes(m) > MAX_TOTAL:
         fail(f"{M} kv_cache", f"needs {kv_bytes(m)} bytes at a context window of {ctx}, more than any device has")
 
 
+def kv_rows(m: dict, layer: int) -> int:
+    """The rows layer `layer` keeps: its ring's, or the whole context window's."""
+    rows = m["kv_cache"].get("rows")
+    return (rows[layer] if rows else 0) or m["bounds"]["context_window"]
+
+
 def kv_bytes(m: dict) -> int:
-    """Keys and values of every layer for the whole context window."""
+    """Keys and values of every layer: the whole context window, or a sliding-window layer's ring."""
     kv = m["kv_cache"]
-    return 2 * kv["layers"] * nbytes((m["bounds"]["context_window"], kv["kv_heads"], kv["head_dim"]), kv["dtype"])
+    return 2 * sum(nbytes((kv_rows(m, i), kv["kv_heads"], kv["head_dim"]), kv["dtype"]) for i in range(kv["layers"]))
 
 
 def _check_kernels(m: dict) -> None:

@@ -148,7 +148,7 @@ class Module:
                 bnd.declare(tracer.sym(name), lo=1, hi=tracer.dim(hi))
             try:
                 with bb.function(fname, in_vars + p_vars, {"num_inputs": len(in_vars)}, bnd, auto_dataflow=True):
-                    args = [Cache(v, tracer) if isinstance(s, ObjectSpec) else Tensor(v, tracer)
+                    args = [Cache(v, tracer, s.capacity, s.step) if isinstance(s, ObjectSpec) else Tensor(v, tracer)
                             for v, s in zip(in_vars, inputs.values())]
                     out = getattr(self, fname)(*args)
                     bb.finish(_as_expr(out))
@@ -182,6 +182,8 @@ class Spec:
 @dataclass(frozen=True)
 class ObjectSpec(Spec):
     shape: tuple = ()
+    capacity: int = 0  # the KV cache: positions it holds (the context window) ...
+    step: int = 0  # ... and the most tokens one step appends (0: unbounded, no ring caches)
 
     def annotation(self, tracer: Tracer) -> A.Annotation:
         return A.Object
@@ -191,17 +193,27 @@ def spec(shape: Sequence[int | str], dtype: str = "float32") -> Spec:
     return Spec(tuple(shape), dtype)
 
 
-def kv_cache_spec() -> ObjectSpec:
-    return ObjectSpec()
+def kv_cache_spec(capacity: int = 0, step: int = 0) -> ObjectSpec:
+    """The KV cache input. With `step` (the prefill chunk) a sliding-window layer keeps a ring of
+    window + step - 1 rows where that is less than `capacity`: what its queries can see in any step."""
+    return ObjectSpec(capacity=capacity, step=step)
 
 
 class Cache:
     """The KV cache as seen by model code (a runtime object threaded through the function)."""
 
-    def __init__(self, var: Var, tracer: Tracer):
+    def __init__(self, var: Var, tracer: Tracer, capacity: int = 0, step: int = 0):
         self.var = var
         self.tracer = tracer
         self.total_len: sym.Expr | None = None
+        self.capacity, self.step = capacity, step
+
+    def rows(self, window: int) -> int:
+        """The ring a layer with this sliding window keeps (0: the whole context window). A step of n tokens
+        at positions t-n..t-1 sees keys from t-n-window+1 on, so window + n - 1 rows hold all it reads."""
+        if not window or not self.step or window + self.step - 1 >= self.capacity:
+            return 0
+        return window + self.step - 1
 
     def begin(self, seq_len: sym.Expr) -> sym.Expr:
         """Reserve `seq_len` positions; returns the symbolic total length after them (`total_len`)."""
@@ -214,20 +226,25 @@ class Cache:
         self.total_len = total
         return total
 
-    def append(self, layer: int, k: Tensor, v: Tensor) -> None:
+    def append(self, layer: int, k: Tensor, v: Tensor, rows: int = 0) -> None:
+        """Write the step's keys and values: at positions total_len - n .. total_len - 1, or in a ring of
+        `rows` rows (position j at row j % rows)."""
         from ..ir.expr import Call
 
-        self.var = self.tracer.bb.emit(Call("kv.append", (self.var, k.var, v.var), {"layer": layer}), "cache")
+        attrs = {"layer": layer, **({"rows": rows} if rows else {})}
+        self.var = self.tracer.bb.emit(Call("kv.append", (self.var, k.var, v.var), attrs), "cache")
 
-    def view(self, layer: int, kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor]:
-        """This layer's cached keys and values, `[total_len, kv_heads, head_dim]` each."""
+    def view(self, layer: int, kv_heads: int, head_dim: int, rows: int = 0) -> tuple[Tensor, Tensor]:
+        """This layer's cached keys and values, `[total_len, kv_heads, head_dim]` each, or its whole ring
+        `[rows, kv_heads, head_dim]` (attention reads position j from row j % rows)."""
         from ..ir.expr import Call
 
         bb = self.tracer.bb
         out = []
+        attrs = {"layer": layer, **({"rows": rows} if rows else {})}
         for which in ("keys", "values"):
-            raw = bb.emit(Call(f"kv.{which}", (self.var,), {"layer": layer}), f"{which[0]}_raw")
-            ann = A.Tensor((self.total_len, kv_heads, head_dim), "float32")
+            raw = bb.emit(Call(f"kv.{which}", (self.var,), attrs), f"{which[0]}_raw")
+            ann = A.Tensor((rows or self.total_len, kv_heads, head_dim), "float32")
             out.append(Tensor(bb.match_cast(raw, ann, f"{which[0]}_all"), self.tracer))
         return out[0], out[1]
 

@@ -97,9 +97,12 @@ def rope_apply(x, table) -> Tensor:
     return call("rope_apply", x, table)
 
 
-def attention(q, k, v, scale: float, window: int = 0, softcap: float = 0.0) -> Tensor:
-    """Causal attention; `window` > 0 keeps the `window` most recent keys, `softcap` > 0 caps scores."""
+def attention(q, k, v, scale: float, window: int = 0, softcap: float = 0.0, total=None) -> Tensor:
+    """Causal attention; `window` > 0 keeps the `window` most recent keys, `softcap` > 0 caps scores;
+    `total` (the key count) where k and v are a ring cache (position j at row j % rows)."""
     extra = {**({"window": int(window)} if window else {}), **({"softcap": float(softcap)} if softcap else {})}
+    if total is not None:
+        return call("attention", q, k, v, shape(total), scale=float(scale), **extra)
     return call("attention", q, k, v, scale=float(scale), **extra)
 
 

@@ -168,6 +168,9 @@ def _attn_infer(args, attrs):
         raise OpError("attention: q, k, v must be [seq, heads, head_dim]")
     if not (same(k[0], v[0]) and same(k[1], v[1]) and same(q[2], k[2]) and same(k[2], v[2])):
         raise OpError("attention: k and v must be [total_len, kv_heads, head_dim] matching q's head_dim")
+    if len(args) == 4:  # a ring of k[0] rows: key j at row j % k[0], the logical total_len given apart
+        if len(shape_values(args[3], "attention")) != 1 or not k[0].is_const or not attrs.get("window"):
+            raise OpError("attention: a ring cache needs shape([total_len]), a constant row count and a window")
     if q[1].is_const and k[1].is_const and q[1].value % k[1].value:
         raise OpError(f"attention: {q[1].value} query heads are not a multiple of {k[1].value} kv heads")
     window, cap = attrs.get("window", 0), attrs.get("softcap", 0.0)
@@ -178,8 +181,12 @@ def _attn_infer(args, attrs):
     return A.Tensor(q, args[0].ann.dtype)
 
 
-def attention_reference(q, k, v, scale, window=0, softcap=0.0):
+def attention_reference(q, k, v, scale, window=0, softcap=0.0, total=None):
+    """total: the logical key count where k and v are rings (key j at row j % len(k))."""
     n, h, d = q.shape
+    if total is not None:
+        rows = np.arange(int(total)) % k.shape[0]
+        k, v = k[rows], v[rows]
     t, kvh, _ = k.shape
     g = h // kvh
     kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)  # [t, h, d]
@@ -203,6 +210,12 @@ def _attn_legalize(call, module):
     O = smap.buffer("o", call.ann)
     n, h, d = Q.shape
     t, kvh, _ = K.shape
+    ring = len(call.args) == 4
+    if ring:  # keys in a ring of K.shape[0] rows; t the logical key count
+        rows, t = K.shape[0], smap.dim(shape_values(call.args[3], "attention")[0])
+
+    def row(j_):
+        return sym.mod(j_, rows) if ring else j_
     group = h // kvh
     scale = float(call.attrs["scale"])
     window, cap = window_and_cap(call.attrs)
@@ -212,7 +225,7 @@ def _attn_legalize(call, module):
 
     its = tir.iters("h i j k", (h, n, t, d), "SSSR")
     hh, i, j, k = (tir.v(x) for x in its)
-    scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * K[j, hh // group, k]),
+    scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * K[row(j), hh // group, k]),
                    init=Store(S, (hh, i, j), tir.const(0.0)))
 
     def masked(i_, j_, value, hidden):
@@ -237,11 +250,12 @@ def _attn_legalize(call, module):
     its = tir.iters("i h c j", (n, h, d, t), "SSSR")
     i, hh, c, j = (tir.v(x) for x in its)
     p = masked(i, j, tir.unary("exp", score(hh, i, j) - M[hh, i]) / L[hh, i], 0.0)
-    out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * Vb[j, hh // group, c]),
+    out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * Vb[row(j), hh // group, c]),
                 init=Store(O, (i, hh, c), tir.const(0.0)))
     body = Alloc(S, Alloc(M, Alloc(L, Seq((scores, mx, sm, out)))))
-    attrs = {"scale": scale, **({"window": window} if window else {}), **({"softcap": cap} if cap else {})}
-    return emit_tir(module, "attention", smap, (Q, K, Vb), (O,), body, call.args, call.ann, attrs)
+    attrs = {"scale": scale, **({"window": window} if window else {}), **({"softcap": cap} if cap else {}),
+             **({"ring": int(rows.value)} if ring else {})}
+    return emit_tir(module, "attention", smap, (Q, K, Vb), (O,), body, call.args[:3], call.ann, attrs)
 
 
 def window_and_cap(attrs) -> tuple[int, float]:
@@ -249,7 +263,9 @@ def window_and_cap(attrs) -> tuple[int, float]:
     return int(attrs.get("window", 0)), float(attrs.get("softcap", 0.0))
 
 
-register("attention", _attn_infer, attention_reference, _attn_legalize)
+register("attention", _attn_infer,
+         lambda q, k, v, *total, **attrs: attention_reference(q, k, v, total=total[0][0] if total else None, **attrs),
+         _attn_legalize)
 
 
 # ---- KV-cache builtins (runtime objects; no tensor program) ----------------------------------
@@ -274,10 +290,20 @@ class RefKVCache:
         self.length += n
         return self.length
 
-    def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+    def append(self, layer: int, k: np.ndarray, v: np.ndarray, rows: int = 0) -> None:
+        """Positions length - n .. length - 1; in a ring of `rows` rows (kv.append's attr), position j at row j % rows."""
         n = k.shape[0]
-        self.k[layer][self.length - n: self.length] = k
-        self.v[layer][self.length - n: self.length] = v
+        at = np.arange(self.length - n, self.length)
+        if rows:
+            if n > rows:
+                raise ContextOverflow(f"a step of {n} tokens exceeds the ring of {rows} rows it writes")
+            at = at % rows
+        self.k[layer][at] = k
+        self.v[layer][at] = v
+
+    def view(self, which: str, layer: int, rows: int = 0) -> np.ndarray:
+        buf = self.k[layer] if which == "k" else self.v[layer]
+        return buf[:rows] if rows else buf[: self.length]
 
     def reset(self) -> None:
         self.length = 0
@@ -308,6 +334,7 @@ def _view_infer(args, attrs):
 
 
 register("kv.begin", _begin_infer, lambda cache, n: (cache.begin(n[0]),), pure=False)
-register("kv.append", _append_infer, lambda cache, k, v, layer: (cache.append(layer, k, v), cache)[1], pure=False)
-register("kv.keys", _view_infer, lambda cache, layer: cache.k[layer][: cache.length], pure=False)
-register("kv.values", _view_infer, lambda cache, layer: cache.v[layer][: cache.length], pure=False)
+register("kv.append", _append_infer, lambda cache, k, v, layer, rows=0: (cache.append(layer, k, v, rows), cache)[1],
+         pure=False)
+register("kv.keys", _view_infer, lambda cache, layer, rows=0: cache.view("k", layer, rows), pure=False)
+register("kv.values", _view_infer, lambda cache, layer, rows=0: cache.view("v", layer, rows), pure=False)

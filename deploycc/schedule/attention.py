@@ -7,7 +7,8 @@ memory is O(head_dim) per thread for any total_len. Grouped-query heads read kv 
 The score is a "lanes" reduction (vector code on OpenCL), and each key costs one exp: a key above
 the running maximum rescales the sums by exp(m - s) and weighs 1, any other weighs exp(s - m).
 A sliding window W starts the loop at the first key the query sees, max(0, i + total_len - seq_len + 1 - W),
-so keys outside it cost nothing; a score cap c replaces a score s by c * tanh(s / c).
+so keys outside it cost nothing; a score cap c replaces a score s by c * tanh(s / c). A ring cache of R rows
+(sliding-window layers keep only what their window needs) holds key j at row j % R.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     t, kvh, _ = K.shape
     if not d.is_const:
         return None
+    t, row = keys_of(prog)
     if getattr(target, "kind", "") == "cpu":
         return _blocked(prog, target)
     group = sym.floordiv(h, kvh)
@@ -44,7 +46,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         acc = Buffer("acc", (d,), "float32", "local")
         j, c, c1, c2, c3 = (sym.SymVar(x) for x in ("j", "c", "c", "c", "c"))
         limit, first = visible_keys(i, t, n, window)
-        J = sym.as_expr(j) + first
+        J = row(sym.as_expr(j) + first)
         if d.value % lanes == 0:  # the score as a lanes loop: vector code where the target renders it
             ko = sym.SymVar("ko")
             score: Stmt = For(ko, sym.as_expr(d.value // lanes), Seq(tuple(
@@ -91,6 +93,15 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     return _kernel(prog, target, h * n, body_of)
 
 
+def keys_of(prog: TensorProgram):
+    """(the key count, key index -> cache row): a ring cache (attrs "ring") holds key j at row j % rows and
+    passes the logical count as the program's symbolic parameter."""
+    rows = prog.attrs.get("ring")
+    if not rows:
+        return prog.params[1].shape[0], lambda j: j
+    return sym.as_expr(prog.sym_params[0]), lambda j: sym.mod(j, rows)
+
+
 def visible_keys(i, t, n, window: int) -> tuple[sym.Expr, sym.Expr]:
     """(end, start) of the keys query i of n sees over a cache of t: causal, and the last `window` (0: all)."""
     limit = i + t - n + 1
@@ -114,7 +125,8 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
     (weight 0) and reads only the keys it has."""
     Q, K, Vb, O = prog.params
     n, h, d = Q.shape
-    t, kvh, _ = K.shape
+    _, kvh, _ = K.shape
+    t, row = keys_of(prog)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
     window, cap = window_and_cap(prog.attrs)
@@ -138,12 +150,12 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
             """Keys base .. base+count-1 (count <= BLOCK); the scores past count stay NEG."""
             score = lambda jj: Seq((
                 Store(dot, z, tir.const(0.0)),
-                over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * K[base + jj, kv, c])),
+                over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * K[row(base + jj), kv, c])),
                 Store(s, (jj,), capped(dot[0] * scale, cap)),
             ))
             weigh = lambda jj: Seq((
                 Store(l, z, l[0] + p[jj]),
-                over("c", d, lambda c: Store(acc, (c,), acc[c] + p[jj] * Vb[base + jj, kv, c])),
+                over("c", d, lambda c: Store(acc, (c,), acc[c] + p[jj] * Vb[row(base + jj), kv, c])),
             ))
             return Seq((
                 over("jj", count, score),

@@ -78,19 +78,24 @@ class Lowered:
     storages: list[dict] = field(default_factory=list)  # {"bytes": bound}
     plans: dict = field(default_factory=dict)
     kv_copy: TensorProgram | None = None
+    kv_copy_ring: TensorProgram | None = None
+    kv_rows: dict = field(default_factory=dict)  # layer -> rows of its ring (sliding-window layers that keep one)
     merged_params: dict = field(default_factory=dict)  # parameter -> its parts (transform/merge_matmuls.py)
 
 
-def kv_copy_program() -> TensorProgram:
-    """dst[offset + i, h, c] = src[i, h, c]: appends a layer's new keys or values to the cache."""
+def kv_copy_program(ring: bool = False) -> TensorProgram:
+    """dst[offset + i, h, c] = src[i, h, c]: appends a layer's new keys or values to the cache; into a ring
+    cache (a sliding-window layer's) at row (offset + i) % rows."""
     n, cap, h, d, off = (sym.SymVar(x) for x in ("n", "cap", "h", "d", "offset"))
     N, CAP, H, D, OFF = (sym.as_expr(x) for x in (n, cap, h, d, off))
     src = tir.Buffer("src", (N, H, D))
     dst = tir.Buffer("dst", (CAP, H, D))
     its = tir.iters("i j c", (N, H, D))
     i, j, c = (tir.v(x) for x in its)
-    body = Block("kv_copy", its, Store(dst, (i + OFF, j, c), src[i, j, c]))
-    return TensorProgram("kv_copy", (src, dst), body, (off,), 1, {"op": "kv_copy"})
+    name = "kv_copy_ring" if ring else "kv_copy"
+    row = sym.mod(i + OFF, CAP) if ring else i + OFF
+    body = Block(name, its, Store(dst, (row, j, c), src[i, j, c]))
+    return TensorProgram(name, (src, dst), body, (off,), 1, {"op": name})
 
 
 class _FnLowering:
@@ -214,15 +219,17 @@ class _FnLowering:
 
     def kv_append(self, v: Call, dst: int) -> None:
         cache = self.arg(v.args[0])
-        layer = v.attrs["layer"]
-        prog = self.out.kv_copy
+        layer, rows = v.attrs["layer"], v.attrs.get("rows", 0)
+        prog = self.out.kv_copy_ring if rows else self.out.kv_copy
+        if rows:
+            self.out.kv_rows[layer] = rows
         k = scheduled(prog).kernels[0]
         self.out.kernels[k.name] = k
         for which, t in (("k", v.args[1]), ("v", v.args[2])):
             n, h, d = t.ann.shape
             heads, dim = h, d
             env = {prog.params[0].shape[0].as_var: n, prog.params[0].shape[1].as_var: heads,
-                   prog.params[0].shape[2].as_var: dim, prog.params[1].shape[0].as_var: sym.as_expr(self.ctx),
+                   prog.params[0].shape[2].as_var: dim, prog.params[1].shape[0].as_var: sym.as_expr(rows or self.ctx),
                    prog.sym_params[0]: self.fn_total - n}
             bufs = [self.arg(t), {"kv": [cache["r"], which, layer]}]
             self.launch(k, bufs, env)
@@ -271,6 +278,7 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
         _reject_python(mod[fname].body, fname, target)
     out = Lowered({"version": FORMAT_VERSION, "functions": {}}, {})
     out.kv_copy = schedule_program(kv_copy_program(), target)
+    out.kv_copy_ring = schedule_program(kv_copy_program(ring=True), target)
     out.merged_params = dict(mod.attrs.get("merged_params", {}))
     ctx = mod.attrs["context_window"]
     # Functions never run at the same time: storage i of every function shares one buffer,

@@ -49,6 +49,14 @@ def _summarise(m) -> None:
     m["memory"]["weights_bytes"] = sum(4 * math.prod(p["shape"]) for p in m["params"])  # all float32 (q0f32)
 
 
+def _ring_rows(m) -> None:
+    """Rings claimed for the layers of a model without sliding windows, the memory summary made to agree."""
+    kv = m["kv_cache"]
+    kv["rows"] = [16] * kv["layers"]
+    m["bounds"]["prefill_chunk"] = 8
+    m["memory"]["kv_cache_bytes"] = 2 * kv["layers"] * 16 * kv["kv_heads"] * kv["head_dim"] * 4
+
+
 def _shrink_storage(m) -> None:
     m["storages"][0]["bytes"] = 28672 - 4  # a full prefill chunk needs 28672
     _summarise(m)
@@ -132,6 +140,12 @@ CASES = [
     ("context_window NaN", manifest(_set("bounds", "context_window", float("nan"))), "got nan", "hi"),
     ("kv_cache a list", manifest(_set("kv_cache", [2, 4, 8])), "kv_cache must be an object", "hi"),
     ("params null", manifest(_set("params", None)), "params must be a list, got None", "hi"),
+    ("KV rings smaller than a step", manifest(_set("kv_cache", "rows", [1, 1])), "kv_cache.rows[0] is 1; a ring holds at "
+                                                                               "least a step's 128 rows", "hi"),
+    ("KV rings a number", manifest(_set("kv_cache", "rows", 16)), "kv_cache.rows must list the ring rows of each of "
+                                                                 "the 2 layers", "hi"),
+    ("KV rings without windows", manifest(_ring_rows), "passes float32 [16, 4, 8] (cache) as buffer 1 of kv_copy, "
+                                                       "which takes float32 [128, 4, 8]", "hi"),
     ("storage bytes 2**63", manifest(_set("storages", 1, "bytes", 2**63)), "storages[1].bytes must be an integer", "hi"),
     ("format marker", manifest(_set("format", "deploycc-pkg")), NOT_A_PACKAGE, "hi"),
     ("vocab_size 0", manifest(_set("vocab_size", 0)), "vocab_size must be an integer in 1..", "hi"),

@@ -21,13 +21,17 @@ from deploycc.op.attention import attention_reference
 from deploycc.schedule import attention, schedule_program
 
 
-def attention_program(n: int, h: int, kvh: int, d: int, scale: float, **attrs) -> tir.TensorProgram:
+def attention_program(n: int, h: int, kvh: int, d: int, scale: float, ring: int = 0, **attrs) -> tir.TensorProgram:
+    """ring > 0: keys and values in a ring of `ring` rows, total_len a symbolic parameter."""
     t = sym.var("total_len")
     Q = tir.Buffer("q", (sym.as_expr(n), sym.as_expr(h), sym.as_expr(d)))
-    K = tir.Buffer("k", (t, sym.as_expr(kvh), sym.as_expr(d)))
-    V = tir.Buffer("v", (t, sym.as_expr(kvh), sym.as_expr(d)))
+    rows = sym.as_expr(ring) if ring else t
+    K = tir.Buffer("k", (rows, sym.as_expr(kvh), sym.as_expr(d)))
+    V = tir.Buffer("v", (rows, sym.as_expr(kvh), sym.as_expr(d)))
     O = tir.Buffer("o", (sym.as_expr(n), sym.as_expr(h), sym.as_expr(d)))
-    return tir.TensorProgram("attention", (Q, K, V, O), None, (), 1, {"op": "attention", "scale": scale, **attrs})
+    extra = ((t.as_var,), {"ring": ring}) if ring else ((), {})
+    return tir.TensorProgram("attention", (Q, K, V, O), None, extra[0], 1,
+                             {"op": "attention", "scale": scale, **attrs, **extra[1]})
 
 
 @pytest.mark.parametrize("n,total,h,kvh", [
@@ -61,31 +65,43 @@ PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "webgpu": "cpu-webgpu"}
 
 
 @pytest.mark.parametrize("backend", sorted(PRESETS))
-@pytest.mark.parametrize("n,total,h,kvh,window,cap", [
-    (1, 40, 4, 2, 5, 0.0),      # decode: a window inside the last block
-    (1, 75, 8, 2, 16, 0.0),     # decode: a window of exactly one block, starting mid-block
-    (7, 40, 6, 3, 20, 2.0),     # prefill after 33 cached: a window of a block and a tail, scores capped at 2
-    (33, 33, 2, 2, 6, 50.0),    # prefill: the first queries see fewer keys than the window
-    (3, 3, 4, 4, 8, 1.0),       # a window longer than the cache: causal alone
+@pytest.mark.parametrize("n,total,h,kvh,window,cap,ring", [
+    (1, 40, 4, 2, 5, 0.0, 0),      # decode: a window inside the last block
+    (1, 75, 8, 2, 16, 0.0, 0),     # decode: a window of exactly one block, starting mid-block
+    (7, 40, 6, 3, 20, 2.0, 0),     # prefill after 33 cached: a window of a block and a tail, scores capped at 2
+    (33, 33, 2, 2, 6, 50.0, 0),    # prefill: the first queries see fewer keys than the window
+    (3, 3, 4, 4, 8, 1.0, 0),       # a window longer than the cache: causal alone
+    (1, 75, 4, 2, 16, 0.0, 16),    # decode over a ring of exactly the window: it wrapped four times
+    (7, 40, 6, 3, 20, 2.0, 26),    # prefill of 7 over a ring of window + 6 rows, wrapped mid-window
+    (5, 5, 2, 1, 6, 0.0, 10),      # a ring not yet full
 ])
-def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap):
+def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap, ring):
     """The sliding window (keys j with i + total - n - window < j <= i + total - n) and the score cap
     (cap * tanh(s / cap)) in both schedule forms: the cpu's blocked loop starts at the window's first key; the
-    OpenCL and WGSL loop likewise. Against attention_reference at 2e-6 (OpenCL/WGSL: 1e-5, their native exp)."""
+    OpenCL and WGSL loop likewise; with a ring cache (window + seq_len - 1 rows or more) key j is read from row
+    j % rows. Against attention_reference at 2e-6 (OpenCL/WGSL: 1e-5, their native exp)."""
     if backend == "cpu":
         require_cc()
     device = require_device(backend)
     target = presets.load(PRESETS[backend]).target
     d, scale = 32, 0.125
     attrs = {"window": window, **({"softcap": cap} if cap else {})}
-    prog = schedule_program(attention_program(n, h, kvh, d, scale, **attrs), target)
+    prog = schedule_program(attention_program(n, h, kvh, d, scale, ring, **attrs), target)
     assert prog.attrs["schedule"].rule == "attention"
     rng = np.random.default_rng(n * 1000 + total)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     k = rng.standard_normal((total, kvh, d)).astype(np.float32)
     v = rng.standard_normal((total, kvh, d)).astype(np.float32)
     out = np.zeros((n, h, d), np.float32)
-    KernelRunner(device, target)(prog, [q, k, v, out], [total])
+    if ring:  # the last `ring` positions, each at its row; what the ring lost is garbage, never read
+        kr, vr = (rng.standard_normal((ring, kvh, d)).astype(np.float32) * 1e3 for _ in range(2))
+        for j in range(max(0, total - ring), total):
+            kr[j % ring], vr[j % ring] = k[j], v[j]
+        KernelRunner(device, target)(prog, [q, kr, vr, out], [total])
+        np.testing.assert_allclose(attention_reference(q, kr, vr, scale, window=window, softcap=cap, total=total),
+                                   attention_reference(q, k, v, scale, window=window, softcap=cap), rtol=0, atol=1e-6)
+    else:
+        KernelRunner(device, target)(prog, [q, k, v, out], [total])
     want = attention_reference(q, k, v, scale, window=window, softcap=cap)
     assert np.abs(want - attention_reference(q, k, v, scale)).max() > 1e-2 or window >= total  # the window matters
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 if backend == "cpu" else 1e-5)
