@@ -64,12 +64,20 @@ def weight_bytes(model) -> int:
 
 def footprint(cfg, weights: int, ctx: int, chunk: int) -> Footprint:
     """Bytes of the package at run time with this context window and prefill chunk (nothing allocated)."""
-    kv = 2 * cfg.num_hidden_layers * ctx * cfg.num_key_value_heads * cfg.head_dim * FLOAT
+    kv = 2 * sum(kv_rows(cfg, layer, ctx, chunk) for layer in range(cfg.num_hidden_layers)) \
+        * cfg.num_key_value_heads * cfg.head_dim * FLOAT
     hidden, inter, heads, vocab = _dims(cfg)
     # One prefill step of `chunk` tokens: every position's logits (prefill_all), the attention scores
     # against the whole cache, the MLP's gate/up/product and a few residual-width tensors.
     acts = FLOAT * chunk * (vocab + heads * ctx + 3 * inter + 6 * hidden + 3 * heads * cfg.head_dim)
     return Footprint(weights, kv, acts)
+
+
+def kv_rows(cfg, layer: int, ctx: int, chunk: int) -> int:
+    """The KV-cache rows a layer keeps: a sliding-window layer's ring (window + chunk - 1, nn.Cache.rows) where
+    that is shorter than the context window."""
+    window = cfg.window(layer) if hasattr(cfg, "window") else 0
+    return window + chunk - 1 if window and window + chunk - 1 < ctx else ctx
 
 
 def device_memory(preset: Preset) -> tuple[int | None, str]:
