@@ -247,6 +247,18 @@ def rounded_weights(qmodel) -> dict[str, np.ndarray]:
     return out
 
 
+# transformers 5 renames some checkpoints' tensors when it loads them (Gemma 3's multimodal files keep the
+# language model under language_model.model., the loaded module under model.language_model.).
+_RENAMES = ((r"^language_model\.model\.", "model.language_model."), (r"^language_model\.lm_head\.", "lm_head."))
+
+
+def in_memory_names(hf_name: str) -> list[str]:
+    """A checkpoint tensor's name, and what transformers may call it once loaded."""
+    import re
+
+    return [hf_name] + [re.sub(p, r, hf_name) for p, r in _RENAMES if re.match(p, hf_name)]
+
+
 def transformers_references(source: str, loaded, quant: str, head: str) -> tuple[TransformersSession, TransformersSession]:
     """(transformers on the weights rounded by the package's schemes, transformers on the float weights).
     For a .gguf kept as stored both are the same model: transformers dequantizes the very blocks."""
@@ -266,10 +278,11 @@ def transformers_references(source: str, loaded, quant: str, head: str) -> tuple
     state = rounded.state_dict()
     with torch.no_grad():
         for hf_name, values in rounded_weights(quantize(loaded, quant, None if head == quant else head)).items():
-            if hf_name not in state:
+            name = next((n for n in in_memory_names(hf_name) if n in state), None)
+            if name is None:
                 raise DeployError(f"transformers' {type(model).__name__} has no tensor {hf_name}; cannot round it "
                                   f"as the package does: use --against numpy")
-            state[hf_name].copy_(torch.from_numpy(values))
+            state[name].copy_(torch.from_numpy(values))
     return TransformersSession(rounded), TransformersSession(model)
 
 

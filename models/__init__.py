@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import gemma2, gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
+from . import gemma2, gemma3, gemma3_mm, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "LlamaForCausalLM": llama,
@@ -12,13 +12,14 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "Qwen3ForCausalLM": qwen3,
     "Gemma2ForCausalLM": gemma2,
     "Gemma3ForCausalLM": gemma3,
+    "Gemma3ForConditionalGeneration": gemma3_mm,
     "Phi3ForCausalLM": phi3,
     "SmolLM3ForCausalLM": smollm3,
     "GPT2LMHeadModel": gpt2,
 }
 MODEL_TYPES: dict[str, ModuleType] = {"llama": llama, "mistral": mistral, "qwen2": qwen2, "qwen3": qwen3,
-                                      "gemma2": gemma2, "gemma3_text": gemma3, "phi3": phi3, "smollm3": smollm3,
-                                      "gpt2": gpt2}
+                                      "gemma2": gemma2, "gemma3_text": gemma3, "gemma3": gemma3_mm, "phi3": phi3,
+                                      "smollm3": smollm3, "gpt2": gpt2}
 
 
 def supported() -> list[str]:

@@ -47,3 +47,46 @@ def test_package_matches_transformers(name, device, tmp_path):
     assert report["passed"], report["failure"]
     assert report[report["metric"]] <= report["tolerance"]
     assert report["top1_agreement"] >= 0.9
+
+
+def test_gemma3_multimodal_checkpoint_as_text(tmp_path):
+    """Gemma 3 4B and larger ship as Gemma3ForConditionalGeneration: the language model under language_model.,
+    a vision tower beside it. deploycc loads the text part: reference logits within 1e-4 of transformers'
+    (13-token prompt, window 5), and a cpu package that verify passes against transformers."""
+    import numpy as np
+    import torch
+    import transformers as tf
+
+    import deploycc
+
+    require_cc()
+    torch.manual_seed(0)
+    text = dict(vocab_size=300, hidden_size=32, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, sliding_window=5, query_pre_attn_scalar=8,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
+                          boi_token_index=297, eoi_token_index=298)
+    model = tf.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and name.startswith("model.language_model"):
+                p.add_(torch.randn_like(p) * 0.1)
+    src = tmp_path / "gemma3-mm"
+    model.save_pretrained(src)
+    loaded = deploycc.load_model(str(src))
+    assert loaded.architecture == "Gemma3ForConditionalGeneration"
+    ids = [5, 9, 30, 44, 7, 8, 100, 3, 4, 60, 61, 62, 63]
+    got = deploycc.reference_session(loaded).prefill(ids, all_logits=True)
+    hf = tf.AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(got - want).max() <= 1e-4
+    out = tmp_path / "pkg"
+    r = cli("compile", src, "--device", "cpu", "-o", out, "--override", "prefill_chunk=8",
+            "--override", "context_window=64")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = cli("verify", out, "--source", src, "--against", "transformers", "--steps", "6", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert json.loads(r.stdout)["passed"]

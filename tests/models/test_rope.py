@@ -11,7 +11,7 @@ import pytest
 import transformers as tf
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from deploycc.models import gemma3, phi3, qwen2
+from deploycc.models import gemma3, gemma3_mm, phi3, qwen2
 from deploycc.models._rope import rope_of
 
 CASES = {
@@ -100,3 +100,22 @@ def test_qwen25_window_only_when_used():
               num_key_value_heads=2, sliding_window=32768, max_window_layers=2, use_sliding_window=False)
     assert [qwen2.Config.from_hf(hf).window(i) for i in range(4)] == [0, 0, 0, 0]
     assert [qwen2.Config.from_hf(dict(hf, use_sliding_window=True)).window(i) for i in range(4)] == [0, 0, 32768, 32768]
+
+
+def test_gemma3_multimodal_text_config_defaults():
+    """The Hub's Gemma 3 4B config.json gives text_config sparsely; what it omits are Gemma3TextConfig's defaults
+    (gemma3_mm.TEXT_DEFAULTS), so deploycc reads the language model transformers builds."""
+    sparse = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+              "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}
+    ours = gemma3_mm.Config.from_hf({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                                     "text_config": sparse})
+    theirs = tf.Gemma3Config(text_config=dict(sparse)).text_config
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "query_pre_attn_scalar",
+                "sliding_window"):
+        assert getattr(ours, key) == getattr(theirs, key), key
+    assert [ours.window(i) > 0 for i in range(34)] == [t == "sliding_attention" for t in theirs.layer_types]
+    params = theirs.rope_parameters
+    assert ours.rope.theta == params["full_attention"]["rope_theta"] and ours.rope.scaling["factor"] == 8.0
+    assert ours.local_rope.theta == params["sliding_attention"]["rope_theta"] and ours.local_rope.scaling is None
+    assert ours.tie_word_embeddings
