@@ -1,6 +1,7 @@
 """Every CUDA kernel emitted for the h100 (sm_90) and rtx4090 (sm_89) presets, for every tiny
-architecture, compiles with nvcc and assembles with ptxas (no GPU needed). Running them needs a GPU
-(the device tool), which CI does not have."""
+architecture, compiles with nvcc and assembles with ptxas (no GPU needed), with the KV-cache copies and
+the sliding-window layers' ring caches of a 16-token prefill chunk. Running them needs a GPU (the device
+tool), which CI does not have."""
 import pytest
 from conftest import require_nvcc
 
@@ -10,7 +11,9 @@ from deploycc.execute import render
 from deploycc.ir.kernel import scheduled
 from deploycc.pipeline import run as run_pipeline
 from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
+from deploycc.schedule import schedule_program
 from deploycc.session import export
+from deploycc.vm.lower import kv_copy_program
 
 
 @pytest.fixture(autouse=True)
@@ -22,8 +25,9 @@ def toolkit():
 def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
     p = presets.load(preset)
     model = deploycc.load_model(str(tiny_path))
-    mod = run_pipeline(export(model, 64), p.target, "scheduled")
-    kernels = [k for prog in mod.programs().values() for k in scheduled(prog).kernels]
+    mod = run_pipeline(export(model, 64, 16), p.target, "scheduled")
+    copies = [schedule_program(kv_copy_program(ring), p.target) for ring in (False, True)]
+    kernels = [k for prog in [*mod.programs().values(), *copies] for k in scheduled(prog).kernels]
     source = render(kernels, p.target)
     ptx = compile_cuda(source, p.target.arch)
     usage = ptxas_check(ptx, p.target.arch)
