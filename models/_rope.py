@@ -30,8 +30,15 @@ class Rope:
     max_position_embeddings: int
 
     def frequencies(self, context: int) -> tuple[np.ndarray, float]:
-        """(inv_freq [dim / 2] float32, attention factor) for a cache of `context` positions."""
-        return inv_freq(self.dim, self.theta, self.scaling, self.max_position_embeddings, context)
+        """(inv_freq [dim / 2] float32, attention factor) for a cache of `context` positions; one array per
+        rotation and context, so that every function of a module shares the constant."""
+        key = (repr(self), context if self.scaling and self.scaling["rope_type"] == "longrope" else 0)
+        if key not in _FREQUENCIES:
+            _FREQUENCIES[key] = inv_freq(self.dim, self.theta, self.scaling, self.max_position_embeddings, context)
+        return _FREQUENCIES[key]
+
+
+_FREQUENCIES: dict[tuple[str, int], tuple[np.ndarray, float]] = {}
 
 
 def rope_parameters(hf: dict, layer_type: str | None = None) -> tuple[float, dict | None]:

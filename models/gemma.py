@@ -101,7 +101,8 @@ class GemmaForCausalLM(nn.Module):
         n = input_ids.shape[1]
         total = cache.begin(n)
         h = self.model.embed_tokens(input_ids) * float(cfg.hidden_size ** 0.5)
-        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n, cfg.context_window)
+        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n,
+                            cache.capacity or cfg.context_window)
         for i, (layer, rope) in enumerate(zip(self.model.layers, ropes)):
             h = layer(h, cache, i, rope)
         if last_only:

@@ -216,7 +216,8 @@ class LlamaForCausalLM(nn.Module):
         n = input_ids.shape[1]
         total = cache.begin(n)
         h = self.model.embed_tokens(input_ids)
-        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n, self.config.context_window)
+        context = cache.capacity or self.config.context_window  # the cache's (export's) context window
+        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n, context)
         for i, (layer, rope) in enumerate(zip(self.model.layers, ropes)):
             h = layer(h, cache, i, rope)
         if last_only:  # generation needs the last position's logits only: skip the head elsewhere
