@@ -21,6 +21,7 @@ class Gemma3Config(GemmaConfig):
             hf = dict(hf, rope_parameters=params["full_attention"])
         cfg = super().from_hf(hf, **overrides)
         cfg.qk_norm = True
+        cfg.attn_logit_softcapping = 0.0  # a Gemma 3 config may name one; transformers' Gemma 3 never applies it
         # five local layers, then a global one, where config.json has no layer_types
         cfg.global_every = count(hf, "sliding_window_pattern", value(hf, "_sliding_window_pattern", 6))
         positions = cfg.max_position_embeddings

@@ -82,6 +82,30 @@ WIDE = {
 }
 
 
+# Not in TINY either: a second shape of each new architecture, for the logits test alone
+# (tests/models/test_tiny_logits.py; the kernel and package tests run the TINY shape of each).
+SHAPES = {
+    "qwen3-gqa1-untied": ("qwen3", dict(vocab_size=67, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
+                                        num_attention_heads=3, num_key_value_heads=3, head_dim=16,
+                                        tie_word_embeddings=False)),
+    "gemma2-gqa4-window3": ("gemma2", dict(vocab_size=71, hidden_size=40, intermediate_size=24, num_hidden_layers=4,
+                                           num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+                                           query_pre_attn_scalar=32, sliding_window=3, attn_logit_softcapping=5.0,
+                                           final_logit_softcapping=8.0, tie_word_embeddings=False)),
+    "gemma3-gqa1-pattern2": ("gemma3", dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                            num_attention_heads=2, num_key_value_heads=2, head_dim=24,
+                                            query_pre_attn_scalar=20, sliding_window=4, sliding_window_pattern=2,
+                                            attn_logit_softcapping=4.0)),
+    "phi3-mini-gqa1-window": ("phi3", dict(vocab_size=73, hidden_size=48, intermediate_size=32, num_hidden_layers=2,
+                                           num_attention_heads=6, num_key_value_heads=6, sliding_window=4,
+                                           pad_token_id=0, eos_token_id=1, tie_word_embeddings=True)),
+    "smollm3-gqa3-interval2": ("smollm3", dict(vocab_size=79, hidden_size=48, intermediate_size=40,
+                                               num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
+                                               no_rope_layer_interval=2, use_sliding_window=True, sliding_window=5,
+                                               pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+}
+
+
 def fixture_home() -> Path:
     return Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc")) / "test-fixtures"
 
@@ -94,7 +118,7 @@ def make_tiny(name: str, seed: int = 0) -> Path:
     import torch
     import transformers as tf
 
-    arch, kwargs = {**TINY, **WIDE}[name]
+    arch, kwargs = {**TINY, **WIDE, **SHAPES}[name]
     cfg_cls, model_cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),

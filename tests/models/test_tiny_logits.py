@@ -10,7 +10,7 @@ import torch
 
 import deploycc
 from deploycc.ir.checker import check
-from fixtures import load_hf
+from fixtures import SHAPES, load_hf, make_tiny
 
 TOL = 1e-4
 
@@ -23,7 +23,19 @@ def hf_and_model(tiny_path):
 @pytest.mark.parametrize("stage", ["exported", "legalized"])
 @pytest.mark.parametrize("prompt_len", [1, 7, 33])
 def test_logits_match_transformers(hf_and_model, stage, prompt_len):
-    hf, model = hf_and_model
+    check_logits(*hf_and_model, stage, prompt_len)
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_second_shapes_match_transformers(name):
+    """A second shape of each new architecture (GQA 1 and 4, other windows and caps, SmolLM3's NoPE every
+    other layer with sliding NoPE layers, Gemma 3 with one local layer to one global)."""
+    path = make_tiny(name)
+    for prompt_len in (7, 33):
+        check_logits(load_hf(path), deploycc.load_model(str(path)), "exported", prompt_len)
+
+
+def check_logits(hf, model, stage, prompt_len):
     vocab = model.config.vocab_size
     rng = np.random.default_rng(prompt_len)
     prompt = [int(t) for t in rng.integers(0, vocab, prompt_len)]
