@@ -71,7 +71,10 @@ ARCHS = {"llama": Arch("LlamaForCausalLM", "llama", _LLAMA_BLOCK, permuted=True)
          "qwen3": Arch("Qwen3ForCausalLM", "qwen3", {**_LLAMA_BLOCK, **_QK_NORM}),
          "gemma2": Arch("Gemma2ForCausalLM", "gemma2", _GEMMA_BLOCK),
          "gemma3": Arch("Gemma3ForCausalLM", "gemma3_text", _GEMMA_BLOCK),
-         "phi3": Arch("Phi3ForCausalLM", "phi3", _PHI3_BLOCK)}
+         "phi3": Arch("Phi3ForCausalLM", "phi3", _PHI3_BLOCK),
+         # convert_hf_to_gguf's SmolLM3Model is its LlamaModel: Q/K permuted; llama.cpp skips rotation on every
+         # 4th layer as transformers' default no_rope_layer_interval does
+         "smollm3": Arch("SmolLM3ForCausalLM", "smollm3", _LLAMA_BLOCK, permuted=True)}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 

@@ -1,11 +1,12 @@
-"""GGUF import of the architectures llama.cpp writes as qwen2, qwen3, gemma2, gemma3 and phi3.
+"""GGUF import of the architectures llama.cpp writes as qwen2, qwen3, gemma2, gemma3, phi3 and smollm3.
 
 Each test makes a tiny random model with transformers, writes it as llama.cpp's convert_hf_to_gguf.py
 would (tensor names from gguf's own TensorNameMap, metadata through GGUFWriter's keys, Gemma's norms
-stored as 1 + w, Phi-3's LongRoPE factors as rope_factors_short/long tensors, no Q/K permutation outside
-Llama), loads the .gguf with deploycc and compares the reference session's logits with transformers' on
-the original model: prefill of 13 tokens (longer than the sliding windows) and 4 greedy decode steps,
-max |diff| <= 1e-4. One is then compiled for the cpu target, and an unknown architecture is refused.
+stored as 1 + w, Phi-3's LongRoPE factors as rope_factors_short/long tensors, Q/K rows permuted for
+SmolLM3 as for Llama and nowhere else), loads the .gguf with deploycc and compares the reference
+session's logits with transformers' on the original model: prefill of 13 tokens (longer than the
+sliding windows) and 4 greedy decode steps, max |diff| <= 1e-4. One is then compiled for the cpu
+target, and an unknown architecture is refused.
 """
 import json
 import math
@@ -57,7 +58,12 @@ def configs(n):
                                                              "rope_theta": 1000000.0}}),
         "phi3": tf.Phi3Config(**{**c, "max_position_embeddings": 256}, num_hidden_layers=2, partial_rotary_factor=0.5,
                               sliding_window=6, original_max_position_embeddings=64, rope_scaling=longrope),
+        "smollm3": tf.SmolLM3Config(**c, num_hidden_layers=4, rope_theta=2000000.0, tie_word_embeddings=True),
     }
+
+
+def _permute(w, n_head):  # convert_hf_to_gguf's LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def write_gguf(model, arch: str, path):
@@ -80,7 +86,7 @@ def write_gguf(model, arch: str, path):
     params = cfg.rope_parameters
     theta = (params.get("full_attention") or params)["rope_theta"]
     w.add_rope_freq_base(theta)
-    if arch != "phi3":
+    if arch not in ("phi3", "smollm3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if arch.startswith("gemma"):
@@ -116,6 +122,9 @@ def write_gguf(model, arch: str, path):
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"gguf's TensorNameMap has no name for {hf_name}"
         arr = t.detach().numpy().astype(np.float32)
+        if arch == "smollm3" and name.endswith(("attn_q.weight", "attn_k.weight")):  # LlamaModel's permute
+            heads = cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
+            arr = _permute(arr, heads)
         if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             arr = arr + np.float32(1.0)  # convert_hf_to_gguf: Gemma's norms stored as 1 + w
         w.add_tensor(name, arr)
@@ -132,7 +141,7 @@ def make(arch: str, tmp_path):
     torch.manual_seed(0)
     cfg = configs(len(vocab()[0]))[arch]
     cls = {"qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM, "gemma2": tf.Gemma2ForCausalLM,
-           "gemma3": tf.Gemma3ForCausalLM, "phi3": tf.Phi3ForCausalLM}[arch]
+           "gemma3": tf.Gemma3ForCausalLM, "phi3": tf.Phi3ForCausalLM, "smollm3": tf.SmolLM3ForCausalLM}[arch]
     cfg._attn_implementation = "eager"
     model = cls(cfg).eval()
     with torch.no_grad():
@@ -147,7 +156,7 @@ def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("DEPLOYCC_HOME", str(tmp_path / "home"))
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3"])
 def test_gguf_logits_match_transformers(arch, tmp_path):
     model, path = make(arch, tmp_path)
     # Phi-3: the short LongRoPE factors, as transformers uses them for sequences within the original 64 positions
@@ -191,5 +200,5 @@ def test_unknown_gguf_architecture_names_the_supported(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(DeployError, match="GGUF architecture 'falcon' is not supported; supported: llama, qwen2, "
-                                          "qwen3, gemma2, gemma3, phi3"):
+                                          "qwen3, gemma2, gemma3, phi3, smollm3"):
         deploycc.load_model(str(path))
