@@ -127,3 +127,29 @@ def test_cpu_exp_is_accurate_and_vectorisable():
     rel = np.abs(y[:-4] - want) / want
     assert rel.max() <= 2.4e-7, f"worst relative error {rel.max():.3g} at x = {x[rel.argmax()]}"
     assert list(y[-4:]) == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_cpu_tanh_is_accurate_and_vectorisable():
+    """dcc_tanhf (GeGLU, soft-capping) within 2e-7 absolute and 4 float32 ulp relative of float64 tanh over
+    [-20, 20], odd, and exactly +-1 far out."""
+    require_cc()
+    device = require_device("cpu")
+    target = presets.load("cpu").target
+    count = 1 << 16
+    X = tir.Buffer("x", (sym.as_expr(count),))
+    Y = tir.Buffer("y", (sym.as_expr(count),))
+    its = tir.iters("i", (count,))
+    i = tir.v(its[0])
+    prog = tir.TensorProgram("tanh", (X, Y), tir.Block("tanh", its, tir.Store(Y, (i,), tir.unary("tanh", X[i]))))
+    prog = schedule_program(prog, target)
+    assert "dcc_tanhf(" in render(list(prog.attrs["schedule"].kernels), target)
+    x = np.concatenate([np.linspace(-20.0, 20.0, count - 6, dtype=np.float32),
+                        np.float32([0.0, 1e-30, -1e-8, 0.39999998, 0.4, 1e30])])
+    y = np.zeros(count, np.float32)
+    KernelRunner(device, target)(prog, [x, y], [])
+    want = np.tanh(x.astype(np.float64))
+    err = np.abs(y - want)
+    assert err.max() <= 2e-7, f"worst absolute error {err.max():.3g} at x = {x[err.argmax()]}"
+    rel = err / np.maximum(np.abs(want), 1e-30)
+    assert rel.max() <= 4 * 1.2e-7, f"worst relative error {rel.max():.3g} at x = {x[rel.argmax()]}"
+    assert y[-1] == 1.0 and y[-6] == 0.0
