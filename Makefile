@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml | system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,opencl,webgpu]"
+	$(PY) -m pip install -q -e ".[dev,opencl,webgpu,serve]"
 	touch $(STAMP)
 
 system-deps:

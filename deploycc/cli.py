@@ -350,6 +350,32 @@ def chat(model, system, max_tokens, temperature, top_p, top_k, repetition_penalt
     return chat_repl(session, tok, name=name, system=system, errors=ERRORS, **options)
 
 
+# ---- serve -------------------------------------------------------------------------------------
+
+@cli.command(short_help="An OpenAI-compatible HTTP server for a package or model.")
+@click.argument("model")
+@click.option("--device", default=None, help="Compile MODEL for this preset first (cached); a package runs as compiled.")
+@click.option("--context-window", type=click.IntRange(min=1), default=None, help="With --device: the context window.")
+@click.option("--revision", default=None, help="Hub revision of MODEL.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (this machine only by default).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every /v1 call.")
+@click.option("--max-queue", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests that may wait for the engine; beyond it the server answers 429.")
+@click.option("--model-name", default=None, help="The model id clients name (default: the package's directory name).")
+def serve(model, device, context_window, revision, host, port, api_key, max_queue, model_name):
+    """Serve MODEL (a package, or a checkpoint compiled for --device) with OpenAI's API:
+    POST /v1/chat/completions and /v1/completions (streamed as server-sent events or whole), GET /v1/models,
+    /health and /metrics (Prometheus). Requests run one at a time; up to --max-queue wait."""
+    from .runtime.server import serve as run_server
+
+    opened = _open_package(model, device, context_window, revision, False)
+    if opened is None:
+        raise DeployError(f"{model} is not a package; give --device PRESET to compile it first (e.g. --device cpu)")
+    engine, info = opened
+    run_server(engine, model_name or Path(info.get("package") or model).name, host, port, api_key, max_queue)
+
+
 # ---- bench -------------------------------------------------------------------------------------
 
 @cli.command(short_help="Prefill / decode tokens per second and memory of a package.")

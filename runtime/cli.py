@@ -24,6 +24,7 @@ from .package import PackageError
 from .procstat import peak_rss_bytes
 from .safetensors_io import SafetensorsError
 from .sampler import Sampler
+from .server import ServeError
 from .symexpr import SymExprError
 from .tokenizer import TokenizerError, clean_text
 from .vm import DTensor, VMError
@@ -35,7 +36,7 @@ class UsageError(ValueError):
 
 # Every error a user can cause or fix; anything else is a bug and keeps its traceback.
 USER_ERRORS = (UsageError, PackageError, DeviceError, VMError, ContextWindowFull, ContextWindowError, TokenizerError,
-               SafetensorsError, SymExprError)
+               SafetensorsError, SymExprError, ServeError)
 
 CHAT_HELP = """commands:
   /system TEXT   set the system prompt (no TEXT: remove it); the history is kept
@@ -414,7 +415,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser(package_dir: str) -> argparse.ArgumentParser:
     p = _Parser(prog=f"python {package_dir}",
                                 description="Run this deploycc package (no deploycc installation needed).")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,chat,bench}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,chat,bench,serve}")
 
     def generation(sp, max_tokens: int):
         sp.add_argument("--max-tokens", type=int, default=max_tokens, help=f"(default {max_tokens})")
@@ -438,6 +439,12 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=3, help="(default 3)")
     b.add_argument("--seed", type=int, default=0, help="(default 0)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs starlette and uvicorn)")
+    s.add_argument("--host", default="127.0.0.1", help="(default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="(default 8000)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 calls")
+    s.add_argument("--max-queue", type=int, default=16, help="requests that may wait; beyond, 429 (default 16)")
+    s.add_argument("--model-name", default=None, help="the model id clients name (default: the package's name)")
     return p
 
 
@@ -457,6 +464,11 @@ def _command(package_dir: str, args) -> int:
         options = _gen_options(args)
         engine = Engine.load(package_dir)
         return chat_repl(engine, engine.tokenizer, name=Path(package_dir).name, system=args.system, **options)
+    elif args.command == "serve":
+        from .server import serve
+
+        serve(Engine.load(package_dir), args.model_name or Path(package_dir).resolve().name, args.host, args.port,
+              args.api_key, args.max_queue)
     else:
         engine = Engine.load(package_dir)
         r = bench(engine, args.prompt_len, args.gen_len, args.repeat, args.seed)

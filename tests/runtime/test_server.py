@@ -1,0 +1,249 @@
+"""`python PKG serve` / `deploycc serve`: the real server on 127.0.0.1 in its own process, driven by the
+official `openai` client (and raw HTTP where the client would hide the status).
+
+A tiny llama package (native cpu target, byte-level BPE tokenizer, ChatML template) answers: greedy chat
+and completions, whole and streamed, equal to `python PKG run` (the same engine, alone); the usage counts;
+/v1/models, /health, /metrics; every refusal with its status and OpenAI's error body (unknown model,
+unsupported and malformed fields, a prompt past the context window, a wrong or missing key, n > 1); and
+backpressure (429 beyond --max-queue). SmolLM2 (marked `model`): the chat answer equals `deploycc run`'s, and
+a streamed request whose client leaves is cancelled, freeing the engine for the next.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import require_cc, require_module
+from tiny_package import compile_tiny_package
+
+openai = require_module("openai")
+require_module("starlette")
+require_module("uvicorn")
+
+KEY = "sk-test-123"
+PROMPT = "hello world"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if json.loads(r.read()) == {"status": "ok"}:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not answer /health within 120 s")
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    require_cc()
+    return compile_tiny_package(tmp_path_factory.mktemp("serve"), "cpu")
+
+
+@pytest.fixture(scope="module")
+def server(package):
+    port = free_port()
+    proc = start([sys.executable, str(package), "serve", "--port", str(port), "--api-key", KEY, "--max-queue", "2",
+                  "--model-name", "tiny"], port)
+    yield f"http://127.0.0.1:{port}", proc
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def run_alone(package: Path, prompt: str, max_tokens: int, chat: bool = True) -> str:
+    args = [sys.executable, str(package), "run", "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+    r = subprocess.run(args + ([] if chat else ["--no-chat"]), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)["text"]
+
+
+def post(url: str, body, key: str | None = KEY) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
+                                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_chat_whole_and_streamed_equal_a_solo_run(client, package):
+    want = run_alone(package, PROMPT, 12)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+                                       temperature=0)
+    assert r.object == "chat.completion" and r.model == "tiny" and len(r.choices) == 1
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == want
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens >= 1 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
+                                                 max_tokens=12, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == r.usage.total_tokens
+
+
+def test_completions_whole_and_streamed(client, package):
+    want = run_alone(package, PROMPT, 10, chat=False)
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text == want
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=10, temperature=0, stream=True) if c.choices)
+    assert streamed == want
+
+
+def test_stop_and_seeded_sampling(client):
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0).choices[0].text
+    cut = full[3:6]
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, stop=[cut])
+    assert r.choices[0].text == full[:full.index(cut)] and r.choices[0].finish_reason == "stop"
+    a, b = (client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+            for _ in range(2))
+    assert a.choices[0].text == b.choices[0].text  # the same seed, the same sample
+
+
+def test_models_health_metrics(client, server):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    with urllib.request.urlopen(server[0] + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for name in ("deploycc_requests_total", "deploycc_generation_tokens_total", "deploycc_queue_length",
+                 "deploycc_batch_size", "deploycc_kv_cache_tokens"):
+        assert f"\n{name}" in "\n" + text, name
+    assert 'deploycc_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+
+
+@pytest.mark.parametrize("body,status,param,code", [
+    ({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}, 400,
+     "presence_penalty", "unsupported_parameter"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, 400, "frobnicate",
+     "unsupported_parameter"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n", None),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}, 400, "temperature", None),
+    ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages", None),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi " * 400}]}, 400, "messages",
+     "context_length_exceeded"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens", None),
+])
+def test_bad_requests(server, body, status, param, code):
+    got, err = post(server[0] + "/v1/chat/completions", body)
+    assert got == status and set(err) == {"error"}, err
+    assert err["error"]["param"] == param and err["error"]["code"] == code and err["error"]["message"]
+
+
+def test_no_op_fields_are_accepted(client):
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       temperature=0, presence_penalty=0, frequency_penalty=0, user="u1")
+    assert r.choices[0].message.content is not None
+
+
+def test_keys_and_malformed_bodies(server):
+    url = server[0] + "/v1/chat/completions"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    for key in (None, "sk-wrong"):
+        got, err = post(url, body, key)
+        assert got == 401 and err["error"]["code"] == "invalid_api_key"
+    got, err = post(url, b"{not json")
+    assert got == 400 and "not valid JSON" in err["error"]["message"]
+    got, err = post(server[0] + "/v1/embeddings", body)
+    assert got == 404 and err["error"]["message"]
+    bad = openai.OpenAI(base_url=server[0] + "/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_a_full_queue_is_429(client):
+    """--max-queue 2: with one request running and two waiting, more are refused with 429 (rate_limit_error)."""
+    statuses, lock = [], threading.Lock()
+
+    def one():
+        try:
+            client.completions.create(model="tiny", prompt=PROMPT, max_tokens=60, temperature=0)
+            s = 200
+        except openai.RateLimitError:
+            s = 429
+        with lock:
+            statuses.append(s)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert 429 in statuses and statuses.count(200) >= 3, statuses
+
+
+def metric(url: str, name: str) -> int:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as m:
+        text = m.read().decode()
+    return next(int(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_deploycc_serve_refuses_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "deploycc", "serve", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and "--device" in lines[0]
+
+
+@pytest.mark.model
+def test_smollm2_chat_equals_deploycc_run(smollm2_path, tmp_path):
+    from deploycc.package import compile_model
+
+    require_cc()
+    pkg = compile_model(smollm2_path, "cpu", out=str(tmp_path / "smollm2"), context_window=512)
+    question = "What is the capital of France?"
+    r = subprocess.run([sys.executable, "-m", "deploycc", "run", str(pkg), "--prompt", question, "--max-tokens", "24",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = json.loads(r.stdout)["text"]
+    port = free_port()
+    proc = start([sys.executable, "-m", "deploycc", "serve", str(pkg), "--port", str(port)], port)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+        got = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": question}],
+                                             max_tokens=24, temperature=0)
+        assert got.choices[0].message.content == want
+        # A streamed request whose client leaves after the first chunk stops at its next token (its 400 tokens
+        # would take about a second): the engine is free for the next request, and the metrics count it.
+        url = f"http://127.0.0.1:{port}"
+        before = metric(url, "deploycc_generation_tokens_total")
+        stream = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=400,
+                                           temperature=0, stream=True)
+        next(iter(stream))
+        stream.close()
+        r = client.completions.create(model="smollm2", prompt="Hi", max_tokens=1, temperature=0)
+        assert r.usage.completion_tokens == 1
+        assert metric(url, "deploycc_requests_cancelled_total") == 1
+        assert metric(url, "deploycc_generation_tokens_total") - before < 400
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
