@@ -207,6 +207,67 @@ def metric(url: str, name: str) -> int:
     return next(int(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+
+LOAD_PROMPTS = ["hello world", "the quick brown fox", "tell me a story", "one two three four"]
+
+
+def test_sixteen_streaming_clients_for_a_minute(package):
+    """16 concurrent streaming chat clients for 60 s (loopback, --max-queue 16): no errors, every greedy
+    stream equal to its prompt's solo run, and the server's resident memory flat (within 16 MB of its size
+    after the first round of requests)."""
+    solo = {p: run_alone(package, p, 16) for p in LOAD_PROMPTS}
+    port = free_port()
+    proc = start([sys.executable, str(package), "serve", "--port", str(port), "--max-queue", "16",
+                  "--model-name", "tiny"], port)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+        errors, mismatches, done, lock = [], [], [0], threading.Lock()
+
+        def stream(prompt: str) -> str:
+            chunks = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                                    max_tokens=16, temperature=0, stream=True)
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+        for p in LOAD_PROMPTS:  # the first round: the server's memory after it is the baseline
+            assert stream(p) == solo[p]
+        baseline = rss_mb(proc.pid)
+        deadline = time.time() + 60
+
+        def worker(i: int):
+            n = i
+            while time.time() < deadline:
+                prompt = LOAD_PROMPTS[n % len(LOAD_PROMPTS)]
+                n += 1
+                try:
+                    text = stream(prompt)
+                except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+                    with lock:
+                        errors.append(repr(e)[:200])
+                    continue
+                with lock:
+                    done[0] += 1
+                    if text != solo[prompt]:
+                        mismatches.append((prompt, text))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=400)
+        assert not errors, errors[:3]
+        assert not mismatches, mismatches[:3]
+        assert done[0] >= 16
+        grown = rss_mb(proc.pid) - baseline
+        assert grown <= 16, f"the server grew by {grown:.1f} MB over {done[0]} requests"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_deploycc_serve_refuses_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "deploycc", "serve", str(tmp_path)], capture_output=True, text=True,
                        timeout=120)
