@@ -37,7 +37,8 @@ def package(tmp_path_factory) -> Path:
     ((), ["the following arguments are required"]),
     (("run",), ["--prompt"]),
     (("run", "--prompt", "hi", "--max-tokens", "many"), ["--max-tokens", "invalid int value"]),
-    (("serve",), ["invalid choice: 'serve'"]),
+    (("frobnicate",), ["invalid choice: 'frobnicate'"]),
+    (("serve", "--port", "seventy"), ["--port", "invalid int value"]),
 ])
 def test_package_usage(package, args, fragments):
     assert_one_line_error(run_package(package, *args), *fragments, "--help'", code=2)
