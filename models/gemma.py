@@ -17,7 +17,7 @@ from deploycc.nn import op
 
 from ._config import flag, positive, value
 from ._rope import Rope
-from .llama import LlamaAttention, LlamaConfig, rope_tables
+from .llama import LlamaAttention, LlamaConfig, LlamaForCausalLM, LlamaModel
 from .llama import shape_facts as llama_facts
 
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -83,46 +83,21 @@ class GemmaDecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class GemmaModel(nn.Module):
-    def __init__(self, cfg: GemmaConfig):
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+class GemmaModel(LlamaModel):
+    LAYER = GemmaDecoderLayer
 
 
-class GemmaForCausalLM(nn.Module):
-    def __init__(self, cfg: GemmaConfig):
-        self.config = cfg
-        self.model = GemmaModel(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size)
+class GemmaForCausalLM(LlamaForCausalLM):
+    """Llama's forward, with embeddings times sqrt(hidden_size) and the logits soft-capped."""
+    MODEL = GemmaModel
 
-    def forward(self, input_ids: nn.Tensor, cache: nn.Cache, last_only: bool = False) -> nn.Tensor:
-        cfg = self.config
-        n = input_ids.shape[1]
-        total = cache.begin(n)
-        h = self.model.embed_tokens(input_ids) * float(cfg.hidden_size ** 0.5)
-        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n,
-                            cache.capacity or cfg.context_window)
-        for i, (layer, rope) in enumerate(zip(self.model.layers, ropes)):
-            h = layer(h, cache, i, rope)
-        if last_only:
-            h = op.strided_slice(h, n - 1, n, axis=1)
-        h = self.model.norm(h)
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = op.linear(h, head)
-        if cfg.final_logit_softcapping:
-            cap = cfg.final_logit_softcapping
-            logits = op.tanh(logits * (1.0 / cap)) * cap
-        return logits
+    def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
+        return self.model.embed_tokens(input_ids) * float(self.config.hidden_size ** 0.5)
 
-    def prefill(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache, last_only=True)
-
-    def prefill_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache)
-
-    def decode(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache)
+    def head(self, h: nn.Tensor) -> nn.Tensor:
+        logits = super().head(h)
+        cap = self.config.final_logit_softcapping
+        return op.tanh(logits * (1.0 / cap)) * cap if cap else logits
 
 
 def weight_map(cfg: GemmaConfig) -> dict[str, tuple[str, str | None]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from deploycc import nn
 from deploycc.nn import op
 
+from ._causal import CausalLM
 from ._config import apply_overrides, count, positive, text
 
 
@@ -102,7 +103,7 @@ class GPT2Model(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd, cfg.layer_norm_epsilon)
 
 
-class GPT2LMHeadModel(nn.Module):
+class GPT2LMHeadModel(CausalLM):
     def __init__(self, cfg: GPT2Config):
         self.config = cfg
         self.transformer = GPT2Model(cfg)
@@ -117,15 +118,6 @@ class GPT2LMHeadModel(nn.Module):
         if last_only:
             h = op.strided_slice(h, n - 1, n, axis=1)
         return op.linear(self.transformer.ln_f(h), self.transformer.wte.weight)
-
-    def prefill(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache, last_only=True)
-
-    def prefill_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache)
-
-    def decode(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache)
 
 
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from deploycc import nn
 from deploycc.nn import op
 
+from ._causal import CausalLM
 from ._config import apply_overrides, count, flag, positive, value
 from ._rope import Rope, rope_of
 
@@ -200,40 +201,40 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    LAYER = LlamaDecoderLayer  # a relative's decoder layer (Gemma, Phi-3)
+
     def __init__(self, cfg: LlamaConfig):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.LAYER(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
+    MODEL = LlamaModel
+
     def __init__(self, cfg: LlamaConfig):
         self.config = cfg
-        self.model = LlamaModel(cfg)
+        self.model = self.MODEL(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size)
+
+    def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def head(self, h: nn.Tensor) -> nn.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return op.linear(h, weight)
 
     def forward(self, input_ids: nn.Tensor, cache: nn.Cache, last_only: bool = False) -> nn.Tensor:
         n = input_ids.shape[1]
         total = cache.begin(n)
-        h = self.model.embed_tokens(input_ids)
+        h = self.embed(input_ids)
         context = cache.capacity or self.config.context_window  # the cache's (export's) context window
         ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n, context)
         for i, (layer, rope) in enumerate(zip(self.model.layers, ropes)):
             h = layer(h, cache, i, rope)
         if last_only:  # generation needs the last position's logits only: skip the head elsewhere
             h = op.strided_slice(h, n - 1, n, axis=1)
-        h = self.model.norm(h)
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return op.linear(h, head)
-
-    def prefill(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache, last_only=True)
-
-    def prefill_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache)
-
-    def decode(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
-        return self.forward(input_ids, cache)
+        return self.head(self.model.norm(h))
 
 
 def weight_map(cfg) -> dict[str, tuple[str, str | None]]:

@@ -54,17 +54,11 @@ class Phi3DecoderLayer(LlamaDecoderLayer):
 
 
 class Phi3Model(LlamaModel):
-    def __init__(self, cfg: Phi3Config):
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Phi3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    LAYER = Phi3DecoderLayer
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-    def __init__(self, cfg: Phi3Config):
-        self.config = cfg
-        self.model = Phi3Model(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size)
+    MODEL = Phi3Model
 
 
 def weight_map(cfg) -> dict[str, tuple[str, str | None]]:

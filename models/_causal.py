@@ -1,0 +1,16 @@
+"""The graph functions every model exports, from its `forward(input_ids, cache, last_only)`."""
+from __future__ import annotations
+
+from deploycc import nn
+
+
+class CausalLM(nn.Module):
+    def prefill(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        """The last position's logits: what generation needs (the head runs on one row)."""
+        return self.forward(input_ids, cache, last_only=True)
+
+    def prefill_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        return self.forward(input_ids, cache)
+
+    def decode(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        return self.forward(input_ids, cache)
