@@ -386,6 +386,13 @@ def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, ap
         raise ServeError(f"--port must be between 1 and 65535, got {port}")
     if max_queue < 1:
         raise ServeError(f"--max-queue must be at least 1, got {max_queue}")
+    import socket
+
+    try:  # a port in use or an address not of this machine: one line now, not uvicorn's log after start-up
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
     server = Server(engine, model_name, api_key, max_queue)
     print(f"serving {model_name} on http://{host}:{port}/v1 (OpenAI API; /health, /metrics)", flush=True)
     try:

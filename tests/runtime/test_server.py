@@ -268,11 +268,26 @@ def test_sixteen_streaming_clients_for_a_minute(package):
         proc.wait(timeout=30)
 
 
+def one_line_error(r) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    return lines[0]
+
+
 def test_deploycc_serve_refuses_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "deploycc", "serve", str(tmp_path)], capture_output=True, text=True,
                        timeout=120)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and "--device" in lines[0]
+    assert "--device" in one_line_error(r)
+
+
+def test_serve_refuses_a_port_in_use_and_a_bad_queue(package, server):
+    port = server[0].rsplit(":", 1)[1]  # the module's server holds it
+    r = subprocess.run([sys.executable, str(package), "serve", "--port", port], capture_output=True, text=True,
+                       timeout=120)
+    assert f"cannot listen on 127.0.0.1:{port}" in one_line_error(r)
+    r = subprocess.run([sys.executable, str(package), "serve", "--max-queue", "0"], capture_output=True, text=True,
+                       timeout=120)
+    assert "--max-queue must be at least 1" in one_line_error(r)
 
 
 @pytest.mark.model
