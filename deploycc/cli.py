@@ -611,7 +611,16 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
         from .transform.plan_memory import memory_report
 
         mod = pipeline.run(exported, target, "scheduled" if preset else "fused")
-        report = memory_report(mod, loaded.config.num_key_value_heads, loaded.config.head_dim)
+        cfg = loaded.config
+        report = memory_report(mod, cfg.num_key_value_heads, cfg.head_dim)
+        if preset and report["kv_cache_bytes"]:  # a package's sliding-window layers keep rings (limits.kv_rows)
+            from .limits import kv_rows
+
+            chunk = max(1, min(preset.prefill_chunk, report["context_window"]))
+            rows = sum(kv_rows(cfg, i, report["context_window"], chunk) for i in range(cfg.num_hidden_layers))
+            kv = 2 * rows * cfg.num_key_value_heads * cfg.head_dim * 4
+            report["total_bytes"] += kv - report["kv_cache_bytes"]
+            report["kv_cache_bytes"] = kv
         if as_json:
             click.echo(json.dumps(report, indent=2))
         else:

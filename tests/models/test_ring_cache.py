@@ -139,3 +139,13 @@ def test_engine_guards_the_rings(webgpu_package):
     # Within the rings' reach, truncation keeps the cache and equals a fresh prefill
     eng.truncate(len(other) - 2)
     np.testing.assert_allclose(eng.prefill(other[-2:]), got, rtol=0, atol=1e-4)
+
+
+def test_inspect_memory_counts_the_rings(webgpu_package):
+    """`deploycc inspect --memory` reports the KV cache the package holds, rings included."""
+    src, pkg = webgpu_package
+    r = cli("inspect", src, "--device", "cpu-webgpu", "--memory", "--json", "--override", f"prefill_chunk={STEP}",
+            "--context-window", CONTEXT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((pkg / "manifest.json").read_text())
+    assert json.loads(r.stdout)["kv_cache_bytes"] == m["memory"]["kv_cache_bytes"]
