@@ -51,6 +51,23 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+def message(i: int, m) -> dict:
+    """A chat message as the template takes it: OpenAI's "developer" role is the system prompt, and content
+    given as parts joins its text parts (anything but text is refused: this server reads text)."""
+    role = m.get("role") if isinstance(m, dict) else None
+    role = "system" if role == "developer" else role
+    content = m.get("content") if isinstance(m, dict) else None
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise RequestError(400, f"messages[{i}].content: only text parts are supported by this server",
+                               "messages", "unsupported_content")
+        content = "".join(p["text"] for p in content)
+    if role not in ROLES or not isinstance(content, str):
+        raise RequestError(400, f"messages[{i}] must be {{'role': one of {', '.join(ROLES)}, 'content': a string or "
+                                f"text parts}}", "messages")
+    return {"role": role, "content": content}
+
+
 @dataclass
 class Job:
     kind: str  # chat | completion
@@ -149,11 +166,7 @@ class Server:
             prompt = body.get("messages")
             if not isinstance(prompt, list) or not prompt:
                 raise RequestError(400, "messages must be a non-empty list", "messages")
-            for i, m in enumerate(prompt):
-                if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                    raise RequestError(400, f"messages[{i}] must be {{'role': one of {', '.join(ROLES)}, 'content': "
-                                            f"a string}}", "messages")
-            prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
+            prompt = [message(i, m) for i, m in enumerate(prompt)]
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

@@ -111,6 +111,17 @@ def test_chat_whole_and_streamed_equal_a_solo_run(client, package):
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == r.usage.total_tokens
 
 
+def test_text_parts_and_the_developer_role(client):
+    """Clients that send content as a list of text parts, and OpenAI's "developer" role for the system prompt,
+    get the answer of the plain form."""
+    plain = client.chat.completions.create(model="tiny", temperature=0, max_tokens=8, messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}])
+    parts = client.chat.completions.create(model="tiny", temperature=0, max_tokens=8, messages=[
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}])
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+
+
 def test_completions_whole_and_streamed(client, package):
     want = run_alone(package, PROMPT, 10, chat=False)
     r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0)
@@ -149,6 +160,8 @@ def test_models_health_metrics(client, server):
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n", None),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}, 400, "temperature", None),
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages", None),
+    ({"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     400, "messages", "unsupported_content"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi " * 400}]}, 400, "messages",
      "context_length_exceeded"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens", None),
