@@ -7,6 +7,7 @@ value names its key); `frequencies(context)` gives the inverse frequencies and t
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -29,26 +30,30 @@ class Rope:
     dim: int  # the rotated dimensions: head_dim, or its partial_rotary_factor part
     max_position_embeddings: int
 
+    def __hash__(self) -> int:  # by its numbers: `scaling` holds a dict (and LongRoPE's lists)
+        return hash(repr(self))
+
     def frequencies(self, context: int) -> tuple[np.ndarray, float]:
         """(inv_freq [dim / 2] float32, attention factor) for a cache of `context` positions; one array per
         rotation and context, so that every function of a module shares the constant."""
-        key = (repr(self), context if self.scaling and self.scaling["rope_type"] == "longrope" else 0)
-        if key not in _FREQUENCIES:
-            _FREQUENCIES[key] = inv_freq(self.dim, self.theta, self.scaling, self.max_position_embeddings, context)
-        return _FREQUENCIES[key]
+        longrope = self.scaling is not None and self.scaling["rope_type"] == "longrope"
+        return _frequencies(self, context if longrope else 0)
 
 
-_FREQUENCIES: dict[tuple[str, int], tuple[np.ndarray, float]] = {}
+@functools.cache
+def _frequencies(rope: Rope, context: int) -> tuple[np.ndarray, float]:
+    return inv_freq(rope.dim, rope.theta, rope.scaling, rope.max_position_embeddings, context)
 
 
-def rope_parameters(hf: dict, layer_type: str | None = None) -> tuple[float, dict | None]:
+def rope_parameters(hf: dict, layer_type: str = "full_attention") -> tuple[float, dict | None]:
     """(theta, scaling) from a config dict, in either the transformers 4 (`rope_theta`,
-    `rope_scaling`) or the transformers 5 (`rope_parameters`, per layer type where layers differ:
-    Gemma 3's `full_attention` and `sliding_attention`) spelling."""
+    `rope_scaling`) or the transformers 5 (`rope_parameters`) spelling. Where rope_parameters is given
+    per layer type (Gemma 3's `full_attention` and `sliding_attention`), `layer_type`'s: the global
+    layers' by default, the model's rotation."""
     params = hf.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ValueError(f"rope_parameters must be a mapping, got {params!r}")
-    nested = layer_type is not None and isinstance(params.get(layer_type), dict)
+    nested = isinstance(params.get(layer_type), dict)
     if nested:
         params = params[layer_type]
     theta = params.get("rope_theta", None if nested else hf.get("rope_theta"))
@@ -102,7 +107,13 @@ def rotary_dim(hf: dict, head_dim: int) -> int:
     return dim
 
 
-def rope_of(hf: dict, head_dim: int, max_positions: int, layer_type: str | None = None) -> Rope:
+def has_layer_rope(hf: dict, layer_type: str) -> bool:
+    """Whether config.json's rope_parameters has an entry for `layer_type` (transformers 5's Gemma 3)."""
+    params = hf.get("rope_parameters")
+    return isinstance(params, dict) and isinstance(params.get(layer_type), dict)
+
+
+def rope_of(hf: dict, head_dim: int, max_positions: int, layer_type: str = "full_attention") -> Rope:
     theta, scaling = rope_parameters(hf, layer_type)
     dim = rotary_dim(hf, head_dim)
     if scaling is not None and scaling["rope_type"] == "longrope":

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from deploycc import nn
 from deploycc.nn import op
 
-from ._config import flag, positive, value
+from ._config import count, flag, positive, value
 from ._rope import Rope
-from .llama import LlamaAttention, LlamaConfig, LlamaForCausalLM, LlamaModel
+from .llama import LlamaAttention, LlamaConfig, LlamaForCausalLM, LlamaMLP, LlamaModel
 from .llama import shape_facts as llama_facts
 
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -29,8 +29,9 @@ class GemmaConfig(LlamaConfig):
     attn_logit_softcapping: float = 0.0
     final_logit_softcapping: float = 0.0
     local_rope: Rope | None = None  # the sliding layers' rotation (Gemma 3); None: as the global layers
-    norms_plus_one: bool = False  # the checkpoint stores w of x * (1 + w): add 1 at load
+    norms_plus_one: bool = True  # the checkpoint stores w of x * (1 + w): add 1 at load (GGUF files store 1 + w)
     WINDOWED = True
+    PATTERN = 2  # where config.json has no layer_types: every PATTERN-th layer is global (Gemma 2: alternate)
 
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> GemmaConfig:
@@ -38,10 +39,11 @@ class GemmaConfig(LlamaConfig):
         if flag(hf, "use_bidirectional_attention", False):
             raise ValueError("use_bidirectional_attention is true: this is an embedding model, not a causal LM")
         cfg = super().from_hf(hf, **overrides)
+        cfg.mlp_bias = False
         cfg.query_pre_attn_scalar = positive(hf, "query_pre_attn_scalar", float(cfg.head_dim))
         cfg.attn_logit_softcapping = _cap(hf, "attn_logit_softcapping")
         cfg.final_logit_softcapping = _cap(hf, "final_logit_softcapping")
-        cfg.norms_plus_one = not hf.get("_norms_include_one", False)  # set by the GGUF loader
+        cfg.global_every = count(hf, "sliding_window_pattern", value(hf, "_sliding_window_pattern", cls.PATTERN))
         act = value(hf, "hidden_activation", value(hf, "hidden_act", "gelu_pytorch_tanh"))
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ValueError(f"hidden_activation {act!r} is not supported (Gemma uses gelu_pytorch_tanh)")
@@ -56,19 +58,12 @@ class GemmaAttention(LlamaAttention):
     def __init__(self, cfg: GemmaConfig, layer: int):
         super().__init__(cfg, layer)
         self.scale, self.softcap = cfg.query_pre_attn_scalar ** -0.5, cfg.attn_logit_softcapping
-        if self.window and cfg.local_rope is not None:
+        if cfg.local_rope is not None and cfg.slides(layer):
             self.rope = cfg.local_rope
 
 
-class GemmaMLP(nn.Module):
-    def __init__(self, cfg: GemmaConfig):
-        h, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(h, i)
-        self.up_proj = nn.Linear(h, i)
-        self.down_proj = nn.Linear(i, h)
-
-    def forward(self, x: nn.Tensor) -> nn.Tensor:
-        return self.down_proj(op.gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+class GemmaMLP(LlamaMLP):
+    ACT = staticmethod(op.gelu_tanh)  # GeGLU
 
 
 class GemmaDecoderLayer(nn.Module):

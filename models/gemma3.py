@@ -6,27 +6,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._config import count, positive, value
-from ._rope import Rope, check_scaling, rope_of
+from ._config import positive
+from ._rope import Rope, check_scaling, has_layer_rope, rope_of
 from .gemma import LAYERS, GemmaConfig, GemmaForCausalLM, shape_facts, weight_map  # noqa: F401
 
 
 @dataclass
 class Gemma3Config(GemmaConfig):
+    PATTERN = 6  # five local layers, then a global one, where config.json has no layer_types
+
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> Gemma3Config:
-        params = hf.get("rope_parameters")
-        nested = isinstance(params, dict) and isinstance(params.get("full_attention"), dict)
-        if nested:  # transformers 5: one rope_parameters per layer type
-            hf = dict(hf, rope_parameters=params["full_attention"])
-        cfg = super().from_hf(hf, **overrides)
+        cfg = super().from_hf(hf, **overrides)  # the global layers' rotation: rope_parameters' full_attention
         cfg.qk_norm = True
         cfg.attn_logit_softcapping = 0.0  # a Gemma 3 config may name one; transformers' Gemma 3 never applies it
-        # five local layers, then a global one, where config.json has no layer_types
-        cfg.global_every = count(hf, "sliding_window_pattern", value(hf, "_sliding_window_pattern", 6))
         positions = cfg.max_position_embeddings
-        if nested and isinstance(params.get("sliding_attention"), dict):
-            cfg.local_rope = rope_of(dict(hf, rope_parameters=params["sliding_attention"]), cfg.head_dim, positions)
+        if has_layer_rope(hf, "sliding_attention"):  # transformers 5: one rope_parameters per layer type
+            cfg.local_rope = rope_of(hf, cfg.head_dim, positions, "sliding_attention")
         else:  # transformers 4: rope_local_base_freq, unscaled
             theta = positive(hf, "rope_local_base_freq", 10000.0)
             cfg.local_rope = Rope(theta, check_scaling({}, hf), cfg.rope.dim, positions)

@@ -45,16 +45,9 @@ class LlamaConfig:
     sliding_from: int = 0  # else: layers from this one on slide (Qwen2's max_window_layers) ...
     global_every: int = 0  # ... but every global_every-th is global (Gemma 2: 2, Gemma 3: 6)
     qk_norm: bool = False  # RMSNorm over each head of q and k before rotation (Qwen3)
-    # Windows apply where config.json sets sliding_window (Llama never; its relatives override this).
-    WINDOWED = False
-
-    @property
-    def rope_theta(self) -> float:
-        return self.rope.theta
-
-    @property
-    def rope_scaling(self) -> dict | None:
-        return self.rope.scaling
+    # Whether config.json's sliding_window applies: never (Llama), always (True), or where the flag of this
+    # key is set (Qwen2's and SmolLM3's "use_sliding_window").
+    WINDOWED: bool | str = False
 
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> LlamaConfig:
@@ -90,17 +83,19 @@ class LlamaConfig:
 
     @classmethod
     def windowed(cls, hf: dict) -> bool:
-        return cls.WINDOWED and value(hf, "sliding_window", None) is not None
+        on = flag(hf, cls.WINDOWED, False) if isinstance(cls.WINDOWED, str) else cls.WINDOWED
+        return on and value(hf, "sliding_window", None) is not None
+
+    def slides(self, layer: int) -> bool:
+        """Whether `layer` is a local (sliding-window) layer: config.json's layer_types, else the rule."""
+        if self.layer_types:
+            return self.layer_types[layer] == "sliding_attention"
+        every = self.global_every
+        return layer >= self.sliding_from and not (every and (layer + 1) % every == 0)
 
     def window(self, layer: int) -> int:
         """The sliding window of `layer`, 0 for global attention."""
-        if not self.sliding_window:
-            return 0
-        if self.layer_types:
-            return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
-        every = self.global_every
-        slides = layer >= self.sliding_from and not (every and (layer + 1) % every == 0)
-        return self.sliding_window if slides else 0
+        return self.sliding_window if self.sliding_window and self.slides(layer) else 0
 
     def rotates(self, layer: int) -> bool:
         """Whether `layer` applies rotary embedding (all but SmolLM3's NoPE layers)."""
@@ -116,15 +111,20 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig, layer: int):
         h, d = cfg.hidden_size, cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(h, self.heads * d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
+        self.projections(cfg)
         self.o_proj = nn.Linear(self.heads * d, h, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = nn.RMSNorm(d, cfg.rms_norm_eps)
         self.rope = cfg.rope if cfg.rotates(layer) else None
         self.window, self.softcap, self.scale = cfg.window(layer), 0.0, d ** -0.5
+
+    def projections(self, cfg: LlamaConfig) -> None:
+        """The q/k/v projections (Phi-3 fuses them into one)."""
+        h, d = cfg.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(h, self.heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.qkv_bias)
 
     def project(self, x: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor, nn.Tensor]:
         """q [n, heads, head_dim], k and v [n, kv_heads, head_dim] of x [1, n, hidden]."""
@@ -159,11 +159,10 @@ def rope_tables(h: nn.Tensor, attns, offset, context: int) -> list:
         if attn.rope is None:
             out.append(None)
             continue
-        key = repr(attn.rope)  # its numbers (scaling holds lists, so a Rope is not hashable)
-        if key not in tables:
+        if attn.rope not in tables:
             freq, scale = attn.rope.frequencies(context)
-            tables[key] = op.rope_table(h, freq, offset, scale)
-        out.append(tables[key])
+            tables[attn.rope] = op.rope_table(h, freq, offset, scale)
+        out.append(tables[attn.rope])
     return out
 
 
@@ -178,6 +177,8 @@ def layer_types(hf: dict, layers: int) -> tuple[str, ...]:
 
 
 class LlamaMLP(nn.Module):
+    ACT = staticmethod(op.silu)  # SwiGLU; Gemma's GeGLU: gelu_tanh
+
     def __init__(self, cfg: LlamaConfig):
         h, i = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
@@ -185,13 +186,15 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=cfg.mlp_bias)
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        return self.down_proj(op.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.ACT(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):
+    ATTENTION, MLP = LlamaAttention, LlamaMLP  # a relative's (Phi-3)
+
     def __init__(self, cfg: LlamaConfig, layer: int):
-        self.self_attn = LlamaAttention(cfg, layer)
-        self.mlp = LlamaMLP(cfg)
+        self.self_attn = self.ATTENTION(cfg, layer)
+        self.mlp = self.MLP(cfg)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from deploycc import nn
 from deploycc.nn import op
 
-from .llama import LAYERS, LlamaAttention, LlamaConfig, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel  # noqa: F401
+from .llama import (  # noqa: F401
+    LAYERS,
+    LlamaAttention,
+    LlamaConfig,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+    weight_map,
+)
 
 
 @dataclass
@@ -20,13 +28,8 @@ class Phi3Config(LlamaConfig):
 
 
 class Phi3Attention(LlamaAttention):
-    def __init__(self, cfg: Phi3Config, layer: int):
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.qkv_proj = nn.Linear(h, (self.heads + 2 * self.kv_heads) * d, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.heads * d, h, bias=cfg.o_bias)
-        self.rope = cfg.rope
-        self.window, self.softcap, self.scale = cfg.window(layer), 0.0, d ** -0.5
+    def projections(self, cfg: Phi3Config) -> None:
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=cfg.qkv_bias)
 
     def project(self, x: nn.Tensor) -> tuple[nn.Tensor, nn.Tensor, nn.Tensor]:
         n, d = x.shape[1], self.head_dim
@@ -46,11 +49,7 @@ class Phi3MLP(nn.Module):
 
 
 class Phi3DecoderLayer(LlamaDecoderLayer):
-    def __init__(self, cfg: Phi3Config, layer: int):
-        self.self_attn = Phi3Attention(cfg, layer)
-        self.mlp = Phi3MLP(cfg)
-        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    ATTENTION, MLP = Phi3Attention, Phi3MLP
 
 
 class Phi3Model(LlamaModel):
@@ -59,10 +58,6 @@ class Phi3Model(LlamaModel):
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     MODEL = Phi3Model
-
-
-def weight_map(cfg) -> dict[str, tuple[str, str | None]]:
-    return {}
 
 
 def shape_facts(cfg: Phi3Config) -> list[tuple[str, int, str, int]]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._config import flag, value
+from ._config import value
 from .llama import LAYERS, LlamaConfig, LlamaForCausalLM, shape_facts, weight_map  # noqa: F401
 
 
 @dataclass
 class Qwen2Config(LlamaConfig):
+    WINDOWED = "use_sliding_window"
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> Qwen2Config:
         cfg = super().from_hf(hf, **overrides)
@@ -20,10 +21,6 @@ class Qwen2Config(LlamaConfig):
                 raise ValueError(f"max_window_layers must be a non-negative integer, got {first!r}")
             cfg.sliding_from = first
         return cfg
-
-    @classmethod
-    def windowed(cls, hf: dict) -> bool:
-        return flag(hf, "use_sliding_window", False) and value(hf, "sliding_window", None) is not None
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

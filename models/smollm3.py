@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._config import count, flag, value
+from ._config import count, value
 from .llama import LAYERS, LlamaConfig, LlamaForCausalLM, shape_facts, weight_map  # noqa: F401
 
 
@@ -14,10 +14,7 @@ from .llama import LAYERS, LlamaConfig, LlamaForCausalLM, shape_facts, weight_ma
 class SmolLM3Config(LlamaConfig):
     no_rope_layers: tuple[int, ...] = ()  # config.json's, where given
     no_rope_layer_interval: int = 4  # else: every interval-th layer is NoPE
-
-    @classmethod
-    def windowed(cls, hf: dict) -> bool:
-        return flag(hf, "use_sliding_window", False) and value(hf, "sliding_window", None) is not None
+    WINDOWED = "use_sliding_window"
 
     @classmethod
     def from_hf(cls, hf: dict, **overrides) -> SmolLM3Config:
@@ -36,10 +33,10 @@ class SmolLM3Config(LlamaConfig):
             return bool(self.no_rope_layers[layer])
         return (layer + 1) % self.no_rope_layer_interval != 0
 
-    def window(self, layer: int) -> int:
-        if self.sliding_window and not self.layer_types:  # transformers: the NoPE layers slide
-            return 0 if self.rotates(layer) else self.sliding_window
-        return super().window(layer)
+    def slides(self, layer: int) -> bool:
+        if not self.layer_types:  # transformers: the NoPE layers slide
+            return not self.rotates(layer)
+        return super().slides(layer)
 
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):
