@@ -64,13 +64,14 @@ class Arch:
     model_type: str
     block: dict  # GGUF block tensor -> HF module
     permuted: bool = False  # convert_hf_to_gguf permuted the Q/K rows (Llama only)
+    norms_plus_one: bool = False  # convert_hf_to_gguf stored Gemma's RMSNorm weights w as 1 + w
 
 
 ARCHS = {"llama": Arch("LlamaForCausalLM", "llama", _LLAMA_BLOCK, permuted=True),
          "qwen2": Arch("Qwen2ForCausalLM", "qwen2", _LLAMA_BLOCK),
          "qwen3": Arch("Qwen3ForCausalLM", "qwen3", {**_LLAMA_BLOCK, **_QK_NORM}),
-         "gemma2": Arch("Gemma2ForCausalLM", "gemma2", _GEMMA_BLOCK),
-         "gemma3": Arch("Gemma3ForCausalLM", "gemma3_text", _GEMMA_BLOCK),
+         "gemma2": Arch("Gemma2ForCausalLM", "gemma2", _GEMMA_BLOCK, norms_plus_one=True),
+         "gemma3": Arch("Gemma3ForCausalLM", "gemma3_text", _GEMMA_BLOCK, norms_plus_one=True),
          "phi3": Arch("Phi3ForCausalLM", "phi3", _PHI3_BLOCK),
          # convert_hf_to_gguf's SmolLM3Model is its LlamaModel: Q/K permuted; llama.cpp skips rotation on every
          # 4th layer as transformers' default no_rope_layer_interval does
@@ -330,20 +331,19 @@ def hf_config(path: Path, reader) -> dict:
 
 def _gemma_config(cfg: dict, name: str, opt) -> None:
     # llama.cpp's Gemma scales attention by key_length ** -0.5 but for the 27B models (46 layers of Gemma 2,
-    # 62 of Gemma 3), whose query_pre_attn_scalar is hidden_size / heads; their norms hold 1 + w already.
+    # 62 of Gemma 3), whose query_pre_attn_scalar is hidden_size / heads; it alternates local and global
+    # layers (Gemma 2) or has five local to one global (Gemma 3) unless the file says otherwise.
     big = cfg["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[name]
     head_dim = cfg["head_dim"] or cfg["hidden_size"] // cfg["num_attention_heads"]
     cfg.update(query_pre_attn_scalar=cfg["hidden_size"] // cfg["num_attention_heads"] if big else head_dim,
-               hidden_activation="gelu_pytorch_tanh", _norms_include_one=True,
+               hidden_activation="gelu_pytorch_tanh",
                attn_logit_softcapping=opt("attn_logit_softcapping", _float),
                final_logit_softcapping=opt("final_logit_softcapping", _float))
     pattern = opt("attention.sliding_window_pattern")
+    if pattern:
+        cfg["sliding_window_pattern"] = pattern
     if name == "gemma3":
-        cfg["sliding_window_pattern"] = pattern or 6
         cfg["rope_local_base_freq"] = opt("rope.freq_base_swa", _float, 10000.0)
-    elif pattern:
-        cfg["layer_types"] = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                              for i in range(cfg["num_hidden_layers"])]
 
 
 def _phi3_config(path: Path, reader, cfg: dict, opt, names: set) -> None:
@@ -538,6 +538,8 @@ def load_gguf(path: Path, source: str = "", **overrides):
         raise DeployError(f"{path}: GGUF metadata lacks {gguf_names(str(e.args[0]), name)}; re-convert the model") from None
     except ValueError as e:
         raise DeployError(f"{path}: {gguf_names(str(e), name)}; the GGUF metadata is wrong, re-convert the model") from None
+    if gguf_arch.norms_plus_one:
+        config.norms_plus_one = False  # the file holds 1 + w: Gemma's weight_map adds nothing
     weights = GGUFWeights(path, reader, config.num_attention_heads, config.num_key_value_heads, gguf_arch)
     check_config(str(path), arch, config, weights, "the GGUF metadata and tensors disagree; re-convert the model",
                  gguf_keys(name))

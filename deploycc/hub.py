@@ -247,6 +247,7 @@ class LoadedModel:
     weights: Weights
     source: str = ""
     _module: object = field(default=None, repr=False)
+    _wmap: dict | None = field(default=None, repr=False)
 
     @property
     def architecture(self) -> str:
@@ -260,12 +261,19 @@ class LoadedModel:
             self._module = self.arch.Model(self.config)
         return self._module
 
+    def checkpoint_name(self, name: str) -> tuple[str, str | None]:
+        """(the checkpoint tensor, its transform) of our parameter `name`: the architecture's weight_map (the
+        identity where it is silent), under its CHECKPOINT_PREFIX (Gemma 3's multimodal files: language_model.)."""
+        if self._wmap is None:
+            self._wmap = self.arch.weight_map(self.config)
+        hf_name, transform = self._wmap.get(name, (name, None))
+        return checkpoint_prefix(self.arch) + hf_name, transform
+
     def _sources(self) -> Iterator[tuple[str, str, str | None]]:
         """(our name, checkpoint name, transform) for every parameter, in export order, each checked
         against the safetensors headers: present, and of the shape the config implies (stored layout)."""
-        wmap = self.arch.weight_map(self.config)
         for name, p in self.build().named_parameters():
-            hf_name, transform = wmap.get(name, (name, None))
+            hf_name, transform = self.checkpoint_name(name)
             if hf_name not in self.weights:
                 raise DeployError(f"checkpoint {self.path} is missing tensor {hf_name} (needed for {name}); "
                                   f"is it a complete {self.architecture} checkpoint?")
@@ -285,6 +293,11 @@ class LoadedModel:
         for name, hf_name, transform in self._sources():
             arr = self.weights.read(hf_name)
             yield name, transformed(arr, transform)
+
+
+def checkpoint_prefix(arch: ModuleType) -> str:
+    """What the architecture's checkpoints put before every tensor name (models' CHECKPOINT_PREFIX)."""
+    return getattr(arch, "CHECKPOINT_PREFIX", "")
 
 
 def transformed(arr: np.ndarray, transform: str | None) -> np.ndarray:
@@ -336,6 +349,7 @@ def check_config(where: str, arch: ModuleType, config, weights, fix: str, keys: 
     a count of 10**9 must never reach `build`. `keys` renames config keys for messages (GGUF metadata)."""
     keys = keys or {}
     key, prefix = arch.LAYERS
+    prefix = checkpoint_prefix(arch) + prefix
     pattern = re.compile(re.escape(prefix) + _LAYER_INDEX)
     layers = {int(m.group(1)) for n in weights.names() if (m := pattern.match(n))}
     n = config.num_hidden_layers
@@ -350,6 +364,7 @@ def check_config(where: str, arch: ModuleType, config, weights, fix: str, keys: 
                           f"{where}: {keys.get(key, key)} is {n}, but the checkpoint holds no layer tensors ({prefix}N.*); "
                           f"is it a complete {arch.__name__.split('.')[-1]} checkpoint?")
     for what, size, tensor, axis in arch.shape_facts(config):
+        tensor = checkpoint_prefix(arch) + tensor
         if tensor not in weights:
             continue  # reported as missing by LoadedModel.check
         shape = tuple(weights.shape(tensor))

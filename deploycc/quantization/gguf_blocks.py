@@ -283,7 +283,7 @@ class GGUFModel:
         return getattr(self.base, name)
 
     def _scheme_of(self, ours: str, module=None) -> Scheme | None:
-        hf, transform = self.base.arch.weight_map(self.base.config).get(ours, (ours, None))
+        hf, transform = self.base.checkpoint_name(ours)
         if transform is not None or hf not in self.base.weights:
             return None
         block = BLOCK_SCHEMES.get(self.base.weights.qtype(hf))
