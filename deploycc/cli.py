@@ -614,11 +614,10 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
         cfg = loaded.config
         report = memory_report(mod, cfg.num_key_value_heads, cfg.head_dim)
         if preset and report["kv_cache_bytes"]:  # a package's sliding-window layers keep rings (limits.kv_rows)
-            from .limits import kv_rows
+            from .limits import footprint
 
-            chunk = max(1, min(preset.prefill_chunk, report["context_window"]))
-            rows = sum(kv_rows(cfg, i, report["context_window"], chunk) for i in range(cfg.num_hidden_layers))
-            kv = 2 * rows * cfg.num_key_value_heads * cfg.head_dim * 4
+            ctx = report["context_window"]
+            kv = footprint(cfg, 0, ctx, max(1, min(preset.prefill_chunk, ctx))).kv_cache
             report["total_bytes"] += kv - report["kv_cache_bytes"]
             report["kv_cache_bytes"] = kv
         if as_json:

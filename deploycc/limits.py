@@ -74,10 +74,10 @@ def footprint(cfg, weights: int, ctx: int, chunk: int) -> Footprint:
 
 
 def kv_rows(cfg, layer: int, ctx: int, chunk: int) -> int:
-    """The KV-cache rows a layer keeps: a sliding-window layer's ring (window + chunk - 1, nn.Cache.rows) where
-    that is shorter than the context window."""
-    window = cfg.window(layer) if hasattr(cfg, "window") else 0
-    return window + chunk - 1 if window and window + chunk - 1 < ctx else ctx
+    """The KV-cache rows a layer keeps: a sliding-window layer's ring (nn.core.ring_rows), else the context window."""
+    from .nn.core import ring_rows
+
+    return ring_rows(cfg.window(layer) if hasattr(cfg, "window") else 0, chunk, ctx) or ctx
 
 
 def device_memory(preset: Preset) -> tuple[int | None, str]:

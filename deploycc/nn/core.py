@@ -199,6 +199,16 @@ def kv_cache_spec(capacity: int = 0, step: int = 0) -> ObjectSpec:
     return ObjectSpec(capacity=capacity, step=step)
 
 
+def ring_rows(window: int, step: int, capacity: int) -> int:
+    """The rows of KV cache a layer with a sliding `window` keeps when a step appends at most `step` tokens
+    to a cache of `capacity` positions: a step of n tokens at positions t-n..t-1 sees keys from t-n-window+1
+    on, so window + n - 1 rows hold all it reads. 0 (the whole cache) where that saves nothing, or without a
+    window or a bounded step."""
+    if not window or not step or window + step - 1 >= capacity:
+        return 0
+    return window + step - 1
+
+
 class Cache:
     """The KV cache as seen by model code (a runtime object threaded through the function)."""
 
@@ -209,11 +219,8 @@ class Cache:
         self.capacity, self.step = capacity, step
 
     def rows(self, window: int) -> int:
-        """The ring a layer with this sliding window keeps (0: the whole context window). A step of n tokens
-        at positions t-n..t-1 sees keys from t-n-window+1 on, so window + n - 1 rows hold all it reads."""
-        if not window or not self.step or window + self.step - 1 >= self.capacity:
-            return 0
-        return window + self.step - 1
+        """The ring a layer with this sliding window keeps (0: the whole context window)."""
+        return ring_rows(window, self.step, self.capacity)
 
     def begin(self, seq_len: sym.Expr) -> sym.Expr:
         """Reserve `seq_len` positions; returns the symbolic total length after them (`total_len`)."""

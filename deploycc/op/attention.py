@@ -236,8 +236,7 @@ def _attn_legalize(call, module):
         return out
 
     def score(hh_, i_, j_):
-        s = S[hh_, i_, j_] * scale
-        return tir.unary("tanh", s / cap) * cap if cap else s
+        return capped(S[hh_, i_, j_] * scale, cap)
 
     its = tir.iters("h i j", (h, n, t), "SSR")
     hh, i, j = (tir.v(x) for x in its)
@@ -261,6 +260,11 @@ def _attn_legalize(call, module):
 def window_and_cap(attrs) -> tuple[int, float]:
     """(sliding window, score cap) of an attention call or program; 0 for none."""
     return int(attrs.get("window", 0)), float(attrs.get("softcap", 0.0))
+
+
+def capped(score: tir.V, cap: float) -> tir.V:
+    """cap * tanh(score / cap), or the score where cap is 0."""
+    return tir.unary("tanh", score * (1.0 / cap)) * cap if cap else score
 
 
 register("attention", _attn_infer,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
-from ..op.attention import window_and_cap
+from ..op.attention import capped, window_and_cap
 from .lowering import reduce_lanes, thread_grid
 
 NEG = -1e30  # a finite -infinity: exp(NEG - s) == 0, and fast-math builds may assume no infinities
@@ -106,10 +106,6 @@ def visible_keys(i, t, n, window: int) -> tuple[sym.Expr, sym.Expr]:
     """(end, start) of the keys query i of n sees over a cache of t: causal, and the last `window` (0: all)."""
     limit = i + t - n + 1
     return limit, (sym.smax(0, limit - window) if window else sym.as_expr(0))
-
-
-def capped(score: tir.V, cap: float) -> tir.V:
-    return tir.unary("tanh", score * (1.0 / cap)) * cap if cap else score
 
 
 BLOCK = 16  # keys per block on the cpu: one 512-bit register of scores
