@@ -30,8 +30,9 @@ from .generate import encode_prompt, generate
 # field -> the value at which an unimplemented OpenAI field changes nothing (accepted), per endpoint
 NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
          "top_logprobs": (None, 0), "logit_bias": (None, {}), "user": "any", "parallel_tool_calls": "any",
-         "service_tag": "any", "store": (None, False), "metadata": "any", "tools": (None, []), "tool_choice": (None, "none"),
-         "response_format": (None, {"type": "text"}), "echo": (None, False), "suffix": (None,), "best_of": (None, 1)}
+         "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": "any", "tools": (None, []),
+         "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "echo": (None, False),
+         "suffix": (None,), "best_of": (None, 1)}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
 ROLES = ("system", "user", "assistant")
