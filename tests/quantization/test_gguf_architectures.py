@@ -20,21 +20,17 @@ from conftest import require_cc, require_module
 
 import deploycc
 from deploycc.errors import DeployError
+from quantization.test_gguf import _permute, _vocab  # convert_hf_to_gguf's permute; the byte-level vocabulary
 
 gguf = require_module("gguf")
 tf = require_module("transformers")
 
-_VOCAB = None
 TOL = 1e-4
 
 
 def vocab():
-    global _VOCAB
-    if _VOCAB is None:
-        from quantization.test_gguf import _vocab
-
-        _VOCAB = _vocab()
-    return _VOCAB
+    """The byte-level vocabulary of the GGUF tests (tokens, types, merges)."""
+    return _vocab()
 
 
 def common(n_vocab):
@@ -62,14 +58,8 @@ def configs(n):
     }
 
 
-def _permute(w, n_head):  # convert_hf_to_gguf's LlamaModel.permute
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def write_gguf(model, arch: str, path):
     """`model` as convert_hf_to_gguf.py writes it (F32 tensors)."""
-    from quantization.test_gguf import _vocab  # noqa: F401  (the byte-level vocabulary of the GGUF tests)
-
     cfg = model.config
     tokens, types, merges = vocab()
     layers = cfg.num_hidden_layers

@@ -139,6 +139,9 @@ def test_stop_and_seeded_sampling(client):
     a, b = (client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
             for _ in range(2))
     assert a.choices[0].text == b.choices[0].text  # the same seed, the same sample
+    others = {client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9,
+                                        seed=s).choices[0].text for s in (8, 9, 10)}
+    assert len(others | {a.choices[0].text}) > 1  # other seeds, other samples: temperature and seed take effect
 
 
 def test_models_health_metrics(client, server):
