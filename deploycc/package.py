@@ -105,7 +105,7 @@ def lower_to_vm(exported, target, prefill_chunk: int):
     """(Lowered, memory plans): the pipeline, the plans and the bytecode of a package
     (compile_model, and `deploycc inspect --stage vm`)."""
     scheduled = pipeline.run(exported, target, "scheduled")
-    fnames = ("prefill", "prefill_all", "decode")
+    fnames = ("prefill", "prefill_all", "decode") + (("step",) if "step" in exported.functions else ())
     bounds = {f: function_bounds(scheduled[f], prefill_chunk) for f in fnames}
     plans = plans_for(scheduled, fnames, prefill_chunk, bounds)
     return lower_vm(scheduled, plans, target, bounds, fnames), plans

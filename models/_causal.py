@@ -14,3 +14,8 @@ class CausalLM(nn.Module):
 
     def decode(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
         return self.forward(input_ids, cache)
+
+    def step(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        """A batched step over a page pool (cache: kv_cache_spec with a page_size): the tokens of several
+        sequences, each sequence's last token's logits [1, batch, vocab]."""
+        return self.forward(input_ids, cache, last_only=True)

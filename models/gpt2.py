@@ -68,9 +68,7 @@ class GPT2Attention(nn.Module):
         n = x.shape[1]
         q, k, v = op.split(self.c_attn(x), [self.embd] * 3, axis=-1)
         q, k, v = (t.reshape(n, self.heads, self.head_dim) for t in (q, k, v))
-        cache.append(layer, k, v)
-        keys, values = cache.view(layer, self.heads, self.head_dim)
-        o = op.attention(q, keys, values, scale=self.head_dim ** -0.5)
+        o = cache.attend(layer, q, k, v, scale=self.head_dim ** -0.5)
         return self.c_proj(o.reshape(1, n, self.embd))
 
 
@@ -110,13 +108,13 @@ class GPT2LMHeadModel(CausalLM):
 
     def forward(self, input_ids: nn.Tensor, cache: nn.Cache, last_only: bool = False) -> nn.Tensor:
         n = input_ids.shape[1]
-        total = cache.begin(n)
-        positions = op.arange(input_ids, total - n, total)
+        first = cache.begin(n)  # the first token's position, or each token's in a batched step
+        positions = first.reshape(1, n) if isinstance(first, nn.Tensor) else op.arange(input_ids, first, first + n)
         h = self.transformer.wte(input_ids) + self.transformer.wpe(positions)
         for i, block in enumerate(self.transformer.h):
             h = block(h, cache, i)
         if last_only:
-            h = op.strided_slice(h, n - 1, n, axis=1)
+            h = cache.last(h)
         return op.linear(self.transformer.ln_f(h), self.transformer.wte.weight)
 
 

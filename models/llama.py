@@ -142,16 +142,13 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = op.rope_apply(q, rope), op.rope_apply(k, rope)
-        rows = cache.rows(self.window)  # a sliding-window layer keeps a ring of what its window needs
-        cache.append(layer, k, v, rows)
-        keys, values = cache.view(layer, self.kv_heads, self.head_dim, rows)
-        o = op.attention(q, keys, values, scale=self.scale, window=self.window, softcap=self.softcap,
-                         total=cache.total_len if rows else None)
+        o = cache.attend(layer, q, k, v, scale=self.scale, window=self.window, softcap=self.softcap)
         return self.o_proj(o.reshape(1, n, self.heads * self.head_dim))
 
 
 def rope_tables(h: nn.Tensor, attns, offset, context: int) -> list:
-    """Per layer, the cos/sin table of its rotation for the positions of h from `offset` on; one table per
+    """Per layer, the cos/sin table of its rotation for the positions of h from `offset` on (or at the positions
+    of a tensor); one table per
     distinct rotation (computed once a step, shared by every layer that rotates alike), None where a
     layer does not rotate."""
     tables, out = {}, []
@@ -228,15 +225,14 @@ class LlamaForCausalLM(CausalLM):
         return op.linear(h, weight)
 
     def forward(self, input_ids: nn.Tensor, cache: nn.Cache, last_only: bool = False) -> nn.Tensor:
-        n = input_ids.shape[1]
-        total = cache.begin(n)
+        positions = cache.begin(input_ids.shape[1])  # the first's, or each token's in a batched step
         h = self.embed(input_ids)
         context = cache.capacity or self.config.context_window  # the cache's (export's) context window
-        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], total - n, context)
+        ropes = rope_tables(h, [layer.self_attn for layer in self.model.layers], positions, context)
         for i, (layer, rope) in enumerate(zip(self.model.layers, ropes)):
             h = layer(h, cache, i, rope)
         if last_only:  # generation needs the last position's logits only: skip the head elsewhere
-            h = op.strided_slice(h, n - 1, n, axis=1)
+            h = cache.last(h)
         return self.head(self.model.norm(h))
 
 

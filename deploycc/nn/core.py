@@ -148,8 +148,8 @@ class Module:
                 bnd.declare(tracer.sym(name), lo=1, hi=tracer.dim(hi))
             try:
                 with bb.function(fname, in_vars + p_vars, {"num_inputs": len(in_vars)}, bnd, auto_dataflow=True):
-                    args = [Cache(v, tracer, s.capacity, s.step) if isinstance(s, ObjectSpec) else Tensor(v, tracer)
-                            for v, s in zip(in_vars, inputs.values())]
+                    args = [Cache(v, tracer, s.capacity, s.step, s.page_size, s.pool_pages) if isinstance(s, ObjectSpec)
+                            else Tensor(v, tracer) for v, s in zip(in_vars, inputs.values())]
                     out = getattr(self, fname)(*args)
                     bb.finish(_as_expr(out))
             finally:
@@ -184,6 +184,8 @@ class ObjectSpec(Spec):
     shape: tuple = ()
     capacity: int = 0  # the KV cache: positions it holds (the context window) ...
     step: int = 0  # ... and the most tokens one step appends (0: unbounded, no ring caches)
+    page_size: int = 0  # a page pool shared by a batch of sequences: rows per page (0: one contiguous cache) ...
+    pool_pages: int = 0  # ... and the pages of the pool
 
     def annotation(self, tracer: Tracer) -> A.Annotation:
         return A.Object
@@ -193,10 +195,11 @@ def spec(shape: Sequence[int | str], dtype: str = "float32") -> Spec:
     return Spec(tuple(shape), dtype)
 
 
-def kv_cache_spec(capacity: int = 0, step: int = 0) -> ObjectSpec:
+def kv_cache_spec(capacity: int = 0, step: int = 0, page_size: int = 0, pool_pages: int = 0) -> ObjectSpec:
     """The KV cache input. With `step` (the prefill chunk) a sliding-window layer keeps a ring of
-    window + step - 1 rows where that is less than `capacity`: what its queries can see in any step."""
-    return ObjectSpec(capacity=capacity, step=step)
+    window + step - 1 rows where that is less than `capacity`: what its queries can see in any step.
+    With `page_size`, a pool of `pool_pages` pages that a batch of sequences shares (Cache)."""
+    return ObjectSpec(capacity=capacity, step=step, page_size=page_size, pool_pages=pool_pages)
 
 
 def ring_rows(window: int, step: int, capacity: int) -> int:
@@ -210,50 +213,105 @@ def ring_rows(window: int, step: int, capacity: int) -> int:
 
 
 class Cache:
-    """The KV cache as seen by model code (a runtime object threaded through the function)."""
+    """The KV cache as seen by model code (a runtime object threaded through the function).
 
-    def __init__(self, var: Var, tracer: Tracer, capacity: int = 0, step: int = 0):
+    Contiguous (one sequence): `begin(n)` reserves the step's n positions after the cached ones.
+    Paged (a batched step, vLLM's layout): the step's tokens belong to `batch` sequences; every layer's keys
+    and values live in a pool of fixed-size pages, and the runtime hands the step its metadata (kv.meta):
+    each token's position, sequence and pool row (`pos`, `seq`, `slot`, [seq_len]), each sequence's page
+    table (`pages`, [batch, pages_len]) and the token whose logits it returns (`last`, [batch])."""
+
+    META = ("pos", "seq", "slot", "pages", "last")
+
+    def __init__(self, var: Var, tracer: Tracer, capacity: int = 0, step: int = 0, page_size: int = 0,
+                 pool_pages: int = 0):
         self.var = var
         self.tracer = tracer
         self.total_len: sym.Expr | None = None
         self.capacity, self.step = capacity, step
+        self.page_size, self.pool_pages = page_size, pool_pages
+        self.meta: dict[str, Tensor] = {}
 
     def rows(self, window: int) -> int:
-        """The ring a layer with this sliding window keeps (0: the whole context window)."""
-        return ring_rows(window, self.step, self.capacity)
+        """The ring a layer with this sliding window keeps (0: the whole context window; a pool has no rings)."""
+        return 0 if self.page_size else ring_rows(window, self.step, self.capacity)
 
-    def begin(self, seq_len: sym.Expr) -> sym.Expr:
-        """Reserve `seq_len` positions; returns the symbolic total length after them (`total_len`)."""
+    def begin(self, seq_len: sym.Expr) -> sym.Expr | Tensor:
+        """Reserve `seq_len` positions; returns the first one's position (an offset), or in a pool each
+        token's position (an int32 tensor [seq_len])."""
         from ..ir.expr import Call
 
         bb = self.tracer.bb
+        if self.page_size:
+            shape = bb.emit(Call("kv.pages", (self.var,)), "kv_batch")
+            batch, width = self.tracer.sym("batch"), self.tracer.sym("pages_len")
+            bb.match_cast(shape, A.Shape([batch, width]), "batch")
+            dims = {"pos": (seq_len,), "seq": (seq_len,), "slot": (seq_len,), "pages": (batch, width), "last": (batch,)}
+            for name in self.META:
+                raw = bb.emit(Call("kv.meta", (self.var,), {"name": name}), f"{name}_raw")
+                self.meta[name] = Tensor(bb.match_cast(raw, A.Tensor(dims[name], "int32"), name), self.tracer)
+            return self.meta["pos"]
         shape = bb.emit(Call("kv.begin", (self.var, ShapeExpr((seq_len,)))), "kv_len")
         total = self.tracer.sym("total_len")
         bb.match_cast(shape, A.Shape([total]), "total")
         self.total_len = total
-        return total
+        return total - seq_len
 
-    def append(self, layer: int, k: Tensor, v: Tensor, rows: int = 0) -> None:
-        """Write the step's keys and values: at positions total_len - n .. total_len - 1, or in a ring of
-        `rows` rows (position j at row j % rows)."""
+    def last(self, h: Tensor) -> Tensor:
+        """The rows of h [1, seq_len, hidden] whose logits a step returns: its last token, or in a pool each
+        sequence's last token of the step ([1, batch, hidden])."""
+        from . import op
+
+        n = h.shape[1]
+        if not self.page_size:
+            return op.strided_slice(h, n - 1, n, axis=1)
+        last = self.meta["last"]
+        return op.take(h.reshape(n, h.shape[2]), last.reshape(1, last.shape[0]))
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int = 0,
+               softcap: float = 0.0) -> Tensor:
+        """Append the step's keys and values of `layer` and attend to every cached one: q [n, heads, head_dim],
+        k and v [n, kv_heads, head_dim]. A sliding-window layer keeps a ring (rows) where that saves memory."""
+        from . import op
+
+        kv_heads, head_dim = k.shape[1], k.shape[2]
+        rows = self.rows(window)
+        self._append(layer, k, v, rows)
+        keys, values = self._view(layer, kv_heads, head_dim, rows)
+        if self.page_size:
+            m = self.meta
+            return op.call("attention", q, keys, values, m["pages"], m["seq"], m["pos"], scale=float(scale),
+                           page_size=self.page_size, **_window_cap(window, softcap))
+        return op.attention(q, keys, values, scale, window, softcap, total=self.total_len if rows else None)
+
+    def _append(self, layer: int, k: Tensor, v: Tensor, rows: int = 0) -> None:
+        """Write the step's keys and values: at positions total_len - n .. total_len - 1, in a ring of
+        `rows` rows (position j at row j % rows), or in a pool at the rows `slot`."""
         from ..ir.expr import Call
 
+        args = (self.var, k.var, v.var) + ((self.meta["slot"].var,) if self.page_size else ())
         attrs = {"layer": layer, **({"rows": rows} if rows else {})}
-        self.var = self.tracer.bb.emit(Call("kv.append", (self.var, k.var, v.var), attrs), "cache")
+        self.var = self.tracer.bb.emit(Call("kv.append", args, attrs), "cache")
 
-    def view(self, layer: int, kv_heads: int, head_dim: int, rows: int = 0) -> tuple[Tensor, Tensor]:
-        """This layer's cached keys and values, `[total_len, kv_heads, head_dim]` each, or its whole ring
-        `[rows, kv_heads, head_dim]` (attention reads position j from row j % rows)."""
+    def _view(self, layer: int, kv_heads, head_dim, rows: int = 0) -> tuple[Tensor, Tensor]:
+        """This layer's cached keys and values, `[total_len, kv_heads, head_dim]` each, its whole ring
+        `[rows, kv_heads, head_dim]` (attention reads position j from row j % rows), or its pool
+        `[pool_pages * page_size, kv_heads, head_dim]`."""
         from ..ir.expr import Call
 
         bb = self.tracer.bb
         out = []
         attrs = {"layer": layer, **({"rows": rows} if rows else {})}
+        length = self.pool_pages * self.page_size if self.page_size else rows or self.total_len
         for which in ("keys", "values"):
             raw = bb.emit(Call(f"kv.{which}", (self.var,), attrs), f"{which[0]}_raw")
-            ann = A.Tensor((rows or self.total_len, kv_heads, head_dim), "float32")
+            ann = A.Tensor((length, kv_heads, head_dim), "float32")
             out.append(Tensor(bb.match_cast(raw, ann, f"{which[0]}_all"), self.tracer))
         return out[0], out[1]
+
+
+def _window_cap(window: int, softcap: float) -> dict:
+    return {**({"window": int(window)} if window else {}), **({"softcap": float(softcap)} if softcap else {})}
 
 
 def const(value: np.ndarray, tracer: Tracer) -> Tensor:

@@ -86,11 +86,13 @@ def rope(x, inv_freq: np.ndarray, offset) -> Tensor:
 
 
 def rope_table(x, inv_freq: np.ndarray, offset, scale: float = 1.0) -> Tensor:
-    """[n, len(inv_freq), 2] for the n positions of x [..., n, hidden] from `offset` on: cos and sin of
-    (offset + p) * inv_freq, times `scale` (YaRN's and LongRoPE's attention factor), for rope_apply."""
+    """[n, len(inv_freq), 2] for the n positions of x [..., n, hidden] from `offset` on (or at the positions of
+    an int32 tensor [n]): cos and sin of position * inv_freq, times `scale` (YaRN's and LongRoPE's attention
+    factor), for rope_apply."""
     x = as_tensor(x)
     extra = {"scale": float(scale)} if scale != 1.0 else {}
-    return call("rope_table", const(np.asarray(inv_freq, np.float32), _tracer(x)), shape(offset, x.shape[-2]), **extra)
+    at = offset if isinstance(offset, Tensor) else shape(offset, x.shape[-2])
+    return call("rope_table", const(np.asarray(inv_freq, np.float32), _tracer(x)), at, **extra)
 
 
 def rope_apply(x, table) -> Tensor:
@@ -100,7 +102,9 @@ def rope_apply(x, table) -> Tensor:
 def attention(q, k, v, scale: float, window: int = 0, softcap: float = 0.0, total=None) -> Tensor:
     """Causal attention; `window` > 0 keeps the `window` most recent keys, `softcap` > 0 caps scores;
     `total` (the key count) where k and v are a ring cache (position j at row j % rows)."""
-    extra = {**({"window": int(window)} if window else {}), **({"softcap": float(softcap)} if softcap else {})}
+    from .core import _window_cap
+
+    extra = _window_cap(window, softcap)
     if total is not None:
         return call("attention", q, k, v, shape(total), scale=float(scale), **extra)
     return call("attention", q, k, v, scale=float(scale), **extra)

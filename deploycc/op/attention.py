@@ -71,9 +71,15 @@ register("rope", _rope_infer, lambda x, f, off: rope_reference(x, f, off), _rope
 
 def _rope_table_infer(args, attrs):
     f = known_shape(args[0], "rope_table", "inv_freq")
-    vals = shape_values(args[1], "rope_table")
-    if len(f) != 1 or len(vals) != 2:
-        raise OpError("rope_table: expects inv_freq [head_dim / 2] and shape([offset, n])")
+    if isinstance(args[1].ann, A.TensorAnn):  # the positions of a batched step: one per token
+        pos = known_shape(args[1], "rope_table", "positions")
+        if len(f) != 1 or len(pos) != 1 or args[1].ann.dtype != "int32":
+            raise OpError("rope_table: expects inv_freq [head_dim / 2] and int32 positions [n]")
+        vals = (None, pos[0])
+    else:
+        vals = shape_values(args[1], "rope_table")
+        if len(f) != 1 or len(vals) != 2:
+            raise OpError("rope_table: expects inv_freq [head_dim / 2] and shape([offset, n]) or positions [n]")
     scale = attrs.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise OpError(f"rope_table: scale must be a positive number, got {scale!r}")
@@ -81,8 +87,12 @@ def _rope_table_infer(args, attrs):
 
 
 def rope_table_reference(inv_freq, vals, scale=1.0):
-    off, n = int(vals[0]), int(vals[1])
-    ang = np.outer(np.arange(off, off + n, dtype=np.float32), inv_freq).astype(np.float32)
+    """vals: (offset, n) for the positions offset .. offset + n - 1, or an int32 array of the positions."""
+    if isinstance(vals, np.ndarray) and vals.dtype == np.int32:
+        pos = vals.astype(np.float32)
+    else:
+        pos = np.arange(int(vals[0]), int(vals[0]) + int(vals[1]), dtype=np.float32)
+    ang = np.outer(pos, inv_freq).astype(np.float32)
     table = np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
     return table if scale == 1.0 else (table * np.float32(scale)).astype(np.float32)
 
@@ -91,10 +101,14 @@ def _rope_table_legalize(call, module):
     smap = ShapeMap()
     F = smap.buffer("inv_freq", call.args[0].ann)
     T = smap.buffer("table", call.ann)
-    off = smap.dim(shape_values(call.args[1], "rope_table")[0])
     its = tir.iters("p i", T.shape[:2])
     pp, i = (tir.v(it) for it in its)
-    ang = tir.cast("float32", tir.index(pp + off)) * F[i]
+    if isinstance(call.args[1].ann, A.TensorAnn):  # positions [n]
+        P = smap.buffer("positions", call.args[1].ann)
+        inputs, args, ang = (F, P), call.args[:2], tir.cast("float32", P[pp]) * F[i]
+    else:
+        off = smap.dim(shape_values(call.args[1], "rope_table")[0])
+        inputs, args, ang = (F,), call.args[:1], tir.cast("float32", tir.index(pp + off)) * F[i]
     scale = float(call.attrs.get("scale", 1.0))
     cos, sin = tir.unary("cos", ang), tir.unary("sin", ang)
     if scale != 1.0:
@@ -102,7 +116,7 @@ def _rope_table_legalize(call, module):
     body = Seq((Block("rope_cos", its, Store(T, (pp, i, sym.as_expr(0)), cos)),
                 Block("rope_sin", its, Store(T, (pp, i, sym.as_expr(1)), sin))))
     attrs = {"scale": scale} if scale != 1.0 else None
-    return emit_tir(module, "rope_table", smap, (F,), (T,), body, call.args[:1], call.ann, attrs)
+    return emit_tir(module, "rope_table", smap, inputs, (T,), body, args, call.ann, attrs)
 
 
 register("rope_table", _rope_table_infer, rope_table_reference, _rope_table_legalize)
@@ -171,6 +185,16 @@ def _attn_infer(args, attrs):
     if len(args) == 4:  # a ring of k[0] rows: key j at row j % k[0], the logical total_len given apart
         if len(shape_values(args[3], "attention")) != 1 or not k[0].is_const or not attrs.get("window"):
             raise OpError("attention: a ring cache needs shape([total_len]), a constant row count and a window")
+    if len(args) == 6:  # a page pool: query i of sequence seq[i] at position pos[i] (module docstring)
+        pages, seq, pos = (known_shape(a, "attention", w) for a, w in zip(args[3:], ("pages", "seq", "pos")))
+        size = attrs.get("page_size")
+        if (len(pages) != 2 or len(seq) != 1 or len(pos) != 1 or not same(seq[0], q[0]) or not same(pos[0], q[0])
+                or any(a.ann.dtype != "int32" for a in args[3:])):
+            raise OpError("attention: a page pool needs int32 pages [batch, pages_len], seq [n] and pos [n]")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or not k[0].is_const or k[0].value % size:
+            raise OpError(f"attention: page_size must be a positive integer dividing the pool's rows, got {size!r}")
+    elif len(args) not in (3, 4):
+        raise OpError(f"attention takes q, k, v [, shape([total_len]) | pages, seq, pos], got {len(args)} arguments")
     if q[1].is_const and k[1].is_const and q[1].value % k[1].value:
         raise OpError(f"attention: {q[1].value} query heads are not a multiple of {k[1].value} kv heads")
     window, cap = attrs.get("window", 0), attrs.get("softcap", 0.0)
@@ -204,17 +228,35 @@ def attention_reference(q, k, v, scale, window=0, softcap=0.0, total=None):
     return np.einsum("hnt,thd->nhd", p, vv).astype(q.dtype)
 
 
+def paged_attention_reference(q, k, v, pages, seq, pos, scale, page_size, window=0, softcap=0.0):
+    """Each query i alone over the keys of its sequence seq[i] up to its position pos[i], key j at row
+    pages[seq[i], j // page_size] * page_size + j % page_size of the pools k and v."""
+    out = np.empty_like(q)
+    for i in range(q.shape[0]):
+        j = np.arange(int(pos[i]) + 1)
+        rows = pages[seq[i], j // page_size] * page_size + j % page_size
+        out[i:i + 1] = attention_reference(q[i:i + 1], k[rows], v[rows], scale, window, softcap)
+    return out
+
+
 def _attn_legalize(call, module):
     smap = ShapeMap()
     Q, K, Vb = (smap.buffer(n, a.ann) for n, a in zip(("q", "k", "v"), call.args))
     O = smap.buffer("o", call.ann)
     n, h, d = Q.shape
     t, kvh, _ = K.shape
-    ring = len(call.args) == 4
+    ring, paged = len(call.args) == 4, len(call.args) == 6
+    inputs = (Q, K, Vb)
     if ring:  # keys in a ring of K.shape[0] rows; t the logical key count
         rows, t = K.shape[0], smap.dim(shape_values(call.args[3], "attention")[0])
+    if paged:  # keys of each query's sequence through its page table; t the keys the table can name
+        Pg, Sq, Ps = (smap.buffer(nm, a.ann) for nm, a in zip(("pages", "seq", "pos"), call.args[3:]))
+        size = int(call.attrs["page_size"])
+        inputs, t = (Q, K, Vb, Pg, Sq, Ps), Pg.shape[1] * size
 
-    def row(j_):
+    def row(j_, i_=None):
+        if paged:
+            return Pg[Sq[i_], sym.floordiv(j_, size)] * size + tir.index(sym.mod(j_, size))
         return sym.mod(j_, rows) if ring else j_
     group = h // kvh
     scale = float(call.attrs["scale"])
@@ -225,14 +267,15 @@ def _attn_legalize(call, module):
 
     its = tir.iters("h i j k", (h, n, t, d), "SSSR")
     hh, i, j, k = (tir.v(x) for x in its)
-    scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * K[row(j), hh // group, k]),
+    scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * K[row(j, i), hh // group, k]),
                    init=Store(S, (hh, i, j), tir.const(0.0)))
 
     def masked(i_, j_, value, hidden):
         """value where query i_ sees key j_, else hidden."""
-        out = tir.select(tir.index(j_).cmp("le", tir.index(i_ + t - n)), value, hidden)
+        last = Ps[i_] if paged else tir.index(i_ + t - n)  # the query's own position
+        out = tir.select(tir.index(j_).cmp("le", last), value, hidden)
         if window:
-            out = tir.select(tir.index(j_).cmp("gt", tir.index(i_ + t - n - window)), out, hidden)
+            out = tir.select(tir.index(j_).cmp("gt", last - window), out, hidden)
         return out
 
     def score(hh_, i_, j_):
@@ -249,12 +292,12 @@ def _attn_legalize(call, module):
     its = tir.iters("i h c j", (n, h, d, t), "SSSR")
     i, hh, c, j = (tir.v(x) for x in its)
     p = masked(i, j, tir.unary("exp", score(hh, i, j) - M[hh, i]) / L[hh, i], 0.0)
-    out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * Vb[row(j), hh // group, c]),
+    out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * Vb[row(j, i), hh // group, c]),
                 init=Store(O, (i, hh, c), tir.const(0.0)))
     body = Alloc(S, Alloc(M, Alloc(L, Seq((scores, mx, sm, out)))))
     attrs = {"scale": scale, **({"window": window} if window else {}), **({"softcap": cap} if cap else {}),
-             **({"ring": int(rows.value)} if ring else {})}
-    return emit_tir(module, "attention", smap, (Q, K, Vb), (O,), body, call.args[:3], call.ann, attrs)
+             **({"ring": int(rows.value)} if ring else {}), **({"page_size": size} if paged else {})}
+    return emit_tir(module, "attention", smap, inputs, (O,), body, call.args[:len(inputs)], call.ann, attrs)
 
 
 def window_and_cap(attrs) -> tuple[int, float]:
@@ -267,9 +310,13 @@ def capped(score: tir.V, cap: float) -> tir.V:
     return tir.unary("tanh", score * (1.0 / cap)) * cap if cap else score
 
 
-register("attention", _attn_infer,
-         lambda q, k, v, *total, **attrs: attention_reference(q, k, v, total=total[0][0] if total else None, **attrs),
-         _attn_legalize)
+def _attn_reference(q, k, v, *rest, **attrs):
+    if len(rest) == 3:
+        return paged_attention_reference(q, k, v, *rest, **attrs)
+    return attention_reference(q, k, v, total=rest[0][0] if rest else None, **attrs)
+
+
+register("attention", _attn_infer, _attn_reference, _attn_legalize)
 
 
 # ---- KV-cache builtins (runtime objects; no tensor program) ----------------------------------
@@ -313,6 +360,50 @@ class RefKVCache:
         self.length = 0
 
 
+class RefPagedCache:
+    """The reference page pool: per layer, keys and values of [pages * page_size, kv_heads, head_dim], and the
+    metadata of the step about to run (`plan`): what the runtime's PagedKVCache hands the step function."""
+
+    def __init__(self, layers: int, pages: int, page_size: int, kv_heads: int, head_dim: int, dtype=np.float32):
+        self.page_size = page_size
+        self.k = [np.zeros((pages * page_size, kv_heads, head_dim), dtype) for _ in range(layers)]
+        self.v = [np.zeros((pages * page_size, kv_heads, head_dim), dtype) for _ in range(layers)]
+        self.meta: dict[str, np.ndarray] = {}
+
+    def plan(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> None:
+        """The step: sequence b (page table tables[b]) appends counts[b] tokens at positions starts[b] on."""
+        size = self.page_size
+        pos = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts)]).astype(np.int32)
+        seq = np.repeat(np.arange(len(counts)), counts).astype(np.int32)
+        width = max(-(-(s + c) // size) for s, c in zip(starts, counts))
+        pages = np.zeros((len(tables), width), np.int32)
+        for b, t in enumerate(tables):
+            pages[b, :min(width, len(t))] = t[:width]
+        slot = (pages[seq, pos // size] * size + pos % size).astype(np.int32)
+        self.meta = {"pos": pos, "seq": seq, "slot": slot, "pages": pages,
+                     "last": (np.cumsum(counts) - 1).astype(np.int32)}
+
+    def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.k[layer][self.meta["slot"]] = k
+        self.v[layer][self.meta["slot"]] = v
+
+
+def _append_ref(cache, k, v, *slot, layer, rows=0):
+    if slot:
+        cache.append(layer, k, v)
+    else:
+        cache.append(layer, k, v, rows)
+    return cache
+
+
+def _view_ref(which):
+    def view(cache, layer, rows=0):
+        if isinstance(cache, RefPagedCache):
+            return cache.k[layer] if which == "k" else cache.v[layer]
+        return cache.view(which, layer, rows)
+    return view
+
+
 def _object(e, op):
     if not isinstance(e.ann, A.ObjectAnn):
         raise OpError(f"{op}: first argument must be the KV cache object")
@@ -329,7 +420,24 @@ def _append_infer(args, attrs):
     k, v = known_shape(args[1], "kv.append", "k"), known_shape(args[2], "kv.append", "v")
     if len(k) != 3 or len(v) != 3 or not all(same(a, b) for a, b in zip(k, v)):
         raise OpError("kv.append: k and v must both be [seq, kv_heads, head_dim]")
+    if len(args) == 4:  # into a page pool, token i at row slot[i]
+        slot = known_shape(args[3], "kv.append", "slot")
+        if len(slot) != 1 or not same(slot[0], k[0]) or args[3].ann.dtype != "int32":
+            raise OpError("kv.append: slot must be int32 [seq]")
     return A.Object
+
+
+def _pages_infer(args, attrs):
+    _object(args[0], "kv.pages")
+    return A.Shape(ndim=2)
+
+
+def _meta_infer(args, attrs):
+    _object(args[0], "kv.meta")
+    name = attrs.get("name")
+    if name not in ("pos", "seq", "slot", "pages", "last"):
+        raise OpError(f"kv.meta: unknown metadata {name!r}")
+    return A.Tensor(None, "int32", 2 if name == "pages" else 1)
 
 
 def _view_infer(args, attrs):
@@ -338,7 +446,8 @@ def _view_infer(args, attrs):
 
 
 register("kv.begin", _begin_infer, lambda cache, n: (cache.begin(n[0]),), pure=False)
-register("kv.append", _append_infer, lambda cache, k, v, layer, rows=0: (cache.append(layer, k, v, rows), cache)[1],
-         pure=False)
-register("kv.keys", _view_infer, lambda cache, layer, rows=0: cache.view("k", layer, rows), pure=False)
-register("kv.values", _view_infer, lambda cache, layer, rows=0: cache.view("v", layer, rows), pure=False)
+register("kv.append", _append_infer, _append_ref, pure=False)
+register("kv.keys", _view_infer, _view_ref("k"), pure=False)
+register("kv.values", _view_infer, _view_ref("v"), pure=False)
+register("kv.pages", _pages_infer, lambda cache: cache.meta["pages"].shape, pure=False)
+register("kv.meta", _meta_infer, lambda cache, name: cache.meta[name], pure=False)

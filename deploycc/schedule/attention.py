@@ -9,6 +9,11 @@ the running maximum rescales the sums by exp(m - s) and weighs 1, any other weig
 A sliding window W starts the loop at the first key the query sees, max(0, i + total_len - seq_len + 1 - W),
 so keys outside it cost nothing; a score cap c replaces a score s by c * tanh(s / c). A ring cache of R rows
 (sliding-window layers keep only what their window needs) holds key j at row j % R.
+
+A page pool (a batched step, attrs "page_size" S) holds key j of query i's sequence at row
+pages[seq[i], j // S] * S + j % S and lets query i see keys up to pos[i]: the loop runs over the keys the
+page table can name and skips those the query does not see (the cpu form: whole blocks of keys, BLOCK
+dividing S, so a block is contiguous rows of one page).
 """
 from __future__ import annotations
 
@@ -22,15 +27,17 @@ NEG = -1e30  # a finite -infinity: exp(NEG - s) == 0, and fast-math builds may a
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
-    if prog.attrs.get("op") != "attention" or len(prog.params) != 4:
+    if prog.attrs.get("op") != "attention" or len(prog.params) not in (4, 7):
         return None
-    Q, K, Vb, O = prog.params
+    Q, K, Vb = prog.params[:3]
+    O = prog.params[-1]
     n, h, d = Q.shape
     t, kvh, _ = K.shape
     if not d.is_const:
         return None
-    t, row = keys_of(prog)
-    if getattr(target, "kind", "") == "cpu":
+    paged = Paged.of(prog)
+    t, row = (paged.t, None) if paged else keys_of(prog)
+    if getattr(target, "kind", "") == "cpu" and (not paged or paged.size % BLOCK == 0):
         return _blocked(prog, target)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
@@ -45,8 +52,11 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         m, l, s, corr, pr = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "s", "corr", "p"))
         acc = Buffer("acc", (d,), "float32", "local")
         j, c, c1, c2, c3 = (sym.SymVar(x) for x in ("j", "c", "c", "c", "c"))
-        limit, first = visible_keys(i, t, n, window)
-        J = row(sym.as_expr(j) + first)
+        if paged:
+            J = paged.row(i, sym.as_expr(j))
+        else:
+            limit, first = visible_keys(i, t, n, window)
+            J = row(sym.as_expr(j) + first)
         if d.value % lanes == 0:  # the score as a lanes loop: vector code where the target renders it
             ko = sym.SymVar("ko")
             score: Stmt = For(ko, sym.as_expr(d.value // lanes), Seq(tuple(
@@ -80,10 +90,14 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
             Store(s, z, capped(s[0] * scale, cap)),
             IfThenElse(s[0].cmp("gt", m[0]), new_max, weighed),
         ))
+        if paged:  # every key the page table names; those the query does not see are skipped
+            keys = For(j, t, IfThenElse(paged.sees(i, sym.as_expr(j), window), step))
+        else:  # the keys this query may see (causal, after the cached ones)
+            keys = For(j, limit - first, step)
         body = Seq((
             Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
             over_d(c2, lambda e: Store(acc, (e,), tir.const(0.0))),
-            For(j, limit - first, step),  # the keys this query may see (causal, after the cached ones)
+            keys,
             over_d(c3, lambda e: Store(O, (i, hh, e), acc[e] / l[0])),
         ))
         for buf in (m, l, s, corr, pr, acc):
@@ -91,6 +105,29 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return body
 
     return _kernel(prog, target, h * n, body_of)
+
+
+class Paged:
+    """The page pool of a batched step's attention program (params q, k, v, pages, seq, pos, o)."""
+
+    def __init__(self, prog: TensorProgram):
+        self.pages, self.seq, self.pos = prog.params[3:6]
+        self.size = int(prog.attrs["page_size"])
+        self.t = self.pages.shape[1] * self.size  # the keys a page table names
+
+    @classmethod
+    def of(cls, prog: TensorProgram) -> Paged | None:
+        return cls(prog) if "page_size" in prog.attrs else None
+
+    def row(self, i, j) -> tir.V:
+        """The pool row of key j of query i's sequence."""
+        return self.pages[self.seq[i], sym.floordiv(j, self.size)] * self.size + tir.index(sym.mod(j, self.size))
+
+    def sees(self, i, j, window: int) -> tir.V:
+        """Whether query i sees key j (j an expression or an int32 value): causal, and the last `window`."""
+        last = self.pos[i]
+        ok = tir.lift(j).cmp("le", last)
+        return tir.V("and", "bool", (ok, tir.lift(j).cmp("gt", last - window))) if window else ok
 
 
 def keys_of(prog: TensorProgram):
@@ -119,10 +156,12 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
     loop the C compiler vectorises (dcc_expf), and the weighed values. The full blocks index keys
     affinely (contiguous rows, no gathers); the last, partial block scores its missing keys NEG
     (weight 0) and reads only the keys it has."""
-    Q, K, Vb, O = prog.params
+    Q, K, Vb = prog.params[:3]
+    O = prog.params[-1]
     n, h, d = Q.shape
     _, kvh, _ = K.shape
-    t, row = keys_of(prog)
+    paged = Paged.of(prog)
+    t, row = (paged.t, None) if paged else keys_of(prog)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
     window, cap = window_and_cap(prog.attrs)
@@ -135,23 +174,28 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
         m, l, dot, corr, bm = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "dot", "corr", "bm"))
         s, p = Buffer("s", (B,), "float32", "local"), Buffer("p", (B,), "float32", "local")
         acc = Buffer("acc", (d,), "float32", "local")
-        limit, first = visible_keys(i, t, n, window)
-        full = sym.floordiv(limit - first, BLOCK)
+        rb = Buffer("rb", (1,), "int32", "local")  # a paged block's first pool row
 
         def over(name, extent, f) -> Stmt:
             v = sym.SymVar(name)
             return For(v, sym.as_expr(extent), f(sym.as_expr(v)))
 
-        def block(base, count) -> Stmt:
-            """Keys base .. base+count-1 (count <= BLOCK); the scores past count stay NEG."""
+        def block(base, count, sees=None) -> Stmt:
+            """Keys base .. base+count-1 (count <= BLOCK); the scores past count stay NEG. In a pool: all BLOCK
+            keys, rows rb + jj, scored NEG where the query does not see them (`sees`)."""
+            at = (lambda jj: rb[0] + tir.index(jj)) if paged else (lambda jj: row(base + jj))
+
+            def score_of(jj):
+                value = capped(dot[0] * scale, cap)
+                return tir.select(sees(jj), value, tir.const(NEG)) if sees else value
             score = lambda jj: Seq((
                 Store(dot, z, tir.const(0.0)),
-                over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * K[row(base + jj), kv, c])),
-                Store(s, (jj,), capped(dot[0] * scale, cap)),
+                over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * K[at(jj), kv, c])),
+                Store(s, (jj,), score_of(jj)),
             ))
             weigh = lambda jj: Seq((
                 Store(l, z, l[0] + p[jj]),
-                over("c", d, lambda c: Store(acc, (c,), acc[c] + p[jj] * Vb[row(base + jj), kv, c])),
+                over("c", d, lambda c: Store(acc, (c,), acc[c] + p[jj] * Vb[at(jj), kv, c])),
             ))
             return Seq((
                 over("jj", count, score),
@@ -166,18 +210,32 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
             ))
 
         jb = sym.SymVar("jb")
-        tail = first + full * BLOCK
-        body = Seq((
-            Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
-            over("c", d, lambda c: Store(acc, (c,), tir.const(0.0))),
-            For(jb, full, block(first + sym.as_expr(jb) * BLOCK, B)),
-            IfThenElse(tir.index(tail).cmp("lt", tir.index(limit)), Seq((
-                over("jj", B, lambda jj: Store(s, (jj,), tir.const(NEG))),
-                block(tail, limit - tail),
-            ))),
-            over("c", d, lambda c: Store(O, (i, hh, c), acc[c] / l[0])),
-        ))
-        for buf in (m, l, dot, corr, bm, s, p, acc):
+        start = (Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
+                 over("c", d, lambda c: Store(acc, (c,), tir.const(0.0))))
+        if paged:  # blocks of one page each; blocks the query sees no key of are skipped
+            base = sym.as_expr(jb) * BLOCK
+            size, last = paged.size, paged.pos[i]
+            seen = tir.index(base).cmp("le", last)
+            if window:
+                seen = tir.V("and", "bool", (seen, tir.index(base + BLOCK - 1).cmp("gt", last - window)))
+            first_row = paged.pages[paged.seq[i], sym.floordiv(base, size)] * size + tir.index(sym.mod(base, size))
+            keys: Stmt = For(jb, paged.pages.shape[1] * (size // BLOCK), IfThenElse(seen, Seq((
+                Store(rb, z, first_row),
+                block(base, B, lambda jj: paged.sees(i, base + jj, window)),
+            ))))
+        else:
+            limit, first = visible_keys(i, t, n, window)
+            full = sym.floordiv(limit - first, BLOCK)
+            tail = first + full * BLOCK
+            keys = Seq((
+                For(jb, full, block(first + sym.as_expr(jb) * BLOCK, B)),
+                IfThenElse(tir.index(tail).cmp("lt", tir.index(limit)), Seq((
+                    over("jj", B, lambda jj: Store(s, (jj,), tir.const(NEG))),
+                    block(tail, limit - tail),
+                ))),
+            ))
+        body = Seq(start + (keys, over("c", d, lambda c: Store(O, (i, hh, c), acc[c] / l[0]))))
+        for buf in (m, l, dot, corr, bm, s, p, acc) + ((rb,) if paged else ()):
             body = Alloc(buf, body)
         return body
 

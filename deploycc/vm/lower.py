@@ -10,7 +10,10 @@ Builtins (implemented by runtime/vm.py):
   vm.launch(kernel, groups, threads, buffers..., "|", scalars...)
   vm.tuple(values...), vm.get(tuple, index)
   kv.begin(cache, n) -> shape (total length); kv.view(cache, "k"|"v", layer, kv_heads, head_dim)
-  kv.append lowers to launches of the kv_copy kernel into the cache buffers.
+  kv.pages(cache) -> shape (batch, pages_len); kv.meta(cache, name) -> the int32 metadata of a batched step
+  over a page pool (nn.Cache: pos, seq, slot, pages, last)
+  kv.append lowers to launches of the kv_copy kernel into the cache buffers (kv_copy_paged: into the pool's
+  rows `slot`).
 The symbolic shapes of every call_tir are rewritten into the caller's variables here, so the VM
 evaluates each launch's groups and int arguments from one shape heap per call.
 """
@@ -79,6 +82,7 @@ class Lowered:
     plans: dict = field(default_factory=dict)
     kv_copy: TensorProgram | None = None
     kv_copy_ring: TensorProgram | None = None
+    kv_copy_paged: TensorProgram | None = None
     kv_rows: dict = field(default_factory=dict)  # layer -> rows of its ring (sliding-window layers that keep one)
     merged_params: dict = field(default_factory=dict)  # parameter -> its parts (transform/merge_matmuls.py)
 
@@ -96,6 +100,17 @@ def kv_copy_program(ring: bool = False) -> TensorProgram:
     row = sym.mod(i + OFF, CAP) if ring else i + OFF
     body = Block(name, its, Store(dst, (row, j, c), src[i, j, c]))
     return TensorProgram(name, (src, dst), body, (off,), 1, {"op": name})
+
+
+def kv_copy_paged_program() -> TensorProgram:
+    """dst[slot[i], h, c] = src[i, h, c]: appends a batched step's keys or values to the rows of a page pool."""
+    n, rows, h, d = (sym.SymVar(x) for x in ("n", "rows", "h", "d"))
+    N, R, H, D = (sym.as_expr(x) for x in (n, rows, h, d))
+    src, slot, dst = tir.Buffer("src", (N, H, D)), tir.Buffer("slot", (N,), "int32"), tir.Buffer("dst", (R, H, D))
+    its = tir.iters("i j c", (N, H, D))
+    i, j, c = (tir.v(x) for x in its)
+    body = Block("kv_copy_paged", its, Store(dst, (slot[i], j, c), src[i, j, c]))
+    return TensorProgram("kv_copy_paged", (src, slot, dst), body, (), 1, {"op": "kv_copy_paged"})
 
 
 class _FnLowering:
@@ -208,6 +223,10 @@ class _FnLowering:
         elif isinstance(v, Call) and v.op == "kv.begin":
             (n,) = v.args[1].values
             self.emit("kv.begin", [self.arg(v.args[0]), self.s(n)], dst)
+        elif isinstance(v, Call) and v.op == "kv.pages":
+            self.emit("kv.pages", [self.arg(v.args[0])], dst)
+        elif isinstance(v, Call) and v.op == "kv.meta":
+            self.emit("kv.meta", [self.arg(v.args[0]), {"str": v.attrs["name"]}], dst)
         elif isinstance(v, Call) and v.op in ("kv.keys", "kv.values"):
             self.emit("kv.view", [self.arg(v.args[0]), {"str": v.op[3]}, {"i": v.attrs["layer"]}], dst)
         elif isinstance(v, Call) and v.op == "kv.append":
@@ -220,6 +239,17 @@ class _FnLowering:
     def kv_append(self, v: Call, dst: int) -> None:
         cache = self.arg(v.args[0])
         layer, rows = v.attrs["layer"], v.attrs.get("rows", 0)
+        if len(v.args) == 4:  # into a page pool
+            k = scheduled(self.out.kv_copy_paged).kernels[0]
+            self.out.kernels[k.name] = k
+            prog = self.out.kv_copy_paged
+            src, _, pool = prog.params
+            for which, t in (("k", v.args[1]), ("v", v.args[2])):
+                env = {a.as_var: b for a, b in zip(src.shape, t.ann.shape)}
+                env[pool.shape[0].as_var] = sym.as_expr(self.pool_rows)
+                self.launch(k, [self.arg(t), self.arg(v.args[3]), {"kv": [cache["r"], which, layer]}], env)
+            self.emit("vm.move", [cache], dst)
+            return
         prog = self.out.kv_copy_ring if rows else self.out.kv_copy
         if rows:
             self.out.kv_rows[layer] = rows
@@ -279,6 +309,7 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
     out = Lowered({"version": FORMAT_VERSION, "functions": {}}, {})
     out.kv_copy = schedule_program(kv_copy_program(), target)
     out.kv_copy_ring = schedule_program(kv_copy_program(ring=True), target)
+    out.kv_copy_paged = schedule_program(kv_copy_paged_program(), target)
     out.merged_params = dict(mod.attrs.get("merged_params", {}))
     ctx = mod.attrs["context_window"]
     # Functions never run at the same time: storage i of every function shares one buffer,
@@ -292,6 +323,8 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
         fl = _FnLowering(mod[fname], mod, out, plans[fname], bounds[fname])
         fl.ctx = ctx
         fl.fn_total = _total_len(mod[fname])
+        pool = mod.attrs.get("pool")
+        fl.pool_rows = pool["pages"] * pool["page_size"] if pool else 0
         out.bytecode["functions"][fname] = fl.lower()
     return out
 
@@ -311,12 +344,16 @@ def _reject_python(body: SeqExpr, fname: str, target) -> None:
                 _reject_python(v.else_branch, fname, target)
 
 
-def _total_len(fn: Function) -> sym.Expr:
+def _total_len(fn: Function) -> sym.Expr | None:
+    """The total_len that kv.begin's result binds; None in a batched step (its cache is a page pool)."""
+    begun = set()
     for block in fn.body.blocks:
         for b in block.bindings:
-            if isinstance(b, MatchCast) and isinstance(b.value, Var) and isinstance(b.ann, A.ShapeAnn):
+            if isinstance(b.value, Call) and b.value.op == "kv.begin":
+                begun.add(b.var)
+            elif isinstance(b, MatchCast) and b.value in begun:
                 return b.ann.values[0]
-    raise ValueError(f"{fn.name}: no kv.begin / total_len binding")
+    return None
 
 
 def disassemble(bytecode: dict) -> str:
