@@ -30,7 +30,7 @@ from .ir.kernel import Kernel
 from .ir.tir import Intrin, walk
 from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
-from .session import export
+from .session import PAGE_SIZE, Pool, export
 from .vm import lower_vm
 from .vm.lower import kernel_args
 
@@ -61,7 +61,8 @@ def apply_overrides(preset: presets.Preset, overrides: list[str]) -> presets.Pre
         return preset
     data = {"name": preset.name, "description": preset.description, "target": preset.target.to_dict(),
             "runtime": {"backend": preset.backend}, "quantization": preset.quantization,
-            "context_window": preset.context_window, "prefill_chunk": preset.prefill_chunk}
+            "context_window": preset.context_window, "prefill_chunk": preset.prefill_chunk,
+            "max_num_sequences": preset.max_num_sequences, "kv_pool_tokens": preset.kv_pool_tokens}
     for item in overrides:
         if "=" not in item:
             raise DeployError(f"--override {item!r} must look like key=value (e.g. prefill_chunk=256)")
@@ -109,6 +110,13 @@ def lower_to_vm(exported, target, prefill_chunk: int):
     bounds = {f: function_bounds(scheduled[f], prefill_chunk) for f in fnames}
     plans = plans_for(scheduled, fnames, prefill_chunk, bounds)
     return lower_vm(scheduled, plans, target, bounds, fnames), plans
+
+
+def pool_of(preset: presets.Preset, ctx: int, chunk: int):
+    """The page pool of the package's batched steps: kv_pool_tokens (0: twice the context window; at least one
+    context window) in pages of PAGE_SIZE, for at most max_num_sequences sequences (no more than a step's tokens)."""
+    tokens = preset.kv_pool_tokens or 2 * ctx
+    return Pool(pages=max(-(-tokens // PAGE_SIZE), -(-ctx // PAGE_SIZE)), sequences=min(preset.max_num_sequences, chunk))
 
 
 def default_device() -> str:
@@ -161,7 +169,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     step = progress or (lambda *a, **k: None)
 
     step("export")
-    exported = export(model, ctx, chunk)  # sliding-window layers keep rings sized for chunk-token steps
+    # Sliding-window layers keep rings sized for chunk-token steps; batched steps share a page pool.
+    exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk))
     step("compile")
     lowered, plans = lower_to_vm(exported, preset.target, chunk)
 
@@ -196,7 +205,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             "bounds": {"context_window": ctx, "prefill_chunk": chunk},
             "kv_cache": {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads,
                          "head_dim": cfg.head_dim, "dtype": "float32",
-                         **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {})},
+                         **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {}),
+                         "pool": exported.attrs["pool"]},
             "vocab_size": cfg.vocab_size,
             "storages": lowered.storages,
             "memory": _memory_summary(plans, lowered, params_index, cfg, ctx),

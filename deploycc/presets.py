@@ -19,13 +19,18 @@ import yaml
 from .errors import DeployError
 from .targets.base import Target
 
-TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk"}
+TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk",
+            "max_num_sequences", "kv_pool_tokens"}
 RUNTIME_KEYS = {"backend"}
 BACKENDS = ("opencl", "webgpu", "cuda", "cpu", "host")
 # Tokens of KV cache per sequence, and tokens per prefill step: the symbolic bounds every memory
 # plan and kernel is compiled for; past these a plan is gigabytes for one sequence.
 CONTEXT_WINDOW = (1, 1 << 20)
 PREFILL_CHUNK = (1, 8192)
+# Batched steps (deploycc serve): sequences in one step, and the tokens of KV cache their page pool holds
+# (0: twice the context window).
+MAX_NUM_SEQUENCES = (1, 256)
+KV_POOL_TOKENS = (0, 1 << 22)
 MAX_PRESET_BYTES = 1 << 20  # a preset is a few hundred bytes; refuse to parse a huge file
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")  # part of the default output directory name
 
@@ -40,6 +45,8 @@ class Preset:
     context_window: int
     prefill_chunk: int
     source: str = ""
+    max_num_sequences: int = 16
+    kv_pool_tokens: int = 0
 
 
 def names() -> list[str]:
@@ -148,9 +155,10 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     backend = runtime.get("backend", target.kind)
     if backend not in BACKENDS:
         raise DeployError(f"{where}: runtime backend '{backend}' is not one of {', '.join(BACKENDS)}")
-    for k, (lo, hi) in (("context_window", CONTEXT_WINDOW), ("prefill_chunk", PREFILL_CHUNK)):
+    for k, (lo, hi) in (("context_window", CONTEXT_WINDOW), ("prefill_chunk", PREFILL_CHUNK),
+                        ("max_num_sequences", MAX_NUM_SEQUENCES), ("kv_pool_tokens", KV_POOL_TOKENS)):
         if k in data:
-            _check_type(data[k], "int", f"{where}: '{k}'", positive=True)
+            _check_type(data[k], "int", f"{where}: '{k}'", positive=lo > 0)
             _check_range(data[k], lo, hi, f"{where}: '{k}'")
     ctx, chunk = data.get("context_window", 4096), data.get("prefill_chunk", 512)
     if chunk > ctx:
@@ -158,4 +166,5 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
                           f"hold more tokens than the cache (lower prefill_chunk to {ctx} or less)")
     return Preset(str(data["name"]), str(data.get("description", "")), target, backend,
                   str(data.get("quantization", "q0f32")), int(data.get("context_window", 4096)),
-                  int(data.get("prefill_chunk", 512)), where)
+                  int(data.get("prefill_chunk", 512)), where, int(data.get("max_num_sequences", 16)),
+                  int(data.get("kv_pool_tokens", 0)))

@@ -21,6 +21,9 @@ from .transform.merge_matmuls import function_params
 STAGES = ("exported", "legalized", "fused")  # stages the reference interpreter runs
 
 
+PAGE_SIZE = 16  # rows per page: one block of the cpu attention schedule
+
+
 @dataclass(frozen=True)
 class Pool:
     """The page pool of batched steps: `pages` pages of `page_size` rows each for every layer, shared by at most
@@ -28,7 +31,7 @@ class Pool:
 
     pages: int
     sequences: int
-    page_size: int = 16
+    page_size: int = PAGE_SIZE
 
 
 def export(model: LoadedModel, context_window: int | None = None, step: int = 0, pool: Pool | None = None) -> IRModule:

@@ -8,12 +8,15 @@ only (shape, dtype, where their bytes live, how many bytes that buffer has). At 
   vm.alloc        the view fits its storage: storages[sid].bytes is the memory plan's bound; it ends the
                   life of the storage's previous tensor
   kv.begin        reserves exactly the step's tokens, so total_len is the cache length
+  kv.pages/meta   a batched step (step): batch sequences with page tables of pages_len pages, the metadata
+                  int32 tensors the engine fills (runtime/batch.py), read-only; a kernel writes the pool
+                  only at the rows `slot` names
   vm.launch       groups and ints agree with the kernel's calling convention (manifest kernels.entries[k].args);
                   each buffer has exactly the elements and dtype the kernel declares, so a kernel, which
                   touches only its declared shapes, stays inside every buffer; kernels write activations and
                   the KV cache only, and the cache-append kernel writes the rows of this step and no others;
                   an activation is read only after a kernel wrote it and before its storage is reused
-  ret             float32 logits [1, 1 or seq_len, vocab_size]
+  ret             float32 logits [1, 1 or seq_len or batch, vocab_size]
 
 validate.py admits only sizes that grow with seq_len and total_len (so their largest value is at the upper
 corner) and affine row offsets (fixed by three corners), so the corners decide every step in between; the VM
@@ -24,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .symexpr import compile_expr
-from .validate import INT32_MAX, SHAPE_VARS, fail, kv_rows, nbytes, show
+from .validate import INT32_MAX, KV_META, SHAPE_VARS, fail, kv_rows, nbytes, show
 
 LIMIT = 1 << 62
 
@@ -61,21 +64,36 @@ def corners(fname: str, chunk: int, ctx: int) -> list[tuple[int, int]]:
     return list(dict.fromkeys((s, cached) for s in sizes for cached in (0, ctx - s)))
 
 
+def step_corners(m: dict) -> list[tuple[int, int, int]]:
+    """(tokens, sequences, page-table width) at the corners of a batched step's bounds."""
+    chunk, pool = m["bounds"]["prefill_chunk"], m["kv_cache"]["pool"]
+    widths = sorted({1, -(-m["bounds"]["context_window"] // pool["page_size"])})
+    return list(dict.fromkeys((s, b, p) for s in sorted({1, chunk}) for b in sorted({1, min(s, pool["sequences"])})
+                              for p in widths))
+
+
 def check_plan(m: dict, bc: dict) -> None:
     compiled: dict = {}  # id(expression) -> its closure, shared by the corners (the documents outlive the check)
     for fname, spec in bc["functions"].items():
+        if fname == "step":
+            for s, batch, width in step_corners(m):
+                _DryRun(fname, spec, m, s, 0, compiled, (batch, width)).run()
+            continue
         for s, cached in corners(fname, m["bounds"]["prefill_chunk"], m["bounds"]["context_window"]):
             _DryRun(fname, spec, m, s, cached, compiled).run()
 
 
 class _DryRun:
-    def __init__(self, fname: str, spec: dict, m: dict, s: int, cached: int, compiled: dict):
+    def __init__(self, fname: str, spec: dict, m: dict, s: int, cached: int, compiled: dict,
+                 batch: tuple[int, int] | None = None):
+        """batch: (sequences, page-table width) of a batched step."""
         self.fname, self.spec, self.m, self.s, self.length = fname, spec, m, s, cached
         self.compiled = compiled
         self.where = f"bytecode.json: functions.{fname}"
         b = m["bounds"]
         self.chunk, self.ctx = b["prefill_chunk"], b["context_window"]
-        self.at = f"{s} new tokens after {cached} cached"
+        self.batch = batch
+        self.at = f"{s} new tokens of {batch[0]} sequences" if batch else f"{s} new tokens after {cached} cached"
         self.heap: list = [None] * len(SHAPE_VARS)
         self.live: dict[int, Tensor] = {}  # storage -> the tensor that now owns it
         self.written: set[int] = set()  # id() of the activations a kernel has written
@@ -134,7 +152,9 @@ class _DryRun:
         for k, (a, d) in enumerate(zip(args[1:], shape)):
             if "bind" in a:
                 name = a["bind"]
-                hi = self.chunk if name == "seq_len" else self.length
+                hi = {"seq_len": self.chunk, "total_len": self.length}.get(name)
+                if name in ("batch", "pages_len"):
+                    hi = self.batch[name == "pages_len"] if self.batch else 0
                 if not 1 <= d <= hi or (name == "total_len" and d != self.length):
                     fail(w, f"binds {name} = {d}, but it must be {'1..' if name == 'seq_len' else ''}{hi}")
                 self.heap[SHAPE_VARS.index(name)] = d
@@ -174,11 +194,31 @@ class _DryRun:
         self.length += n
         return (self.length,)
 
+    def kv_pages(self, w: str, args: list) -> tuple:
+        self.reg(args[0], w, "cache")
+        if self.batch is None:
+            fail(w, "asks for a batched step's page tables outside the step function")
+        return self.batch
+
+    def kv_meta(self, w: str, args: list) -> Tensor:
+        """The engine's metadata buffers (runtime/batch.py), sized for the bounds; only the step's part is viewed."""
+        self.reg(args[0], w, "cache")
+        if self.batch is None:
+            fail(w, "asks for a batched step's metadata outside the step function")
+        pool, chunk = self.m["kv_cache"]["pool"], self.chunk
+        widest = -(-self.ctx // pool["page_size"])
+        batch, width = self.batch
+        shape, capacity = {"pages": ((batch, width), pool["sequences"] * widest),
+                           "last": ((batch,), pool["sequences"])}.get(args[1]["str"], ((self.s,), chunk))
+        t = Tensor(shape, "int32", "meta", 4 * capacity)
+        self.views[id(t)] = ("meta", KV_META.index(args[1]["str"]))
+        return t
+
     def kv_view(self, w: str, args: list) -> Tensor:
         self.reg(args[0], w, "cache")
         c = self.layer_buf(args[2]["i"])
         ring = self.m["kv_cache"].get("rows") and self.m["kv_cache"]["rows"][args[2]["i"]]
-        t = Tensor((ring or self.length, *c.shape[1:]), c.dtype, "cache", c.capacity)
+        t = Tensor((c.shape[0] if self.batch else ring or self.length, *c.shape[1:]), c.dtype, "cache", c.capacity)
         self.views[id(t)] = (args[1]["str"], args[2]["i"])
         return t
 
@@ -195,13 +235,17 @@ class _DryRun:
         for j, (a, b, decl) in enumerate(zip(args[3:sep], bufs, sig["buffers"])):
             dims = [self.ev(d, scalars.__getitem__, ints) for d in decl["shape"]]
             self.buffer(w, name, j, b, dims, decl)
-            if "kv" in a and decl["written"]:
+            if "kv" in a and decl["written"] and self.batch:  # a pool: written at the rows slot names
+                if not any(self.views.get(id(x)) == ("meta", KV_META.index("slot")) for x in bufs):
+                    fail(w, f"lets {name} write the page pool without the step's slots")
+                self.appended.add(tuple(a["kv"][1:]))
+            elif "kv" in a and decl["written"]:
                 rows = dict(zip(sig["scalars"], ints))
                 if (rows["offset"], rows["n"]) != (self.length - self.s, self.s):
                     fail(w, f"lets {name} write rows {rows['offset']}..{rows['offset'] + rows['n'] - 1} of the KV "
                             f"cache; this step's rows are {self.length - self.s}..{self.length - 1}")
                 self.appended.add(tuple(a["kv"][1:]))
-            elif id(b) in self.views and self.views[id(b)] not in self.appended:
+            elif id(b) in self.views and self.views[id(b)][0] != "meta" and self.views[id(b)] not in self.appended:
                 which, layer = self.views[id(b)]
                 fail(w, f"lets {name} read layer {layer}'s {'keys' if which == 'k' else 'values'} before this step's "
                         f"rows were appended to the KV cache")
@@ -215,9 +259,11 @@ class _DryRun:
         return self.layer_buf(a["kv"][2])
 
     def layer_buf(self, layer: int) -> Tensor:
-        """A layer's keys or values buffer: the whole context window, or its sliding-window ring."""
+        """A layer's keys or values buffer: the whole context window, its sliding-window ring, or in a batched
+        step its page pool."""
         kv = self.m["kv_cache"]
-        shape = (kv_rows(self.m, layer), kv["kv_heads"], kv["head_dim"])
+        rows = kv["pool"]["pages"] * kv["pool"]["page_size"] if self.batch else kv_rows(self.m, layer)
+        shape = (rows, kv["kv_heads"], kv["head_dim"])
         return Tensor(shape, kv["dtype"], "cache", nbytes(shape, kv["dtype"]))
 
     def buffer(self, w: str, name: str, j: int, b: Tensor, dims: list, decl: dict) -> None:
@@ -245,7 +291,8 @@ class _DryRun:
             fail(w, f"reads {t} as {what} before any kernel writes it")
 
     def ret(self, v) -> None:
-        rows = {"decode": (1,), "prefill": (1, self.s), "prefill_all": (self.s,)}[self.fname]
+        rows = {"decode": (1,), "prefill": (1, self.s), "prefill_all": (self.s,),
+                "step": (self.batch[0] if self.batch else 0,)}[self.fname]
         vocab = self.m["vocab_size"]
         w = f"bytecode.json: functions.{self.fname} ({self.at})"
         if not (isinstance(v, Tensor) and v.dtype == "float32" and len(v.shape) == 3 and v.shape[0] == 1

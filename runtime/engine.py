@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from .devices import DeviceError, open_device
-from .kvcache import ContextWindowFull, KVCache
+from .kvcache import ContextWindowFull, KVCache, PagedKVCache
 from .package import PackageError, load_params, read_manifest, verify
 from .safetensors_io import SafetensorsError
+from .validate import KV_META
 from .vm import NP, VM, DTensor, VMError
 
 INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',
@@ -24,7 +25,10 @@ INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-open
 
 
 class Engine:
-    def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict, native_steps: bool = True):
+    def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict, native_steps: bool = True,
+                 paged: bool = False):
+        """paged: run batched steps over the package's page pool (runtime/batch.py) instead of prefill and decode
+        of one sequence."""
         self.path = path
         self.manifest = manifest
         self.device = device
@@ -37,11 +41,21 @@ class Engine:
         self.build_seconds = time.perf_counter() - t0
         storages = [device.alloc(max(int(s["bytes"]), 4)) for s in manifest["storages"]]
         kv = manifest["kv_cache"]
-        self.cache = KVCache(device, kv["layers"], self.context_window, kv["kv_heads"], kv["head_dim"], kv["dtype"],
-                             kv.get("rows"), self.prefill_chunk)
+        self.paged = paged
+        if paged:
+            if "pool" not in kv:
+                raise PackageError("this package has no batched step (it was compiled before deploycc had one); "
+                                   "recompile it to serve batches")
+            pool = kv["pool"]
+            self.cache = PagedKVCache(device, kv["layers"], kv["kv_heads"], kv["head_dim"], kv["dtype"], pool["pages"],
+                                      pool["page_size"], pool["sequences"], self.prefill_chunk, self.context_window)
+            bounds = {"seq_len": self.prefill_chunk, "batch": pool["sequences"], "pages_len": self.cache.widest}
+        else:
+            self.cache = KVCache(device, kv["layers"], self.context_window, kv["kv_heads"], kv["head_dim"],
+                                 kv["dtype"], kv.get("rows"), self.prefill_chunk)
+            bounds = {"seq_len": self.prefill_chunk, "total_len": self.context_window}
         max_grid = manifest["target"].get("max_grid", 65535)
-        self.vm = VM(bytecode, device, kernels, storages, self.cache, max_grid,
-                     bounds={"seq_len": self.prefill_chunk, "total_len": self.context_window})
+        self.vm = VM(bytecode, device, kernels, storages, self.cache, max_grid, bounds=bounds)
         weights = {name: DTensor(device.upload(np.ascontiguousarray(a)), a.shape, str(a.dtype))
                    for name, a in params.items()}
         self.weights_bytes = sum(int(a.nbytes) for a in params.values())
@@ -60,7 +74,8 @@ class Engine:
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, path, device: str | None = None, check_hashes: bool = True, native_steps: bool = True) -> Engine:
+    def load(cls, path, device: str | None = None, check_hashes: bool = True, native_steps: bool = True,
+             paged: bool = False) -> Engine:
         path = Path(path)
         manifest = read_manifest(path)
         bytecode = verify(path, manifest, check_hashes)  # the whole package, before any device is opened
@@ -77,7 +92,7 @@ class Engine:
             msg = str(e)
             hint = "" if "install" in msg else f"; install it: {INSTALL.get(kind, '')}"
             raise DeviceError(f"no {kind} runtime on this machine ({msg}){hint}") from None
-        return cls(path, manifest, bytecode, dev, params, native_steps)
+        return cls(path, manifest, bytecode, dev, params, native_steps, paged)
 
     def _build_kernels(self) -> dict:
         entries = self.manifest["kernels"]["entries"]
@@ -118,16 +133,20 @@ class Engine:
         ws = [ptr(weights[n].buf) for n in nat["weights"]]
         kv = [ptr(b) for pair in zip(self.cache.k, self.cache.v) for b in pair]
         sts = [ptr(b) for b in storages]
+        meta = [ptr(self.cache.buffers[name]) for name in KV_META] if self.paged else []
 
         class Ctx(ctypes.Structure):
             _fields_ = [("w", ctypes.c_void_p), ("st", ctypes.c_void_p), ("kv", ctypes.c_void_p),
-                        ("input", ctypes.c_void_p), ("h", ctypes.c_void_p)]
+                        ("input", ctypes.c_void_p), ("h", ctypes.c_void_p), ("meta", ctypes.c_void_p)]
 
-        tables = [(ctypes.c_void_p * max(1, len(x)))(*x) for x in (ws, sts, kv)]
+        tables = [(ctypes.c_void_p * max(1, len(x)))(*x) for x in (ws, sts, kv, meta)]
         self._native_keep = [tables]  # the C side holds addresses into these: they live as long as the engine
         for fname, info in nat["functions"].items():
+            if (fname == "step") != self.paged:  # the other cache's functions
+                continue
             heap = (ctypes.c_int * max(1, len(info["heap"])))()
-            ctx = Ctx(*(ctypes.addressof(t) for t in tables), ptr(self.ids_buf), ctypes.addressof(heap))
+            ctx = Ctx(*(ctypes.addressof(t) for t in tables[:3]), ptr(self.ids_buf), ctypes.addressof(heap),
+                      ctypes.addressof(tables[3]))
             fn = getattr(self.lib, info["symbol"])
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = None
@@ -179,6 +198,18 @@ class Engine:
         logits = self._download(res)[0, -1]
         self.stats["decode_tokens"] += 1
         self.stats["decode_seconds"] += time.perf_counter() - t0
+        return logits
+
+    def step(self, ids, tables: list[list[int]], starts: list[int], counts: list[int]) -> np.ndarray:
+        """A batched step over the page pool (an engine loaded with paged=True; runtime/batch.py schedules it):
+        sequence b, whose pages are tables[b], appends counts[b] of `ids` at positions starts[b] on; returns the
+        logits [len(counts), vocab] of each sequence's last token of the step."""
+        ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
+        self.cache.plan(tables, starts, counts)
+        t0 = time.perf_counter()
+        logits = self._download(self._step("step", ids))[0]
+        self.stats["step_tokens"] = self.stats.get("step_tokens", 0) + ids.shape[1]
+        self.stats["step_seconds"] = self.stats.get("step_seconds", 0.0) + time.perf_counter() - t0
         return logits
 
     def _download(self, t: DTensor) -> np.ndarray:

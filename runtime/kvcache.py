@@ -8,6 +8,8 @@ writes each layer's new keys and values into the reserved rows; `view` gives ker
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .vm import DTYPE_BYTES, DTensor
 
 
@@ -60,3 +62,82 @@ class KVCache:
             raise ValueError(f"cannot keep {n} positions of a KV cache holding {self.length}"
                              + (" whose sliding-window rings moved past them; reset it" if 0 <= n <= self.length else ""))
         self.length = n
+
+
+def paged_metadata(tables: list[list[int]], starts: list[int], counts: list[int], page_size: int) -> dict:
+    """The int32 metadata of a batched step over a page pool (nn.Cache's kv.meta): sequence b, whose pages are
+    tables[b], appends counts[b] tokens at positions starts[b] on. pos, seq, slot: per token its position,
+    sequence and pool row; pages: the page tables [batch, pages_len] (padded with page 0, never read past a
+    sequence's own positions); last: per sequence the token whose logits the step returns."""
+    pos = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts)]).astype(np.int32)
+    seq = np.repeat(np.arange(len(counts)), counts).astype(np.int32)
+    width = max(-(-(s + c) // page_size) for s, c in zip(starts, counts))
+    pages = np.zeros((len(tables), width), np.int32)
+    for b, t in enumerate(tables):
+        pages[b, :min(width, len(t))] = t[:width]
+    slot = (pages[seq, pos // page_size] * page_size + pos % page_size).astype(np.int32)
+    return {"pos": pos, "seq": seq, "slot": slot, "pages": pages, "last": (np.cumsum(counts) - 1).astype(np.int32)}
+
+
+class PoolFull(RuntimeError):
+    pass
+
+
+class PagedKVCache:
+    """The page pool of batched steps (vLLM's PagedAttention layout): per layer, keys and values of
+    [pages * page_size, kv_heads, head_dim]; a sequence owns a list of pages (its page table), taken from
+    and returned to a free pool. `plan` writes a step's metadata (paged_metadata) into device buffers sized
+    for the package's bounds; the step function reads them through kv.pages / kv.meta."""
+
+    def __init__(self, device, layers: int, kv_heads: int, head_dim: int, dtype: str, pages: int, page_size: int,
+                 sequences: int, chunk: int, context: int):
+        self.device, self.pages, self.page_size, self.sequences = device, pages, page_size, sequences
+        self.chunk, self.context = chunk, context
+        self.widest = -(-context // page_size)
+        rows = pages * page_size * kv_heads * head_dim * DTYPE_BYTES[dtype]
+        self.k = [device.alloc(rows) for _ in range(layers)]
+        self.v = [device.alloc(rows) for _ in range(layers)]
+        self.nbytes = 2 * layers * rows
+        self.shape = (pages * page_size, kv_heads, head_dim)
+        self.dtype = dtype
+        sizes = {"pos": chunk, "seq": chunk, "slot": chunk, "pages": sequences * self.widest, "last": sequences}
+        self.buffers = {name: device.alloc(4 * n) for name, n in sizes.items()}
+        self.free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
+        self._shapes: dict[str, tuple] = {}
+
+    @property
+    def pages_in_use(self) -> int:
+        return self.pages - len(self.free)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    def take(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise PoolFull(f"{n} pages asked of a pool with {len(self.free)} free")
+        return [self.free.pop() for _ in range(n)]
+
+    def give(self, pages: list[int]) -> None:
+        self.free.extend(reversed(pages))
+
+    def plan(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> None:
+        if not 1 <= len(counts) <= self.sequences or not 1 <= sum(counts) <= self.chunk:
+            raise ValueError(f"a step holds 1..{self.sequences} sequences and 1..{self.chunk} tokens, "
+                             f"got {len(counts)} and {sum(counts)}")
+        meta = paged_metadata(tables, starts, counts, self.page_size)
+        if meta["pages"].shape[1] > self.widest or not all(s + c <= self.context for s, c in zip(starts, counts)):
+            raise ValueError(f"a sequence of the step is longer than the context window of {self.context}")
+        for name, a in meta.items():
+            self.device.write(self.buffers[name], a)
+            self._shapes[name] = a.shape
+        self.tokens = int(sum(counts))
+
+    def pages_shape(self) -> tuple[int, int]:
+        """kv.pages: (sequences, page-table width) of the planned step."""
+        return self._shapes["pages"]
+
+    def meta(self, name: str) -> DTensor:
+        return DTensor(self.buffers[name], self._shapes[name], "int32")
+
+    def view(self, which: str, layer: int) -> DTensor:
+        return DTensor((self.k if which == "k" else self.v)[layer], self.shape, self.dtype)

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .validate import KV_META, SHAPE_VARS
+
 # The CPU flags (as /proc/cpuinfo spells them) that code compiled for an ISA may use.
 X86_64_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "sse4_1", "sse4_2", "ssse3", "popcnt")
 X86_64_V4 = X86_64_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
@@ -30,8 +32,8 @@ INSTALL_CC = "install a C compiler: apt-get install gcc (Debian/Ubuntu), or pip 
 
 # The step functions' layout, derived from the bytecode alone (deploycc/vm/native.py writes the C from
 # it; runtime/validate.py recomputes it and refuses a manifest that says otherwise).
-HEAP = ("seq_len", "total_len")  # h[0], h[1] of every step function
-PROLOGUE = ("vm.match_shape", "kv.begin", "vm.move")  # run in Python before the native call
+HEAP = SHAPE_VARS  # h[0], h[1], ... of every step function
+PROLOGUE = ("vm.match_shape", "kv.begin", "kv.pages", "vm.move")  # run in Python before the native call
 EPILOGUE = ("vm.alloc", "vm.move", "vm.tuple", "vm.get")  # may build the returned tensor after it
 
 

@@ -19,8 +19,12 @@ from .vm import BUILTINS, DTYPE_BYTES
 # target kind -> the kernel language its files are in (deploycc/package.py: _write_kernels)
 LANGUAGES = {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl", "cpu": "c"}
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
-SHAPE_VARS = ("seq_len", "total_len")  # the shape variables vm.match_shape binds (deploycc/vm/lower.py)
-FUNCTIONS = ("prefill", "prefill_all", "decode")  # what the engine calls
+# The shape variables vm.match_shape binds (deploycc/vm/lower.py): a step's tokens, the cached positions after
+# it, and in a batched step its sequences and the width of their page tables.
+SHAPE_VARS = ("seq_len", "total_len", "batch", "pages_len")
+KV_META = ("pos", "seq", "slot", "pages", "last")  # kv.meta's tensors of a batched step (nn.Cache.META)
+FUNCTIONS = ("prefill", "prefill_all", "decode", "step")  # what the engines call (step: runtime/batch.py) ...
+REQUIRED_FUNCTIONS = FUNCTIONS[:3]  # ... and what every package has (step: where kv_cache has a pool)
 NUM_INPUTS = 2  # input_ids and the KV cache
 BYTECODE_VERSION = 1
 OPS = ("+", "*", "//", "%", "min", "max")  # runtime/symexpr.py
@@ -51,10 +55,6 @@ _ARCH = re.compile(r"(sm_\d{2,3}[a-z]?)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")  # targets/base.py
 _FLAG = re.compile(r"[a-z0-9_]{1,32}")
-# What the Python side of a native step may run (deploycc/vm/native.py): the prologue binds the shape
-# variables, the epilogue builds the returned tensor; everything else is inside the native call.
-NATIVE_PROLOGUE = ("vm.match_shape", "kv.begin", "vm.move")
-NATIVE_EPILOGUE = ("vm.alloc", "vm.move", "vm.tuple", "vm.get")
 
 
 # ---- field checks ------------------------------------------------------------------------------
@@ -246,6 +246,13 @@ def _check_bounds(m: dict) -> None:
             if r and not b["prefill_chunk"] <= r < ctx:
                 fail(f"{M} kv_cache.rows[{i}]", f"is {r}; a ring holds at least a step's {b['prefill_chunk']} rows "
                                                 f"and fewer than the context window's {ctx} (0: no ring)")
+    if "pool" in kv:  # the page pool of batched steps
+        pool = need_dict(kv["pool"], f"{M} kv_cache.pool", ("pages", "page_size", "sequences"))
+        size = need_int(pool["page_size"], f"{M} kv_cache.pool.page_size", 1, MAX_CONTEXT)
+        need_int(pool["pages"], f"{M} kv_cache.pool.pages", -(-ctx // size), MAX_CONTEXT)
+        need_int(pool["sequences"], f"{M} kv_cache.pool.sequences", 1, b["prefill_chunk"])
+        if nbytes((pool["pages"] * size, kv["kv_heads"], kv["head_dim"]), kv["dtype"]) > MAX_BYTES:
+            fail(f"{M} kv_cache.pool", "needs more bytes per layer than any device has")
     if nbytes((ctx, kv["kv_heads"], kv["head_dim"]), kv["dtype"]) > MAX_BYTES or kv_bytes(m) > MAX_TOTAL:
         fail(f"{M} kv_cache", f"needs {kv_bytes(m)} bytes at a context window of {ctx}, more than any device has")
 
@@ -309,8 +316,10 @@ def _check_native(m: dict, n: dict) -> None:
     for i, w in enumerate(need_list(n["weights"], f"{where}.weights")):
         if need_str(w, f"{where}.weights[{i}]") not in names:
             fail(f"{where}.weights[{i}]", f"is {show(w)}, which is not in manifest.json params")
-    fns = need_dict(n["functions"], f"{where}.functions", FUNCTIONS)
-    for fname in FUNCTIONS:
+    fns = need_dict(n["functions"], f"{where}.functions", REQUIRED_FUNCTIONS)
+    for fname in fns:
+        if fname not in FUNCTIONS:
+            fail(f"{where}.functions", f"has {show(fname)}, which the runtime never calls")
         w = f"{where}.functions.{fname}"
         fn = need_dict(fns[fname], w, ("symbol", "prologue", "epilogue", "heap"))
         need_str(fn["symbol"], f"{w}.symbol", (f"dcc_{fname}",))
@@ -331,6 +340,8 @@ def check_native_bytecode(m: dict, bc: dict) -> None:
     w = f"{M} kernels.native"
     if n["weights"] != step_weights(bc):
         fail(f"{w}.weights", "is not the weight table of bytecode.json's functions")
+    if set(n["functions"]) != set(bc["functions"]):
+        fail(f"{w}.functions", "must name bytecode.json's functions")
     for fname, fn in n["functions"].items():
         if fn["heap"] != list(HEAP):
             fail(f"{w}.functions.{fname}.heap", f"must be {list(HEAP)}")
@@ -432,6 +443,8 @@ SIGNATURES = {
     "vm.move": (("r",), None, True),
     "kv.begin": (("r", "s"), None, True),
     "kv.view": (("r", "str", "i"), None, True),
+    "kv.pages": (("r",), None, True),
+    "kv.meta": (("r", "str"), None, True),
     "vm.launch": (("k", "s", "i"), "launch", False),
 }
 KINDS = {"dim": ("bind", "s"), "buf": ("r", "kv"), "launch": ("r", "kv", "str", "s")}
@@ -441,7 +454,9 @@ def check_bytecode(bc, m: dict) -> None:
     """The structure of the bytecode and its references into the manifest (which check_manifest passed)."""
     need_dict(bc, "bytecode.json", ("version", "functions"))
     need_int(bc["version"], f"{B} version", BYTECODE_VERSION, BYTECODE_VERSION)
-    functions = need_dict(bc["functions"], f"{B} functions", FUNCTIONS)
+    functions = need_dict(bc["functions"], f"{B} functions", REQUIRED_FUNCTIONS)
+    if ("step" in functions) != ("pool" in m["kv_cache"]):
+        fail(f"{B} functions", "must have a step function exactly where manifest.json kv_cache has a pool")
     for name, spec in functions.items():
         if name not in FUNCTIONS:
             fail(f"{B} functions", f"has {show(name)}, which the runtime never calls (it has {', '.join(FUNCTIONS)})")
@@ -475,6 +490,7 @@ class _FunctionCheck:
             self.defined.add(r)
         self.preset = frozenset(self.defined)  # written at load: never an instruction's result
         self.bound: set[str] = set()
+        self.meta: dict[int, str] = {}  # registers that hold kv.meta's tensors, by name
         self.code = need_list(spec["instructions"], f"{w}.instructions", 1, MAX_INSTRUCTIONS)
 
     def run(self) -> None:
@@ -514,6 +530,10 @@ class _FunctionCheck:
             if r in self.preset:
                 fail(f"{w}.dst", f"is register {r}, which holds an input, a weight or a constant")
             self.defined.add(r)
+            if fn == "kv.meta" or (fn == "vm.move" and values[0] in self.meta):  # the pool rows a step writes
+                self.meta[r] = values[1] if fn == "kv.meta" else self.meta[values[0]]
+            else:
+                self.meta.pop(r, None)
 
     def references(self, w: str, fn: str, values: list) -> None:
         if fn == "vm.alloc":
@@ -531,6 +551,10 @@ class _FunctionCheck:
         elif fn == "kv.view":
             need_str(values[1], f"{w}.args[1].str", ("k", "v"))
             need_int(values[2], f"{w}.args[2].i", 0, self.m["kv_cache"]["layers"] - 1)
+        elif fn in ("kv.pages", "kv.meta") and "pool" not in self.m["kv_cache"]:
+            fail(w, f"calls {fn}, but manifest.json kv_cache has no pool")
+        elif fn == "kv.meta":
+            need_str(values[1], f"{w}.args[1].str", KV_META)
         elif fn == "vm.match_shape" and len(values) - 1 > MAX_DIMS:
             fail(w, f"matches {len(values) - 1} dimensions, more than {MAX_DIMS}")
 
@@ -562,7 +586,8 @@ class _FunctionCheck:
             if arg in sized and not monotone(e):
                 fail(f"{w}.args[{sep + 1 + i}].s", f"is {show(e)}; {name}'s {arg} sizes a buffer, so it must grow "
                                                    f"with seq_len and total_len")
-        if any(k == "kv" and b["written"] for k, b in zip(bufs, sig["buffers"])):
+        slots = [a for a, k in zip(values[3:sep], bufs) if k == "r" and self.meta.get(a) == "slot"]
+        if any(k == "kv" and b["written"] for k, b in zip(bufs, sig["buffers"])) and not slots:
             rows = dict(zip(sig["scalars"], ints))
             if "offset" not in rows or "n" not in rows or not (affine(rows["offset"]) and affine(rows["n"])):
                 fail(f"{w}.args", f"lets {name} write the KV cache without affine int arguments offset and n "

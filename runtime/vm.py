@@ -31,7 +31,8 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "
 NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint32": np.uint32, "int8": np.int8,
       "uint8": np.uint8}
 
-BUILTINS = ("vm.match_shape", "vm.alloc", "vm.launch", "vm.tuple", "vm.get", "vm.move", "kv.begin", "kv.view")
+BUILTINS = ("vm.match_shape", "vm.alloc", "vm.launch", "vm.tuple", "vm.get", "vm.move", "kv.begin", "kv.view",
+            "kv.pages", "kv.meta")
 
 
 class Function:
@@ -115,6 +116,12 @@ class VM:
         if name == "kv.view":
             cache, which, layer = (self.operand(a, fn) for a in args)
             return ("call", lambda regs, heap: cache(regs, heap).view(which(regs, heap), layer(regs, heap)), dst)
+        if name == "kv.pages":  # a batched step: (sequences, page-table width) of the pool's plan
+            cache = self.operand(args[0], fn)
+            return ("call", lambda regs, heap: cache(regs, heap).pages_shape(), dst)
+        if name == "kv.meta":
+            cache, which = (self.operand(a, fn) for a in args)
+            return ("call", lambda regs, heap: cache(regs, heap).meta(which(regs, heap)), dst)
         if name == "vm.move":
             src = self.operand(args[0], fn)
             return ("call", src, dst)

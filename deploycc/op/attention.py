@@ -372,16 +372,9 @@ class RefPagedCache:
 
     def plan(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> None:
         """The step: sequence b (page table tables[b]) appends counts[b] tokens at positions starts[b] on."""
-        size = self.page_size
-        pos = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts)]).astype(np.int32)
-        seq = np.repeat(np.arange(len(counts)), counts).astype(np.int32)
-        width = max(-(-(s + c) // size) for s, c in zip(starts, counts))
-        pages = np.zeros((len(tables), width), np.int32)
-        for b, t in enumerate(tables):
-            pages[b, :min(width, len(t))] = t[:width]
-        slot = (pages[seq, pos // size] * size + pos % size).astype(np.int32)
-        self.meta = {"pos": pos, "seq": seq, "slot": slot, "pages": pages,
-                     "last": (np.cumsum(counts) - 1).astype(np.int32)}
+        from ..runtime.kvcache import paged_metadata
+
+        self.meta = paged_metadata(tables, starts, counts, self.page_size)
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         self.k[layer][self.meta["slot"]] = k

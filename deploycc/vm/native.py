@@ -16,7 +16,7 @@ or the input ids.
 """
 from __future__ import annotations
 
-from ..runtime.native import HEAP, NativeError, step_split, step_weights
+from ..runtime.native import HEAP, KV_META, NativeError, step_split, step_weights
 from ..targets.cstyle import _ident
 
 
@@ -33,9 +33,11 @@ def lower_native(bytecode: dict, entries: dict) -> tuple[str, dict]:
         text, info = _function(fname, spec, entries, weights)
         funcs.append(text)
         spec_out[fname] = info
-    head = ["/* What a step reads: weights, planned storages, KV-cache layers (k0, v0, k1, ...), the input ids and",
-            "   the shape heap. The engine fills one per loaded package, so two engines never share pointers. */",
-            "typedef struct { void* const* w; void* const* st; void* const* kv; void* in; const int* h; } dcc_ctx;", ""]
+    head = ["/* What a step reads: weights, planned storages, KV-cache layers (k0, v0, k1, ...), the input ids, the",
+            "   shape heap and a batched step's metadata (pos, seq, slot, pages, last). The engine fills one per loaded",
+            "   package, so two engines never share pointers. */",
+            "typedef struct { void* const* w; void* const* st; void* const* kv; void* in; const int* h;",
+            "                 void* const* meta; } dcc_ctx;", ""]
     return "\n".join(head + funcs), {"weights": weights, "functions": spec_out}
 
 
@@ -70,6 +72,8 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
             regs[dst] = regs.get(args[0]["r"], ("?",))
         elif fn == "kv.view":
             regs[dst] = ("kv", args[1]["str"], args[2]["i"])
+        elif fn == "kv.meta":
+            regs[dst] = ("meta", KV_META.index(args[1]["str"]))
         elif fn == "vm.tuple":
             regs[dst] = ("tuple", tuple(_value(a, regs) for a in args))
         elif fn == "vm.get":
@@ -87,8 +91,9 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
     text = "\n".join([f"static void dcc_step_{name}(void* ctx, int tid, int nt) {{",
                       "  const dcc_ctx* c = (const dcc_ctx*)ctx;",
                       "  void* const* dcc_w = c->w; void* const* dcc_st = c->st; void* const* dcc_kv = c->kv;",
-                      "  void* dcc_in = c->in; const int* h = c->h;",
-                      "  (void)dcc_w; (void)dcc_st; (void)dcc_kv; (void)dcc_in; (void)h;"] + body + ["}",
+                      "  void* dcc_in = c->in; const int* h = c->h; void* const* dcc_meta = c->meta;",
+                      "  (void)dcc_w; (void)dcc_st; (void)dcc_kv; (void)dcc_in; (void)h; (void)dcc_meta;"]
+                     + body + ["}",
                      f"DCC_EXPORT void dcc_{name}(const dcc_ctx* c) {{ dcc_parallel(dcc_step_{name}, (void*)c); }}",
                      ""])
     return text, {"symbol": f"dcc_{name}", "prologue": prologue, "epilogue": epilogue, "heap": heap}
@@ -113,6 +118,8 @@ def _pointer(v: tuple) -> str:
         return f"dcc_kv[{2 * v[2] + (0 if v[1] == 'k' else 1)}]"
     if kind == "in":
         return "dcc_in"
+    if kind == "meta":
+        return f"dcc_meta[{v[1]}]"
     raise NativeLoweringError(f"a launch argument is not a tensor the step can name ({v})")
 
 

@@ -1,0 +1,224 @@
+"""Continuous batching over a page pool: Orca's iteration-level scheduling on vLLM's paged KV cache.
+
+    batcher = Batcher(Engine.load(pkg, paged=True), max_num_sequences=8)
+    session = batcher.session()     # one per request; the runtime session contract (prefill, decode, reset)
+    for piece in generate(session, tokenizer, prompt, ...): ...
+    session.close()                 # its pages go back to the pool at once
+
+Each request runs the ordinary generation loop (runtime/generate.py: template, sampler with its own
+parameters and seed, stop strings, streaming text) in its own thread; its session's prefill and decode
+hand their tokens to the batcher and wait for their logits. The batcher's thread runs one batched step
+(the package's `step` function) at a time over every sequence that has work: requests join and leave the
+batch at every step, decodes go first (one token each), and prompts fill the rest of the step's token
+budget (the prefill chunk), so a long prompt is prefilled in chunks between other sequences' decodes.
+
+Pages are taken as a sequence grows and returned when it ends. A new sequence is admitted while fewer than
+max_num_sequences hold pages and the free pages hold its whole prompt; a running one that needs a page
+when none is free takes the pages of the sequence admitted last, which is recomputed from its tokens when
+its turn comes again (vLLM's preemption by recomputation). Every row of a step is computed by the same
+kernels whatever else is in the step, so a request's greedy output is the same alone or in any batch.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+
+class Sequence:
+    """A session's tokens and where their keys and values are: ids[:cached] are in the pages."""
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.cached = 0
+        self.pages: list[int] = []
+        self.want = False  # ids[cached:] wait for a step (the logits of the last are asked for)
+        self.busy = False  # in the step that runs now
+        self.closed = False
+        self.done = threading.Event()
+        self.logits: np.ndarray | None = None
+        self.error: str | None = None
+
+
+class Batcher:
+    def __init__(self, engine, max_num_sequences: int | None = None, gather_seconds: float = 0.002):
+        """gather_seconds: how long a step waits for running sequences that are sampling their next token."""
+        if not getattr(engine, "paged", False):
+            raise ValueError("the batcher needs an engine loaded with paged=True")
+        self.engine, self.cache = engine, engine.cache
+        limit = self.cache.sequences
+        n = limit if max_num_sequences is None else max_num_sequences
+        if not 1 <= n <= limit:
+            raise ValueError(f"max_num_sequences must be 1..{limit}, the batch this package was compiled for; "
+                             f"got {n}")
+        self.max_num_sequences, self.gather = n, gather_seconds
+        self.context_window = engine.context_window
+        self.cond = threading.Condition()
+        self.live: list[Sequence] = []  # sequences with tokens, in order of arrival
+        self.stats = {"steps": 0, "tokens": 0, "preempted": 0, "batch": 0}
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, name="deploycc-batcher", daemon=True)
+        self.thread.start()
+
+    def session(self) -> BatchSession:
+        return BatchSession(self)
+
+    def close(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+    @property
+    def running(self) -> int:
+        """Sequences that hold pages."""
+        return sum(1 for s in self.live if s.pages)
+
+    # ---- what sessions call -------------------------------------------------------------------------
+    def run(self, seq: Sequence) -> np.ndarray:
+        """Compute ids[cached:] of `seq` in coming steps; the last one's logits."""
+        with self.cond:
+            if self.stopped:
+                raise RuntimeError("the batcher has stopped")
+            seq.done.clear()
+            seq.want, seq.error = True, None
+            if seq not in self.live:
+                self.live.append(seq)
+            self.cond.notify_all()
+        seq.done.wait()
+        if seq.error is not None:
+            raise RuntimeError(seq.error)
+        return seq.logits
+
+    def release(self, seq: Sequence, closing: bool = False) -> None:
+        """Forget what `seq` cached (its pages go back now, or after the step it is in)."""
+        with self.cond:
+            seq.closed = seq.closed or closing
+            if seq.busy:
+                return
+            self._free(seq)
+            seq.cached, seq.want = 0, False
+            if seq in self.live:
+                self.live.remove(seq)
+            self.cond.notify_all()
+
+    def _free(self, seq: Sequence) -> None:
+        self.cache.give(seq.pages)
+        seq.pages = []
+
+    # ---- the batcher's thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.stopped and not any(s.want for s in self.live):
+                    self.cond.wait()
+                if self.stopped:
+                    for s in self.live:
+                        s.error = "the batcher has stopped"
+                        s.done.set()
+                    return
+                deadline = time.monotonic() + self.gather
+                while any(s.pages and not s.want for s in self.live) and time.monotonic() < deadline:
+                    self.cond.wait(max(0.0, deadline - time.monotonic()))
+                plan = self._schedule()
+                for s, _, _ in plan:
+                    s.busy = True
+            if plan:
+                self._step(plan)
+
+    def _schedule(self) -> list[tuple[Sequence, int, int]]:
+        """(sequence, first position, tokens) of the next step: decodes first, then prompts, in order of
+        arrival, within the step's token budget and sequence count."""
+        budget, plan = self.engine.prefill_chunk, []
+        order = sorted((s for s in self.live if s.want), key=lambda s: (len(s.ids) - s.cached > 1, self.live.index(s)))
+        for s in order:
+            if len(plan) == self.cache.sequences or budget == 0:
+                break
+            if not s.pages:  # a new or preempted sequence: admitted while there is room for all of its tokens
+                if self.running >= self.max_num_sequences or self.cache.pages_for(len(s.ids)) > len(self.cache.free):
+                    continue
+            n = min(len(s.ids) - s.cached, budget)
+            need = self.cache.pages_for(s.cached + n) - len(s.pages)
+            while need > len(self.cache.free) and self._preempt_after(s, plan):
+                pass
+            if need > len(self.cache.free):
+                continue
+            s.pages += self.cache.take(need)
+            plan.append((s, s.cached, n))
+            budget -= n
+        return plan
+
+    def _preempt_after(self, s: Sequence, plan: list) -> bool:
+        """Give the pages of the sequence admitted last (after s, not in this step) back; False if none."""
+        chosen = {id(x) for x, _, _ in plan}
+        for victim in reversed(self.live[self.live.index(s) + 1:]):
+            if victim.pages and id(victim) not in chosen:
+                self._free(victim)
+                victim.cached = 0  # recomputed from its ids when admitted again
+                self.stats["preempted"] += 1
+                return True
+        return False
+
+    def _step(self, plan: list[tuple[Sequence, int, int]]) -> None:
+        ids = [t for s, start, n in plan for t in s.ids[start:start + n]]
+        error, logits = None, None
+        try:
+            logits = self.engine.step(ids, [s.pages for s, _, _ in plan], [start for _, start, _ in plan],
+                                      [n for _, _, n in plan])
+        except Exception as e:  # noqa: BLE001 - the sequences of a failed step get the error, the batcher goes on
+            error = str(e) or type(e).__name__
+        with self.cond:
+            self.stats["steps"] += 1
+            self.stats["tokens"] += len(ids)
+            self.stats["batch"] = len(plan)
+            for b, (s, start, n) in enumerate(plan):
+                s.busy = False
+                if s.closed:
+                    self._free(s)
+                    if s in self.live:
+                        self.live.remove(s)
+                    continue
+                if error is not None:
+                    s.want, s.error = False, error
+                    self._free(s)
+                    s.cached = 0
+                    s.done.set()
+                    continue
+                s.cached = start + n
+                if s.cached == len(s.ids):
+                    s.want, s.logits = False, logits[b]
+                    s.done.set()
+            self.cond.notify_all()
+
+
+class BatchSession:
+    """One request's view of the batcher, with the runtime session contract that runtime/generate.py drives:
+    prefill(ids) and decode(token) return the last position's logits, reset() forgets the cache."""
+
+    def __init__(self, batcher: Batcher):
+        self.batcher = batcher
+        self.seq = Sequence()
+        self.context_window = batcher.context_window
+
+    def prefill(self, ids, all_logits: bool = False) -> np.ndarray:
+        if all_logits:
+            raise ValueError("a batched session returns the last position's logits only")
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("prefill needs at least one token")
+        if len(self.seq.ids) + len(ids) > self.context_window:
+            raise ValueError(f"{len(self.seq.ids)} cached + {len(ids)} new tokens exceed the context window of "
+                             f"{self.context_window}")
+        self.seq.ids += ids
+        return self.batcher.run(self.seq)
+
+    def decode(self, token_id: int) -> np.ndarray:
+        return self.prefill([int(token_id)])
+
+    def reset(self) -> None:
+        self.batcher.release(self.seq)
+        self.seq.ids = []
+
+    def close(self) -> None:
+        """The request is over: its pages go back to the pool (after the step it is in, if any)."""
+        self.batcher.release(self.seq, closing=True)
