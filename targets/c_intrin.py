@@ -185,7 +185,7 @@ static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const float*
 /* one block (b) of the tile, 256 bits: acc[t] += cvt(codes . x_t) * s_b * d_tb */
 #if defined(DCC_DOT_U8S8)
 #define DCC_TILE_BLOCK256(CODES, SW, ACC)                                                            \
-  for (int t = 0; t < DCC_TILE; ++t) {                                                               \
+  for (int t = 0; t < R; ++t) {                                                               \
     const __m256i d_ = DCC_DOT_U8S8((CODES), _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b))); \
     ACC[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d_), _mm256_set1_ps((SW) * dr[t][b]), ACC[t]);      \
   }
@@ -196,30 +196,31 @@ static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const float*
 #define DCC_TILE_BLOCKS512(CODES)                                                                                 \
   {                                                                                                               \
     __m512 acc2[DCC_TILE];                                                                                        \
-    for (int t = 0; t < DCC_TILE; ++t) acc2[t] = _mm512_setzero_ps();                                             \
+    for (int t = 0; t < R; ++t) acc2[t] = _mm512_setzero_ps();                                             \
     for (; b + 1 < nb; b += 2) {                                                                                  \
       const __m512i codes = (CODES);                                                                              \
       const __m512 sw = dcc_halves((float)s[b], (float)s[b + 1]);                                                 \
-      _Pragma("GCC unroll 8") for (int t = 0; t < DCC_TILE; ++t) {                                                \
+      _Pragma("GCC unroll 8") for (int t = 0; t < R; ++t) {                                                \
         const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xr[t] + 32 * b)); \
         acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, dcc_halves(dr[t][b], dr[t][b + 1])),   \
                                   acc2[t]);                                                                        \
       }                                                                                                           \
     }                                                                                                             \
-    for (int t = 0; t < DCC_TILE; ++t) out[t] += _mm512_reduce_add_ps(acc2[t]);                                  \
+    for (int t = 0; t < R; ++t) out[t] += _mm512_reduce_add_ps(acc2[t]);                                  \
   }
 #endif
 
-static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
-                                   const float* xd, const float* xsd, int nb, float zero, int t0, int rows) {
+static inline __attribute__((always_inline)) void dcc_dot_q4_rows(
+    float* out, const uint32_t* q, const half* s, const half* m, const int8_t* xq, const float* xd, const float* xsd,
+    int nb, float zero, int t0, int rows, int R) {
   const int8_t* xr[DCC_TILE];
   const float* dr[DCC_TILE];
   const float* sr[DCC_TILE];
   dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
-  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_correction(s, m, zero, sr[t], nb);
+  for (int t = 0; t < R; ++t) out[t] = dcc_correction(s, m, zero, sr[t], nb);
 #if defined(DCC_DOT_U8S8)
   __m256 acc[DCC_TILE];
-  for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
+  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();
   int b = 0;
 #if defined(DCC_ZMM)
   DCC_TILE_BLOCKS512(dcc_nibbles2(q + 4 * b))
@@ -229,11 +230,11 @@ static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s,
     const float sw = (float)s[b];
     DCC_TILE_BLOCK256(codes, sw, acc)
   }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] += dcc_hsum8(acc[t]);
+  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(acc[t]);
 #else
   for (int b = 0; b < nb; ++b) {
     const uint8_t* c = (const uint8_t*)(q + 4 * b);
-    for (int t = 0; t < DCC_TILE; ++t) {
+    for (int t = 0; t < R; ++t) {
       int32_t dot = 0;
       for (int p = 0; p < 16; ++p) dot += (c[p] & 15) * xr[t][32 * b + p] + (c[p] >> 4) * xr[t][32 * b + 16 + p];
       out[t] += (float)s[b] * dr[t][b] * (float)dot;
@@ -242,15 +243,16 @@ static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s,
 #endif
 }
 
-static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
-                                   const float* xsd, int nb, int t0, int rows) {
+static inline __attribute__((always_inline)) void dcc_dot_q8_rows(
+    float* out, const uint32_t* q, const half* s, const int8_t* xq, const float* xd, const float* xsd, int nb, int t0,
+    int rows, int R) {
   const int8_t* xr[DCC_TILE];
   const float* dr[DCC_TILE];
   const float* sr[DCC_TILE];
   dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
   __m256 acc[DCC_TILE];
-  for (int t = 0; t < DCC_TILE; ++t) {
+  for (int t = 0; t < R; ++t) {
     acc[t] = _mm256_setzero_ps();
     out[t] = dcc_correction(s, 0, 128.0f, sr[t], nb);
   }
@@ -263,24 +265,24 @@ static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s,
     const float sw = (float)s[b];
     DCC_TILE_BLOCK256(codes, sw, acc)
   }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] += dcc_hsum8(acc[t]);
+  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(acc[t]);
 #elif defined(__AVX2__)
   __m256 acc[DCC_TILE];
-  for (int t = 0; t < DCC_TILE; ++t) acc[t] = _mm256_setzero_ps();
+  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(q + 8 * b)), _mm256_set1_epi8((char)0x80));
     const __m256i aw = _mm256_sign_epi8(w, w);
     const float sw = (float)s[b];
-    for (int t = 0; t < DCC_TILE; ++t) {
+    for (int t = 0; t < R; ++t) {
       const __m256i x = _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * b));
       const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sw * dr[t][b]), acc[t]);
     }
   }
-  for (int t = 0; t < DCC_TILE; ++t) out[t] = dcc_hsum8(acc[t]);
+  for (int t = 0; t < R; ++t) out[t] = dcc_hsum8(acc[t]);
   (void)sr;
 #else
-  for (int t = 0; t < DCC_TILE; ++t) {
+  for (int t = 0; t < R; ++t) {
     float acc = 0.0f;
     for (int b = 0; b < nb; ++b) {
       const uint8_t* c = (const uint8_t*)(q + 8 * b);
@@ -292,6 +294,26 @@ static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s,
   }
   (void)sr;
 #endif
+}
+
+/* Residue dispatch (Nimble): a tile of R = min(DCC_TILE, rows - t0) real rows runs the copy compiled for that R,
+   so a batched decode of a few sequences does the work of its rows, not of a whole tile. */
+#define DCC_TILE_RESIDUE(CALL)                                                                       \
+  switch (rows - t0 < DCC_TILE ? rows - t0 : DCC_TILE) {                                             \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break;  \
+    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); break;  \
+  }
+static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
+                                   const float* xd, const float* xsd, int nb, float zero, int t0, int rows) {
+#define DCC_Q4_ROWS(R) dcc_dot_q4_rows(out, q, s, m, xq, xd, xsd, nb, zero, t0, rows, R)
+  DCC_TILE_RESIDUE(DCC_Q4_ROWS)
+#undef DCC_Q4_ROWS
+}
+static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s, const int8_t* xq, const float* xd,
+                                   const float* xsd, int nb, int t0, int rows) {
+#define DCC_Q8_ROWS(R) dcc_dot_q8_rows(out, q, s, xq, xd, xsd, nb, t0, rows, R)
+  DCC_TILE_RESIDUE(DCC_Q8_ROWS)
+#undef DCC_Q8_ROWS
 }
 
 /* the kernels' entry points: weight row r of a [rows, nb] block matrix */
@@ -391,7 +413,9 @@ static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const half* s
   const float* sr[DCC_TILE];
   dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
   const int64_t at = (int64_t)g * nb;
-  dcc_x16_rows(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, DCC_TILE);
+#define DCC_X16_ROWS(R) dcc_x16_rows(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
+  DCC_TILE_RESIDUE(DCC_X16_ROWS)
+#undef DCC_X16_ROWS
 }
 
 /* entry points: acc[16] (or acc[DCC_TILE * 16], row-major) for interleaved group g */
