@@ -227,9 +227,10 @@ def _compiler_modules():
     return (deploycc, deploycc.models, deploycc.runtime, deploycc.targets)
 
 
-def _open_package(model: str, device: str | None, context_window: int | None, revision: str | None, quiet: bool):
+def _open_package(model: str, device: str | None, context_window: int | None, revision: str | None, quiet: bool,
+                  paged: bool | str = False):
     """(engine, info) for a package directory, or for MODEL compiled for --device into the cache;
-    None when MODEL is an uncompiled checkpoint and no --device was given."""
+    None when MODEL is an uncompiled checkpoint and no --device was given. paged: the engine of batched steps."""
     from . import presets
     from .runtime.engine import Engine
     from .runtime.package import PackageError, load_manifest
@@ -246,7 +247,7 @@ def _open_package(model: str, device: str | None, context_window: int | None, re
         if context_window is not None and context_window != ctx:
             raise DeployError(f"{model} was compiled with a context window of {ctx}; --context-window applies to an "
                               f"uncompiled MODEL (recompile with deploycc compile --context-window {context_window})")
-        return Engine.load(path), {"package": str(path), "device": manifest["preset"]["name"]}
+        return Engine.load(path, paged=paged), {"package": str(path), "device": manifest["preset"]["name"]}
     if device is None:
         return None
     from .package import compile_model
@@ -256,7 +257,7 @@ def _open_package(model: str, device: str | None, context_window: int | None, re
     info = {"package": str(out), "model": model, "device": preset.name}
     if (out / "manifest.json").exists():
         try:
-            return Engine.load(out), info
+            return Engine.load(out, paged=paged), info
         except PackageError as e:  # a damaged entry of deploycc's own cache (named by its key): compile it anew
             if not quiet:
                 click.echo(f"the cached package {out} is damaged ({e}); compiling it again", err=True)
@@ -265,7 +266,7 @@ def _open_package(model: str, device: str | None, context_window: int | None, re
         click.echo(f"compiling {model} for {preset.name} into {out}", err=True)
     with _CompileProgress(enabled=not quiet) as progress:
         compile_model(_source(model), device, None, context_window, (), str(out), True, revision, progress=progress)
-    return Engine.load(out), info
+    return Engine.load(out, paged=paged), info
 
 
 def _checked_tokenizer(model: str, revision: str | None, prompt: str | None, chat: bool):
@@ -296,8 +297,10 @@ def _session(model, device, context_window, revision, quiet, prompt: str | None 
             from .session import reference_session
 
             return reference_session(loaded, context_window=context_window), tok, {"model": model, "device": "reference"}
-    engine, info = _open_package(model, device, context_window, revision, quiet)
-    return engine, engine.tokenizer, info
+    from .runtime.batch import session_of
+
+    engine, info = _open_package(model, device, context_window, revision, quiet, paged="auto")
+    return session_of(engine), engine.tokenizer, info
 
 
 # ---- run / chat --------------------------------------------------------------------------------
@@ -363,17 +366,21 @@ def chat(model, system, max_tokens, temperature, top_p, top_k, repetition_penalt
 @click.option("--max-queue", type=click.IntRange(min=1), default=16, show_default=True,
               help="Requests that may wait for the engine; beyond it the server answers 429.")
 @click.option("--model-name", default=None, help="The model id clients name (default: the package's directory name).")
-def serve(model, device, context_window, revision, host, port, api_key, max_queue, model_name):
+@click.option("--max-num-sequences", type=click.IntRange(min=1), default=None,
+              help="Requests batched at once (default: the package's max_num_sequences, 16 unless compiled otherwise).")
+def serve(model, device, context_window, revision, host, port, api_key, max_queue, model_name, max_num_sequences):
     """Serve MODEL (a package, or a checkpoint compiled for --device) with OpenAI's API:
     POST /v1/chat/completions and /v1/completions (streamed as server-sent events or whole), GET /v1/models,
-    /health and /metrics (Prometheus). Requests run one at a time; up to --max-queue wait."""
+    /health and /metrics (Prometheus). Up to --max-num-sequences requests run at once with continuous batching
+    over a paged KV cache; up to --max-queue more wait."""
     from .runtime.server import serve as run_server
 
-    opened = _open_package(model, device, context_window, revision, False)
+    opened = _open_package(model, device, context_window, revision, False, paged=True)
     if opened is None:
         raise DeployError(f"{model} is not a package; give --device PRESET to compile it first (e.g. --device cpu)")
     engine, info = opened
-    run_server(engine, model_name or Path(info.get("package") or model).name, host, port, api_key, max_queue)
+    run_server(engine, model_name or Path(info.get("package") or model).name, host, port, api_key, max_queue,
+               max_num_sequences)
 
 
 # ---- bench -------------------------------------------------------------------------------------

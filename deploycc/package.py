@@ -113,9 +113,9 @@ def lower_to_vm(exported, target, prefill_chunk: int):
 
 
 def pool_of(preset: presets.Preset, ctx: int, chunk: int):
-    """The page pool of the package's batched steps: kv_pool_tokens (0: twice the context window; at least one
-    context window) in pages of PAGE_SIZE, for at most max_num_sequences sequences (no more than a step's tokens)."""
-    tokens = preset.kv_pool_tokens or 2 * ctx
+    """The page pool of the package's batched steps: kv_pool_tokens (0: the context window's; at least that) in
+    pages of PAGE_SIZE, for at most max_num_sequences sequences (no more than a step's tokens)."""
+    tokens = preset.kv_pool_tokens or ctx
     return Pool(pages=max(-(-tokens // PAGE_SIZE), -(-ctx // PAGE_SIZE)), sequences=min(preset.max_num_sequences, chunk))
 
 

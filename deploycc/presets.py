@@ -28,7 +28,7 @@ BACKENDS = ("opencl", "webgpu", "cuda", "cpu", "host")
 CONTEXT_WINDOW = (1, 1 << 20)
 PREFILL_CHUNK = (1, 8192)
 # Batched steps (deploycc serve): sequences in one step, and the tokens of KV cache their page pool holds
-# (0: twice the context window).
+# (0: the context window's).
 MAX_NUM_SEQUENCES = (1, 256)
 KV_POOL_TOKENS = (0, 1 << 22)
 MAX_PRESET_BYTES = 1 << 20  # a preset is a few hundred bytes; refuse to parse a huge file

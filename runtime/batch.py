@@ -102,6 +102,15 @@ class Batcher:
                 self.live.remove(seq)
             self.cond.notify_all()
 
+    def truncate(self, seq: Sequence, n: int) -> None:
+        """Keep the first n cached tokens of `seq` (a chat's next turn shares them) and the pages they are on."""
+        with self.cond:
+            if seq.busy or not 0 <= n <= seq.cached:
+                raise ValueError(f"cannot keep {n} positions of a sequence holding {seq.cached}")
+            keep = self.cache.pages_for(n)
+            self.cache.give(seq.pages[keep:])
+            seq.pages, seq.ids, seq.cached = seq.pages[:keep], seq.ids[:n], n
+
     def _free(self, seq: Sequence) -> None:
         self.cache.give(seq.pages)
         seq.pages = []
@@ -193,12 +202,28 @@ class Batcher:
 
 class BatchSession:
     """One request's view of the batcher, with the runtime session contract that runtime/generate.py drives:
-    prefill(ids) and decode(token) return the last position's logits, reset() forgets the cache."""
+    prefill(ids) and decode(token) return the last position's logits, reset() forgets the cache, truncate(n)
+    keeps its first n positions. It is also its own `cache` view for PrefixCache (length, keeps): a chat's
+    turns reuse what the pool holds of the conversation."""
 
     def __init__(self, batcher: Batcher):
         self.batcher = batcher
         self.seq = Sequence()
         self.context_window = batcher.context_window
+
+    @property
+    def cache(self) -> BatchSession:
+        return self
+
+    @property
+    def length(self) -> int:
+        return self.seq.cached
+
+    def keeps(self, n: int) -> bool:
+        return 0 <= n <= self.seq.cached
+
+    def truncate(self, n: int) -> None:
+        self.batcher.truncate(self.seq, n)
 
     def prefill(self, ids, all_logits: bool = False) -> np.ndarray:
         if all_logits:
@@ -222,3 +247,9 @@ class BatchSession:
     def close(self) -> None:
         """The request is over: its pages go back to the pool (after the step it is in, if any)."""
         self.batcher.release(self.seq, closing=True)
+
+
+def session_of(engine):
+    """The session that generation (run, chat) drives on a loaded engine: a paged engine's batch of one, so a
+    reply is the same tokens as the server's (the same batched step), else the engine itself."""
+    return Batcher(engine, 1).session() if getattr(engine, "paged", False) else engine

@@ -444,6 +444,8 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="(default 8000)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 calls")
     s.add_argument("--max-queue", type=int, default=16, help="requests that may wait; beyond, 429 (default 16)")
+    s.add_argument("--max-num-sequences", type=int, default=None,
+                   help="requests batched at once (default: the package's max_num_sequences)")
     s.add_argument("--model-name", default=None, help="the model id clients name (default: the package's name)")
     return p
 
@@ -453,22 +455,24 @@ def _gen_options(args) -> dict:
 
 
 def _command(package_dir: str, args) -> int:
+    from .batch import session_of
     from .engine import Engine
 
     if args.command == "run":
         options = _gen_options(args)
-        engine = Engine.load(package_dir)
-        run_prompt(engine, engine.tokenizer, args.prompt, chat=not args.no_chat, as_json=args.json,
+        engine = Engine.load(package_dir, paged="auto")
+        run_prompt(session_of(engine), engine.tokenizer, args.prompt, chat=not args.no_chat, as_json=args.json,
                    info={"package": str(package_dir)}, **options)
     elif args.command == "chat":
         options = _gen_options(args)
-        engine = Engine.load(package_dir)
-        return chat_repl(engine, engine.tokenizer, name=Path(package_dir).name, system=args.system, **options)
+        engine = Engine.load(package_dir, paged="auto")
+        return chat_repl(session_of(engine), engine.tokenizer, name=Path(package_dir).name, system=args.system,
+                         **options)
     elif args.command == "serve":
         from .server import serve
 
-        serve(Engine.load(package_dir), args.model_name or Path(package_dir).resolve().name, args.host, args.port,
-              args.api_key, args.max_queue)
+        serve(Engine.load(package_dir, paged=True), args.model_name or Path(package_dir).resolve().name, args.host,
+              args.port, args.api_key, args.max_queue, args.max_num_sequences)
     else:
         engine = Engine.load(package_dir)
         r = bench(engine, args.prompt_len, args.gen_len, args.repeat, args.seed)

@@ -75,9 +75,12 @@ class Engine:
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
     def load(cls, path, device: str | None = None, check_hashes: bool = True, native_steps: bool = True,
-             paged: bool = False) -> Engine:
+             paged: bool | str = False) -> Engine:
+        """paged: True for the batched step over the page pool, "auto" for it where the package has one."""
         path = Path(path)
         manifest = read_manifest(path)
+        if paged == "auto":
+            paged = "pool" in manifest["kv_cache"]
         bytecode = verify(path, manifest, check_hashes)  # the whole package, before any device is opened
         try:
             params = load_params(path, manifest)

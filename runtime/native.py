@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .validate import KV_META, SHAPE_VARS
+from .validate import SHAPE_VARS
 
 # The CPU flags (as /proc/cpuinfo spells them) that code compiled for an ISA may use.
 X86_64_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "sse4_1", "sse4_2", "ssse3", "popcnt")

@@ -9,9 +9,10 @@ Starlette (served by uvicorn) answers:
   anything else is a 400 naming the field, never silently ignored.
 - GET /v1/models, GET /health, GET /metrics (Prometheus text).
 
-The engine runs one request at a time in a worker thread (batch 1: requests wait in a bounded queue; a
-full queue is a 429). A request whose client disconnects is cancelled at the next token and its place
-freed. A prompt longer than the context window is a 400. With an API key, every /v1 call needs
+Requests run with continuous batching (runtime/batch.py): up to max_num_sequences at once, each in its own
+worker thread whose session joins the batched steps of the package's page pool; more wait in a bounded
+queue, and a full queue is a 429. A request whose client disconnects is cancelled at the next token and
+its pages go back to the pool at once. A prompt longer than the context window is a 400. With an API key, every /v1 call needs
 `Authorization: Bearer KEY` (401 otherwise). Errors have OpenAI's body: {"error": {"message", "type",
 "param", "code"}}. Runs inside a package: imports nothing of deploycc, only starlette and uvicorn.
 """
@@ -25,6 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .batch import Batcher
 from .generate import encode_prompt, generate
 
 # field -> the value at which an unimplemented OpenAI field changes nothing (accepted), per endpoint
@@ -93,18 +95,23 @@ class Metrics:
 
 
 class Server:
-    """The engine, its worker thread, the bounded queue and the HTTP app."""
+    """The batcher over a paged engine, one worker thread per sequence it may run, the bounded queue and the
+    HTTP app."""
 
-    def __init__(self, engine, model_name: str, api_key: str | None = None, max_queue: int = 16):
+    def __init__(self, engine, model_name: str, api_key: str | None = None, max_queue: int = 16,
+                 max_num_sequences: int | None = None):
         self.engine, self.tokenizer, self.name = engine, engine.tokenizer, model_name
         self.api_key, self.max_queue = api_key, max_queue
+        self.batcher = Batcher(engine, max_num_sequences)
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.metrics = Metrics()
         self.created = int(time.time())
-        self.worker = threading.Thread(target=self._work, name="deploycc-engine", daemon=True)
-        self.worker.start()
+        self.workers = [threading.Thread(target=self._work, name=f"deploycc-request-{i}", daemon=True)
+                        for i in range(self.batcher.max_num_sequences)]
+        for w in self.workers:
+            w.start()
 
-    # ---- the worker thread: one request at a time ----------------------------------------------------
+    # ---- the worker threads: one request each at a time, batched together by the batcher ---------------
 
     def _work(self) -> None:
         while True:
@@ -113,10 +120,12 @@ class Server:
                 return
             if job.cancelled.is_set():
                 continue
-            self.metrics.running = 1
+            with self.metrics.lock:
+                self.metrics.running += 1
+            session = self.batcher.session()
             try:
-                pieces = generate(self.engine, self.tokenizer, job.prompt, chat=job.kind == "chat", stats=job.stats,
-                                  reuse_cache=True, **job.options)
+                pieces = generate(session, self.tokenizer, job.prompt, chat=job.kind == "chat", stats=job.stats,
+                                  **job.options)
                 for piece in pieces:
                     if job.cancelled.is_set():
                         pieces.close()  # stats: finish_reason "cancelled"
@@ -130,10 +139,14 @@ class Server:
             except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
                 job.loop.call_soon_threadsafe(job.out.put_nowait, ("error", str(e) or type(e).__name__))
             finally:
-                self.metrics.running = 0
+                session.close()  # its pages go back to the pool now
+                with self.metrics.lock:
+                    self.metrics.running -= 1
 
     def close(self) -> None:
-        self.jobs.put(None)
+        for _ in self.workers:
+            self.jobs.put(None)
+        self.batcher.close()
 
     # ---- requests -----------------------------------------------------------------------------------
 
@@ -250,16 +263,22 @@ class Server:
                       "# HELP deploycc_requests_cancelled_total Requests whose client left before the end.",
                       "# TYPE deploycc_requests_cancelled_total counter",
                       f"deploycc_requests_cancelled_total {m.cancelled}"]
-        cache = getattr(self.engine, "cache", None)
-        lines += ["# HELP deploycc_queue_length Requests waiting for the engine.", "# TYPE deploycc_queue_length gauge",
-                  f"deploycc_queue_length {self.jobs.qsize()}",
-                  "# HELP deploycc_batch_size Requests the engine is running now.", "# TYPE deploycc_batch_size gauge",
-                  f"deploycc_batch_size {m.running}",
-                  "# HELP deploycc_kv_cache_tokens Positions held in the KV cache.",
-                  "# TYPE deploycc_kv_cache_tokens gauge", f"deploycc_kv_cache_tokens {getattr(cache, 'length', 0)}",
-                  "# HELP deploycc_kv_cache_capacity_tokens Positions the KV cache can hold.",
-                  "# TYPE deploycc_kv_cache_capacity_tokens gauge",
-                  f"deploycc_kv_cache_capacity_tokens {int(self.engine.context_window)}"]
+        b, cache = self.batcher, self.engine.cache
+        with b.cond:
+            stats, running, in_use = dict(b.stats), m.running, cache.pages_in_use
+        gauges = [("queue_length", "Requests waiting for a worker.", self.jobs.qsize()),
+                  ("running_requests", "Requests being generated.", running),
+                  ("batch_size", "Sequences in the last batched step.", stats["batch"]),
+                  ("kv_pages_in_use", "KV-cache pages held by sequences.", in_use),
+                  ("kv_pages_total", f"KV-cache pages in the pool ({cache.page_size} tokens each).", cache.pages)]
+        counters = [("steps_total", "Batched steps run.", stats["steps"]),
+                    ("step_tokens_total", "Tokens computed by batched steps (prompts and decodes).", stats["tokens"]),
+                    ("preemptions_total", "Sequences whose pages were taken back and that were recomputed.",
+                     stats["preempted"])]
+        for kind, rows in (("gauge", gauges), ("counter", counters)):
+            for name, help_text, value in rows:
+                lines += [f"# HELP deploycc_{name} {help_text}", f"# TYPE deploycc_{name} {kind}",
+                          f"deploycc_{name} {value}"]
         return "\n".join(lines) + "\n"
 
     def app(self):
@@ -390,7 +409,8 @@ class Server:
 
 
 def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_queue: int = 16, log_level: str = "warning") -> None:
+          max_queue: int = 16, max_num_sequences: int | None = None, log_level: str = "warning") -> None:
+    """engine: loaded with paged=True (its batched step and page pool)."""
     try:
         import starlette  # noqa: F401
         import uvicorn
@@ -400,6 +420,10 @@ def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, ap
         raise ServeError(f"--port must be between 1 and 65535, got {port}")
     if max_queue < 1:
         raise ServeError(f"--max-queue must be at least 1, got {max_queue}")
+    limit = engine.cache.sequences
+    if max_num_sequences is not None and not 1 <= max_num_sequences <= limit:
+        raise ServeError(f"--max-num-sequences must be 1..{limit}, the batch this package was compiled for "
+                         f"(recompile with --override max_num_sequences=N for more), got {max_num_sequences}")
     import socket
 
     try:  # a port in use or an address not of this machine: one line now, not uvicorn's log after start-up
@@ -407,8 +431,9 @@ def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, ap
             pass
     except OSError as e:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
-    server = Server(engine, model_name, api_key, max_queue)
-    print(f"serving {model_name} on http://{host}:{port}/v1 (OpenAI API; /health, /metrics)", flush=True)
+    server = Server(engine, model_name, api_key, max_queue, max_num_sequences)
+    print(f"serving {model_name} on http://{host}:{port}/v1 (OpenAI API; /health, /metrics), up to "
+          f"{server.batcher.max_num_sequences} sequences at once", flush=True)
     try:
         uvicorn.run(server.app(), host=host, port=port, log_level=log_level)
     finally:

@@ -104,72 +104,6 @@ static inline __m512 dcc_halves(float a, float b) {
 }
 #endif
 
-/* 4-bit codes, 4 words per block; m: asymmetric minimums, or 0 with zero = 8 */
-static inline float dcc_dot_q4(const uint32_t* q, const half* s, const half* m, const int8_t* xq, const float* xd,
-                               const float* xsd, int nb, float zero) {
-  const float corr = dcc_correction(s, m, zero, xsd, nb);
-#if defined(DCC_DOT_U8S8)
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int b = 0;
-  for (; b + 1 < nb; b += 2) {
-    const __m256i d0 = DCC_DOT_U8S8(dcc_nibbles(q + 4 * b), _mm256_loadu_si256((const __m256i*)(xq + 32 * b)));
-    const __m256i d1 = DCC_DOT_U8S8(dcc_nibbles(q + 4 * b + 4), _mm256_loadu_si256((const __m256i*)(xq + 32 * b + 32)));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps((float)s[b] * xd[b]), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps((float)s[b + 1] * xd[b + 1]), acc1);
-  }
-  for (; b < nb; ++b) {
-    const __m256i d0 = DCC_DOT_U8S8(dcc_nibbles(q + 4 * b), _mm256_loadu_si256((const __m256i*)(xq + 32 * b)));
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps((float)s[b] * xd[b]), acc0);
-  }
-  return dcc_hsum8(_mm256_add_ps(acc0, acc1)) + corr;
-#else
-  float acc = 0.0f;
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* c = (const uint8_t*)(q + 4 * b);
-    int32_t dot = 0;
-    for (int p = 0; p < 16; ++p) dot += (c[p] & 15) * xq[32 * b + p] + (c[p] >> 4) * xq[32 * b + 16 + p];
-    acc += (float)s[b] * xd[b] * (float)dot;
-  }
-  return acc + corr;
-#endif
-}
-
-/* 8-bit codes (w = (code - 128) * s), 8 words per block */
-static inline float dcc_dot_q8(const uint32_t* q, const half* s, const int8_t* xq, const float* xd, const float* xsd,
-                               int nb) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
-  __m256 acc = _mm256_setzero_ps();
-  for (int b = 0; b < nb; ++b) {
-    const __m256i d = DCC_DOT_U8S8(_mm256_loadu_si256((const __m256i*)(q + 8 * b)),
-                                   _mm256_loadu_si256((const __m256i*)(xq + 32 * b)));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps((float)s[b] * xd[b]), acc);
-  }
-  return dcc_hsum8(acc) + dcc_correction(s, 0, 128.0f, xsd, nb);
-#elif defined(__AVX2__)
-  /* signed codes (code ^ 0x80 = code - 128); |w| x sign(x, w) keeps vpmaddubsw's pair sums in int16 */
-  __m256 acc = _mm256_setzero_ps();
-  (void)xsd;
-  for (int b = 0; b < nb; ++b) {
-    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(q + 8 * b)), _mm256_set1_epi8((char)0x80));
-    const __m256i x = _mm256_loadu_si256((const __m256i*)(xq + 32 * b));
-    const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
-                                        _mm256_set1_epi16(1));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps((float)s[b] * xd[b]), acc);
-  }
-  return dcc_hsum8(acc);
-#else
-  float acc = 0.0f;
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* c = (const uint8_t*)(q + 8 * b);
-    int32_t dot = 0;
-    for (int p = 0; p < 32; ++p) dot += ((int)c[p] - 128) * xq[32 * b + p];
-    acc += (float)s[b] * xd[b] * (float)dot;
-  }
-  (void)xsd;
-  return acc;
-#endif
-}
-
 /* DCC_TILE rows t0.. of the activations (rows past `rows` repeat the last) against one weight row */
 #define DCC_TILE 8
 static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const float* xsd, int nb, int t0, int rows,
@@ -314,6 +248,21 @@ static inline void dcc_dot_q8_tile(float* out, const uint32_t* q, const half* s,
 #define DCC_Q8_ROWS(R) dcc_dot_q8_rows(out, q, s, xq, xd, xsd, nb, t0, rows, R)
   DCC_TILE_RESIDUE(DCC_Q8_ROWS)
 #undef DCC_Q8_ROWS
+}
+
+/* One row of activations (decode) is the tile of one row: the same arithmetic, so a row's result is the same
+   bits whether it is computed alone, in a tile of prefill rows, or beside other sequences in a batched step. */
+static inline float dcc_dot_q4(const uint32_t* q, const half* s, const half* m, const int8_t* xq, const float* xd,
+                               const float* xsd, int nb, float zero) {
+  float out[DCC_TILE];
+  dcc_dot_q4_rows(out, q, s, m, xq, xd, xsd, nb, zero, 0, 1, 1);
+  return out[0];
+}
+static inline float dcc_dot_q8(const uint32_t* q, const half* s, const int8_t* xq, const float* xd, const float* xsd,
+                               int nb) {
+  float out[DCC_TILE];
+  dcc_dot_q8_rows(out, q, s, xq, xd, xsd, nb, 0, 1, 1);
+  return out[0];
 }
 
 /* the kernels' entry points: weight row r of a [rows, nb] block matrix */

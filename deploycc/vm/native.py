@@ -16,7 +16,8 @@ or the input ids.
 """
 from __future__ import annotations
 
-from ..runtime.native import HEAP, KV_META, NativeError, step_split, step_weights
+from ..runtime.native import HEAP, NativeError, step_split, step_weights
+from ..runtime.validate import KV_META
 from ..targets.cstyle import _ident
 
 

@@ -2,11 +2,13 @@
 official `openai` client (and raw HTTP where the client would hide the status).
 
 A tiny llama package (native cpu target, byte-level BPE tokenizer, ChatML template) answers: greedy chat
-and completions, whole and streamed, equal to `python PKG run` (the same engine, alone); the usage counts;
-/v1/models, /health, /metrics; every refusal with its status and OpenAI's error body (unknown model,
-unsupported and malformed fields, a prompt past the context window, a wrong or missing key, n > 1); and
-backpressure (429 beyond --max-queue). SmolLM2 (marked `model`): the chat answer equals `deploycc run`'s, and
-a streamed request whose client leaves is cancelled, freeing the engine for the next.
+and completions, whole and streamed, equal to `python PKG run` (the package's single-sequence engine); the
+usage counts; /v1/models, /health, /metrics; every refusal with its status and OpenAI's error body (unknown
+model, unsupported and malformed fields, a prompt past the context window, a wrong or missing key, n > 1);
+backpressure (429 beyond --max-num-sequences running and --max-queue waiting); and a minute of 16 streaming
+clients batched together (continuous batching over the paged KV cache): no errors, every greedy stream equal
+to its solo run, every KV page back in the pool, memory flat. SmolLM2 (marked `model`): the chat answer
+equals `deploycc run`'s, and a streamed request whose client leaves is cancelled, freeing its pages.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def package(tmp_path_factory):
 def server(package):
     port = free_port()
     proc = start([sys.executable, str(package), "serve", "--port", str(port), "--api-key", KEY, "--max-queue", "2",
-                  "--model-name", "tiny"], port)
+                  "--max-num-sequences", "1", "--model-name", "tiny"], port)
     yield f"http://127.0.0.1:{port}", proc
     proc.terminate()
     proc.wait(timeout=30)
@@ -149,8 +151,10 @@ def test_models_health_metrics(client, server):
     with urllib.request.urlopen(server[0] + "/metrics", timeout=10) as r:
         text = r.read().decode()
     for name in ("deploycc_requests_total", "deploycc_generation_tokens_total", "deploycc_queue_length",
-                 "deploycc_batch_size", "deploycc_kv_cache_tokens"):
+                 "deploycc_running_requests", "deploycc_batch_size", "deploycc_kv_pages_in_use",
+                 "deploycc_kv_pages_total", "deploycc_steps_total", "deploycc_preemptions_total"):
         assert f"\n{name}" in "\n" + text, name
+    assert metric(server[0], "deploycc_kv_pages_in_use") == 0 and metric(server[0], "deploycc_kv_pages_total") > 0
     assert 'deploycc_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
 
 
@@ -197,7 +201,8 @@ def test_keys_and_malformed_bodies(server):
 
 
 def test_a_full_queue_is_429(client):
-    """--max-queue 2: with one request running and two waiting, more are refused with 429 (rate_limit_error)."""
+    """--max-num-sequences 1 --max-queue 2: with one request running and two waiting, more are refused with 429
+    (rate_limit_error)."""
     statuses, lock = [], threading.Lock()
 
     def one():
@@ -232,9 +237,10 @@ LOAD_PROMPTS = ["hello world", "the quick brown fox", "tell me a story", "one tw
 
 
 def test_sixteen_streaming_clients_for_a_minute(package):
-    """16 concurrent streaming chat clients for 60 s (loopback, --max-queue 16): no errors, every greedy
-    stream equal to its prompt's solo run, and the server's resident memory flat (within 16 MB of its size
-    after the first round of requests)."""
+    """16 concurrent streaming chat clients for 60 s (loopback, 16 sequences batched): no errors, steps that
+    batch several sequences, every greedy stream equal to its prompt's solo run (`python PKG run`, and the
+    server's own answer to that client alone), every KV page back in the pool at the end, and the server's
+    resident memory flat (within 16 MB of its size after the first round of requests)."""
     solo = {p: run_alone(package, p, 16) for p in LOAD_PROMPTS}
     port = free_port()
     proc = start([sys.executable, str(package), "serve", "--port", str(port), "--max-queue", "16",
@@ -272,11 +278,17 @@ def test_sixteen_streaming_clients_for_a_minute(package):
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
         for t in threads:
             t.start()
+        url, batches = f"http://127.0.0.1:{port}", []
+        while any(t.is_alive() for t in threads):  # the sequences of the running step, sampled
+            batches.append(metric(url, "deploycc_batch_size"))
+            time.sleep(0.5)
         for t in threads:
             t.join(timeout=400)
         assert not errors, errors[:3]
         assert not mismatches, mismatches[:3]
         assert done[0] >= 16
+        assert max(batches) >= 2, "no step batched several sequences"
+        assert metric(url, "deploycc_kv_pages_in_use") == 0  # every finished sequence gave its pages back
         grown = rss_mb(proc.pid) - baseline
         assert grown <= 16, f"the server grew by {grown:.1f} MB over {done[0]} requests"
     finally:
@@ -304,6 +316,9 @@ def test_serve_refuses_a_port_in_use_and_a_bad_queue(package, server):
     r = subprocess.run([sys.executable, str(package), "serve", "--max-queue", "0"], capture_output=True, text=True,
                        timeout=120)
     assert "--max-queue must be at least 1" in one_line_error(r)
+    r = subprocess.run([sys.executable, str(package), "serve", "--max-num-sequences", "999"], capture_output=True,
+                       text=True, timeout=120)
+    assert "--max-num-sequences must be 1.." in one_line_error(r)
 
 
 @pytest.mark.model
@@ -336,6 +351,10 @@ def test_smollm2_chat_equals_deploycc_run(smollm2_path, tmp_path):
         assert r.usage.completion_tokens == 1
         assert metric(url, "deploycc_requests_cancelled_total") == 1
         assert metric(url, "deploycc_generation_tokens_total") - before < 400
+        deadline = time.time() + 10  # the cancelled sequence's pages are back in the pool
+        while metric(url, "deploycc_kv_pages_in_use") and time.time() < deadline:
+            time.sleep(0.1)
+        assert metric(url, "deploycc_kv_pages_in_use") == 0
     finally:
         proc.terminate()
         proc.wait(timeout=30)
