@@ -1,14 +1,16 @@
 """Aggregate generation throughput of `deploycc serve` against llama-cpp-python's OpenAI server, on
-SmolLM2-135M-Instruct, at 1, 4 and 16 concurrent clients.
+SmolLM2-135M-Instruct, at 1, 4, 8 and 16 concurrent clients.
 
-    .venv/bin/python benchmarks/serve.py [--clients 1,4,16] [--requests 4] [--max-tokens 64] [--threads 2] [--json]
+    .venv/bin/python benchmarks/serve.py [--clients 1,4,8,16] [--requests 4] [--max-tokens 64] [--threads 2] [--json]
 
-Each server runs in its own process on 127.0.0.1 (deploycc: the `cpu` package of benchmarks/compare.py,
-q4f16_2 with an 8-bit head; llama.cpp: `python -m llama_cpp.server` on the Q4_1 GGUF, in the llama-cpp-python
+Each server runs in its own process on 127.0.0.1 (deploycc: a `cpu` package as `deploycc compile` makes it by
+default, q4f16_2; llama.cpp: `python -m llama_cpp.server` on the Q4_1 GGUF, in the llama-cpp-python
 venv of benchmarks/compare.py, with its server extras installed there when missing). Every client sends
 `--requests` chat completions (greedy, `--max-tokens` tokens at most, prompts from a fixed list) one after
 another with the official openai client; aggregate tok/s is the completion tokens of all requests (as each
-server's `usage` counts them) over the wall time from the first request to the last answer.
+server's `usage` counts them) over the wall time from the first request to the last answer; "x 1 client" is
+that over the same server's figure with one client (deploycc batches concurrent requests into one step of
+the model; llama-cpp-python's server runs one request at a time).
 """
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
-    DEPLOYCC_FORMATS,
     ensure_llama_venv,
     ensure_model,
     ensure_package,
@@ -102,7 +103,7 @@ def run_server(cmd: list[str], port: int, log_file: Path, env: dict | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
+    ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16])
     ap.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
@@ -111,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch = load_fetch_script()
     bench = fetch.cache_home() / "bench"
     hf_dir, gguf = ensure_model(fetch)
-    key, _, _, extra = DEPLOYCC_FORMATS[0]
-    pkg = ensure_package(bench, key, hf_dir, extra, args.threads)
+    pkg = ensure_package(bench, "q4f16_2", hf_dir, ["--quantization", "q4f16_2"], args.threads)  # the cpu default
     llama_py = ensure_llama_venv(bench)
     if subprocess.run([str(llama_py), "-c", "import uvicorn, fastapi, sse_starlette, starlette_context, pydantic_settings"],
                       capture_output=True).returncode:
@@ -150,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['machine'].get('cpu', '')}, {args.threads} threads; SmolLM2-135M-Instruct; "
           f"{args.requests} requests per client, up to {args.max_tokens} tokens each")
     print(f"{'server':10} {'clients':>7} {'requests':>8} {'errors':>6} {'tokens':>7} {'seconds':>8} {'tok/s':>8} "
-          f"{'p50 latency s':>13}")
+          f"{'x 1 client':>10} {'p50 latency s':>13}")
+    single = {r["tool"]: r["tok_s"] for r in rows if r["clients"] == 1}
     for r in rows:
+        ratio = f"{r['tok_s'] / single[r['tool']]:.2f}" if single.get(r["tool"]) else "-"
         print(f"{r['tool']:10} {r['clients']:7d} {r['requests']:8d} {len(r['errors']):6d} {r['tokens']:7d} "
-              f"{r['seconds']:8.2f} {r['tok_s']:8.1f} {r['p50_latency_s'] or 0:13.2f}")
+              f"{r['seconds']:8.2f} {r['tok_s']:8.1f} {ratio:>10} {r['p50_latency_s'] or 0:13.2f}")
     return 0
 
 

@@ -78,6 +78,7 @@ class Job:
     options: dict
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
+    stream: bool = False  # pieces go to the client as they come; else the text goes once, at the end
     cancelled: threading.Event = field(default_factory=threading.Event)
     stats: dict = field(default_factory=dict)
 
@@ -126,11 +127,17 @@ class Server:
             try:
                 pieces = generate(session, self.tokenizer, job.prompt, chat=job.kind == "chat", stats=job.stats,
                                   **job.options)
+                text = []  # a whole reply wakes the event loop once, not per token (it shares the cores with steps)
                 for piece in pieces:
                     if job.cancelled.is_set():
                         pieces.close()  # stats: finish_reason "cancelled"
                         break
-                    job.loop.call_soon_threadsafe(job.out.put_nowait, ("piece", piece))
+                    if job.stream:
+                        job.loop.call_soon_threadsafe(job.out.put_nowait, ("piece", piece))
+                    else:
+                        text.append(piece)
+                if text:
+                    job.loop.call_soon_threadsafe(job.out.put_nowait, ("piece", "".join(text)))
                 with self.metrics.lock:
                     self.metrics.prompt_tokens += job.stats.get("prompt_tokens", 0)
                     self.metrics.generation_tokens += len(job.stats.get("generated", []))
@@ -228,8 +235,8 @@ class Server:
                                else "prompt", "context_length_exceeded")
         return prompt, options, stream, bool((so or {}).get("include_usage", False))
 
-    def submit(self, kind: str, prompt, options: dict) -> Job:
-        job = Job(kind, prompt, options, asyncio.get_running_loop(), asyncio.Queue())
+    def submit(self, kind: str, prompt, options: dict, stream: bool) -> Job:
+        job = Job(kind, prompt, options, asyncio.get_running_loop(), asyncio.Queue(), stream)
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
@@ -301,7 +308,7 @@ class Server:
                 try:
                     self.check_key(request)
                     prompt, options, stream, include_usage = self.parse(await body_of(request), kind)
-                    job = self.submit(kind, prompt, options)
+                    job = self.submit(kind, prompt, options, stream)
                 except RequestError as e:
                     return error(e, endpoint)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"

@@ -105,7 +105,7 @@ static inline __m512 dcc_halves(float a, float b) {
 #endif
 
 /* DCC_TILE rows t0.. of the activations (rows past `rows` repeat the last) against one weight row */
-#define DCC_TILE 8
+#define DCC_TILE 4
 static inline void dcc_tile_rows(const int8_t* xq, const float* xd, const float* xsd, int nb, int t0, int rows,
                                  const int8_t** xr, const float** dr, const float** sr) {
   for (int t = 0; t < DCC_TILE; ++t) {
@@ -234,8 +234,7 @@ static inline __attribute__((always_inline)) void dcc_dot_q8_rows(
    so a batched decode of a few sequences does the work of its rows, not of a whole tile. */
 #define DCC_TILE_RESIDUE(CALL)                                                                       \
   switch (rows - t0 < DCC_TILE ? rows - t0 : DCC_TILE) {                                             \
-    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break;  \
-    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); break;  \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); break;  \
   }
 static inline void dcc_dot_q4_tile(float* out, const uint32_t* q, const half* s, const half* m, const int8_t* xq,
                                    const float* xd, const float* xsd, int nb, float zero, int t0, int rows) {

@@ -106,7 +106,8 @@ def _quantized_modules(module, prefix: str = ""):
 def quantize(model, name: str | None, head: str | None = None, interleave: bool = False, groups: bool = False):
     """`model` (a LoadedModel) under scheme `name`, its embeddings and output head under `head`
     (None: the same scheme); q0f32 (or None) with no other head returns the model itself. interleave:
-    the linears (not the head) in the cpu target's interleaved layout where the scheme has one. groups:
+    the linears, and the embeddings unless `head` names their scheme, in the cpu target's interleaved layout
+    where the scheme has one. groups:
     a GGUF kept as stored ("gguf") has its Q4_0/Q4_1/Q8_0 tensors moved, value for value, into
     q4f16_1/q4f16_2/q8f16_0 (what the cpu target's integer kernels read)."""
     head_scheme = get(head) if head else None

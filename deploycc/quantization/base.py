@@ -138,7 +138,8 @@ def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None,
     """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form.
     Embeddings (and with them a tied output head) and an untied `lm_head` take `head` when given
     (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float. `wide`: the other
-    linears in this layout of `scheme` where their shape allows it (InterleavedScheme.fits)."""
+    linears, and embeddings without a head scheme of their own, in this layout of `scheme` where their shape
+    allows it (InterleavedScheme.fits)."""
     head = head or scheme
     for name, value in list(vars(module).items()):
         if isinstance(value, nn.Linear):
@@ -148,8 +149,11 @@ def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None,
             if s.swaps:
                 setattr(module, name, QuantizedLinear(value, s))
         elif isinstance(value, nn.Embedding):
-            if head.swaps:
-                setattr(module, name, QuantizedEmbedding(value, head))
+            s = head
+            if s is scheme and wide is not None and wide.fits(*value.weight.shape):
+                s = wide  # a tied output head then reads it in the layout the integer kernels read fastest
+            if s.swaps:
+                setattr(module, name, QuantizedEmbedding(value, s))
         elif isinstance(value, nn.Module):
             swap_modules(value, scheme, head, wide)
     return module

@@ -179,9 +179,13 @@ class InterleavedScheme(GroupScheme):
 
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
         L = self.lanes
-        g, lane, b = r // L, r % L, c // self.group_size
+        if isinstance(r, tir.V):  # a row gathered by a token id (an embedding): L is a power of two
+            g, lane = tir.bitwise("shr", r, L.bit_length() - 1), tir.bitwise("bitand", r, L - 1)
+        else:
+            g, lane = r // L, r % L
+        b = c // self.group_size
         quad = (c % self.group_size) // 4
-        word = bufs[0][g, b, (quad % 4) * L + lane]
+        word = bufs[0][g, b, lane + (quad % 4) * L]
         shift = tir.cast("uint32", tir.index((c % 4) * 8 + (quad // 4) * 4))
         code = tir.cast("float32", tir.bitwise("bitand", tir.bitwise("shr", word, shift), 15))
         scale = tir.cast("float32", bufs[1][g, b, lane])

@@ -38,7 +38,7 @@ from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, thread_grid, unravel
 
 BLOCK = 32
-TILE = 8  # prefill rows per group: each unpacked weight block is used TILE times from registers
+TILE = 4  # prefill rows per group: each unpacked weight block is used TILE times from registers
 OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values are 28 KB (L1)
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128),

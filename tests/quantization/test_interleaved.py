@@ -38,3 +38,31 @@ def test_only_avx512_vnni_packages_interleave():
     assert not native.weight_interleave("x86-64-v4") and not native.weight_interleave("generic")
     have = native.cpu_flags() or set()
     assert native.weight_interleave("native") == ({"avx512_vnni", "avx512bw", "avx512vl"} <= have)
+
+
+@pytest.mark.parametrize("name", sorted(INTERLEAVED))
+def test_an_interleaved_embedding_gathers_the_plain_rows(name):
+    """A tied embedding in the interleaved layout (its output head then runs the interleaved kernels): the take
+    program gathers, for token ids past several groups of 16 rows, exactly the plain layout's dequantized rows,
+    in the interpreter and compiled for this machine's cpu target."""
+    from conftest import require_cc, require_device
+
+    from deploycc import presets
+    from deploycc.execute import KernelRunner
+    from deploycc.schedule import schedule_program
+
+    plain, wide = QUANTIZATION[name], INTERLEAVED[name]
+    rows, cols = 64, 96
+    w = np.random.default_rng(5).standard_normal((rows, cols)).astype(np.float32)
+    packed = wide.quantize(w)
+    ids = np.array([[0, 17, 63, 31, 16, 15]], np.int32)
+    want = plain.dequantize(plain.quantize(w), cols)[ids]
+    prog = wide.take_program(rows, cols, 2)
+    arrays = [packed[k] for k in wide.param_shapes(rows, cols)] + [ids, np.zeros((*ids.shape, cols), np.float32)]
+    run_program(prog, arrays, [])
+    np.testing.assert_array_equal(arrays[-1], want)
+    require_cc()
+    target = presets.load("cpu").target
+    out = np.zeros((*ids.shape, cols), np.float32)
+    KernelRunner(require_device("cpu"), target)(schedule_program(prog, target), arrays[:-1] + [out], [])
+    np.testing.assert_array_equal(out, want)
