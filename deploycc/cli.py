@@ -633,7 +633,7 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
             _print_memory(report, preset.name if preset else "fused, no target")
         return
     if stage == "vm":
-        click.echo(_bytecode_text(exported, preset, ctx or exported.attrs["context_window"]), nl=False)
+        click.echo(_bytecode_text(loaded, preset, ctx or exported.attrs["context_window"]), nl=False)
         return
     mod = pipeline.run(exported, target, stage)
     if as_python:
@@ -647,12 +647,14 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
     click.echo(str(mod), nl=False)
 
 
-def _bytecode_text(exported, preset, ctx: int) -> str:
-    """The bytecode exactly as compile_model lowers it."""
-    from .package import lower_to_vm
+def _bytecode_text(loaded, preset, ctx: int) -> str:
+    """The bytecode exactly as compile_model exports and lowers it (rings and page pool included)."""
+    from .package import lower_to_vm, pool_of
+    from .session import export
     from .vm import disassemble
 
-    lowered, _ = lower_to_vm(exported, preset.target, max(1, min(preset.prefill_chunk, ctx)))
+    chunk = max(1, min(preset.prefill_chunk, ctx))
+    lowered, _ = lower_to_vm(export(loaded, ctx, chunk, pool_of(preset, ctx, chunk)), preset.target, chunk)
     return disassemble(lowered.bytecode)
 
 

@@ -21,7 +21,7 @@ from types import ModuleType
 import numpy as np
 
 from .errors import DeployError
-from .runtime.safetensors_io import DuplicateKey, is_int, unique_keys
+from .runtime.safetensors_io import DuplicateKey, is_int, shown, unique_keys
 
 ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -123,12 +123,12 @@ class _Entry:
 
 def _header_entry(path: Path, name: str, info) -> tuple[str, tuple[int, ...], int, int]:
     """(dtype, shape, start, end) of one header entry, each of the type and range the format allows."""
-    bad = f"{path} is corrupted: bad header entry for {name}"
+    bad = f"{path} is corrupted: bad header entry for {shown(name)}"
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         raise DeployError(f"{bad}; re-download it (an entry needs dtype, shape and data_offsets)")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
-        raise DeployError(f"{path}: tensor {name} has unsupported dtype {str(dtype)[:40]!r} "
+        raise DeployError(f"{path}: tensor {shown(name)} has unsupported dtype {str(dtype)[:40]!r} "
                           f"(supported: {', '.join(_ST_DTYPES)}); convert the checkpoint to one of them")
     if not isinstance(shape, list) or len(shape) > 8 or not all(is_int(d) and d >= 0 for d in shape):
         raise DeployError(f"{bad}; re-download it (shape must be a list of at most 8 sizes >= 0)")
@@ -154,7 +154,8 @@ class SafetensorsFile:
             try:
                 header = json.loads(f.read(n), object_pairs_hook=unique_keys)
             except DuplicateKey as e:
-                raise DeployError(f"{path} is corrupted: its header names tensor {e.args[0]} twice; re-download it") from None
+                raise DeployError(f"{path} is corrupted: its header names tensor {shown(e.args[0])} twice; "
+                                  f"re-download it") from None
             except (ValueError, UnicodeDecodeError, RecursionError):
                 raise DeployError(f"{path} is corrupted: its header is not valid JSON; re-download it") from None
             if not isinstance(header, dict):
@@ -167,7 +168,7 @@ class SafetensorsFile:
             dtype, shape, start, end = _header_entry(path, name, info)
             nbytes = math.prod(shape) * np.dtype(_ST_DTYPES[dtype]).itemsize
             if end - start != nbytes or self.data_start + end > size:
-                raise DeployError(f"{path} is corrupted or truncated: tensor {name} needs bytes "
+                raise DeployError(f"{path} is corrupted or truncated: tensor {shown(name)} needs bytes "
                                   f"{start}..{end} of data but the file holds {size - self.data_start}; re-download it")
             self.entries[name] = _Entry(path, dtype, shape, start, end)
 
@@ -217,7 +218,7 @@ class Weights:
         for f in self.files:
             for name in f.entries:
                 if name in self.where:
-                    raise DeployError(f"tensor {name} is in both {self.where[name].path.name} and {f.path.name}; "
+                    raise DeployError(f"tensor {shown(name)} is in both {self.where[name].path.name} and {f.path.name}; "
                                       f"remove the stray shard or re-download the checkpoint")
                 self.where[name] = f
 

@@ -40,6 +40,12 @@ def unique_keys(pairs: list) -> dict:
     return out
 
 
+def shown(name: str) -> str:
+    """A tensor name for a one-line message: as it is, or quoted with escapes where it has a newline or
+    another unprintable character (a file can name tensors anything)."""
+    return name if name.isprintable() else repr(name)
+
+
 def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -58,7 +64,7 @@ class SafetensorsReader:
             try:
                 header = json.loads(f.read(n), object_pairs_hook=unique_keys)
             except DuplicateKey as e:
-                raise SafetensorsError(f"{self.path} names tensor {e.args[0]} twice; recompile the package") from None
+                raise SafetensorsError(f"{self.path} names tensor {shown(e.args[0])} twice; recompile the package") from None
             except (ValueError, UnicodeDecodeError, RecursionError):
                 raise SafetensorsError(f"{self.path} has a corrupted header; recompile the package") from None
         if not isinstance(header, dict):
@@ -71,7 +77,7 @@ class SafetensorsReader:
 
     def _entry(self, name: str, info) -> tuple[type, tuple[int, ...], int, int]:
         """(numpy dtype, shape, start, end) of one header entry, or a SafetensorsError."""
-        bad = SafetensorsError(f"{self.path}: tensor {name} is truncated or corrupted; recompile the package")
+        bad = SafetensorsError(f"{self.path}: tensor {shown(name)} is truncated or corrupted; recompile the package")
         if not isinstance(info, dict):
             raise bad
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
@@ -90,7 +96,7 @@ class SafetensorsReader:
     def read(self, name: str) -> np.ndarray:
         entry = self.entries.get(name)
         if entry is None:
-            raise SafetensorsError(f"{self.path} lacks tensor {name}; recompile the package")
+            raise SafetensorsError(f"{self.path} lacks tensor {shown(name)}; recompile the package")
         dtype, shape, begin, _ = entry
         if self._mm is None:
             with open(self.path, "rb") as f:

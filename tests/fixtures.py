@@ -79,6 +79,11 @@ TINY = {
 WIDE = {
     "llama-wide": ("llama", dict(vocab_size=131, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
                                  num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False)),
+    # Every matmul dimension a multiple of 32 and the vocabulary of 16 (a tied head in the interleaved layout):
+    # the cpu target's integer kernels run every linear, as for real models (tests/runtime/test_batch.py).
+    "qwen3-x32": ("qwen3", dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                                rope_theta=1000000.0)),
 }
 
 

@@ -27,7 +27,7 @@ from test_package_cli import STATS, cli, run_package, with_tokenizer
 from fixtures import make_tiny
 
 ATOL = 1e-6  # native steps vs launch by launch, and thread counts: the same kernels on the same rows
-FUNCTIONS = ("prefill", "prefill_all", "decode")
+FUNCTIONS = ("prefill", "prefill_all", "decode")  # the single-sequence engine's; packages also have step
 # (fixture, quantization, overrides) of the packages the tests share, compiled once per module
 PACKAGES = {"llama-q4": ("llama-gqa1", "q4f16_1", ()), "gpt2-f32": ("gpt2-odd", "q0f32", ()),
             "gpt2-chunk8": ("gpt2-odd", "q0f32", ("prefill_chunk=8",)),
@@ -124,7 +124,7 @@ def test_compile_writes_a_native_package_that_verifies(compiled, name):
     assert nat["cpu_flags"] == native.isa_flags("native") and set(nat["cpu_flags"]) <= (native.cpu_flags() or set())
     assert nat["compiler"] == " ".join(native.compiler())
     assert set(nat["weights"]) <= {p["name"] for p in m["params"]} and len(nat["weights"]) == len(set(nat["weights"]))
-    assert set(nat["functions"]) == set(FUNCTIONS)
+    assert set(nat["functions"]) == {*FUNCTIONS, "step"}
     # the 4-bit weights' layout (InterleavedScheme where the CPU has AVX-512 VNNI), recorded for the reader
     from deploycc.runtime import native as nat_rt
 
@@ -132,7 +132,7 @@ def test_compile_writes_a_native_package_that_verifies(compiled, name):
     assert nat["weight_layout"] == ("interleaved16" if wide else "plain")
     for f, info in nat["functions"].items():
         assert info["symbol"] == f"dcc_{f}" and f"void dcc_{f}(const dcc_ctx* c)" in source
-        assert set(info["heap"]) <= {"seq_len", "total_len"} and info["prologue"] >= 1
+        assert info["heap"] == ["seq_len", "total_len", "batch", "pages_len"] and info["prologue"] >= 1
     r = cli("verify", pkg, "--steps", "4", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     v = json.loads(r.stdout)

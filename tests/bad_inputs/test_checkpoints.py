@@ -333,6 +333,16 @@ def preset_prefill_chunk_over_context(tmp):
         "'prefill_chunk' 512 exceeds 'context_window' 64", "lower prefill_chunk to 64 or less"]
 
 
+def preset_max_num_sequences_zero(tmp):
+    return compile_args(copy_tiny(tmp), "--override", "max_num_sequences=0"), [
+        "'max_num_sequences' must be a positive integer, got 0"]
+
+
+def preset_kv_pool_tokens_huge(tmp):
+    return compile_args(copy_tiny(tmp), "--override", "kv_pool_tokens=99999999"), [
+        "'kv_pool_tokens' is 99999999, outside 0..4194304"]
+
+
 def preset_yaml_list(tmp):
     return compile_args(copy_tiny(tmp), "--device", preset_file(tmp, "- name: x\n- target: {}\n")), [
         "mine.yaml must be a YAML mapping of preset keys"]
@@ -374,7 +384,8 @@ CASES = {f.__name__: f for f in [
     context_window_past_positions, override_context_window_huge,
     kv_cache_does_not_fit_device_memory, weights_do_not_fit_device_memory,
     inspect_context_window_past_positions, preset_row_tile_m_huge, preset_threads_per_block_zero, preset_vector_width_3,
-    preset_cuda_threads_over_hardware, preset_prefill_chunk_over_context, preset_yaml_list, preset_invalid_yaml,
+    preset_cuda_threads_over_hardware, preset_prefill_chunk_over_context, preset_max_num_sequences_zero,
+    preset_kv_pool_tokens_huge, preset_yaml_list, preset_invalid_yaml,
     preset_name_with_path, preset_cpu_isa_unknown, preset_isa_on_opencl]}
 
 

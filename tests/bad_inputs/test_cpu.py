@@ -90,7 +90,7 @@ def _swap_weights(n) -> None:
 
 def _reverse_prefill_heap(n) -> None:
     heap = n["functions"]["prefill"]["heap"]
-    assert heap == ["seq_len", "total_len"], heap
+    assert heap == ["seq_len", "total_len", "batch", "pages_len"], heap
     heap.reverse()
 
 

@@ -54,6 +54,7 @@ def _ring_rows(m) -> None:
     kv = m["kv_cache"]
     kv["rows"] = [16] * kv["layers"]
     m["bounds"]["prefill_chunk"] = 8
+    kv["pool"]["sequences"] = min(kv["pool"]["sequences"], 8)
     m["memory"]["kv_cache_bytes"] = 2 * kv["layers"] * 16 * kv["kv_heads"] * kv["head_dim"] * 4
 
 
@@ -64,6 +65,7 @@ def _shrink_storage(m) -> None:
 
 def _raise_bounds(m) -> None:
     m["bounds"].update(context_window=1024, prefill_chunk=1024)
+    m["kv_cache"]["pool"].update(pages=64)  # a page pool that holds the raised window, as the check wants
     _summarise(m)
 
 
@@ -75,6 +77,17 @@ def _shorter_embedding(m) -> None:
 def _launch(bc, kernel, fname="prefill"):
     return next(ins for ins in bc["functions"][fname]["instructions"] if ins.get("fn") == "vm.launch"
                 and ins["args"][0]["k"] == kernel)
+
+
+def _meta(bc) -> list[dict]:
+    """The step function's kv.meta instructions (its batch's metadata: pos, seq, slot, pages, last)."""
+    return [ins for ins in bc["functions"]["step"]["instructions"] if ins.get("fn") == "kv.meta"]
+
+
+def _pool_write_without_slots(bc) -> None:
+    """The first append to the page pool given the tokens' positions where it takes their pool rows."""
+    pos = next(ins["dst"] for ins in _meta(bc) if ins["args"][1]["str"] == "pos")
+    _launch(bc, "kv_copy_paged", "step")["args"][4] = {"r": pos}
 
 
 def _kv_offset(bc) -> None:
@@ -118,7 +131,7 @@ def _instruction(fname, i, **fields):
 # (id, edit, fragment of the error, prompt)
 CASES = [
     ("storage shrunk", manifest(_shrink_storage), "needs 28672 bytes of storage 0", "hi"),
-    ("storage shrunk, summary not", manifest(_set("storages", 0, "bytes", 100)), "memory.activation_bytes is 139264", "hi"),
+    ("storage shrunk, summary not", manifest(_set("storages", 0, "bytes", 100)), "memory.activation_bytes is 147776", "hi"),
     ("bounds raised, long prompt", manifest(_raise_bounds), "as buffer 1 of kv_copy, which takes float32 [128, 4, 8]", LONG),
     ("unknown builtin", bytecode(_instruction("decode", 2, fn="vm.exec")), "fn is 'vm.exec'", "hi"),
     ("goto", bytecode(_instruction("decode", 2, op="goto")), "op is 'goto'; expected one of call, ret", "hi"),
@@ -155,6 +168,14 @@ CASES = [
     ("kernel writes a weight", bytecode(_write_weight), "lets rms_norm write its buffer 2, which is the weight", "hi"),
     ("divide by zero", bytecode(lambda bc: _launch(bc, "take")["args"].__setitem__(1, {"s": ["//", "seq_len", 0]})),
      "positive constant divisor", "hi"),
+    ("page pool smaller than a context window", manifest(_set("kv_cache", "pool", "pages", 1)),
+     "kv_cache.pool.pages must be an integer in 8..", "hi"),
+    ("no step beside a page pool", bytecode(lambda bc: bc["functions"].pop("step")),
+     "must have a step function exactly where manifest.json kv_cache has a pool", "hi"),
+    ("page pool written without the slots", bytecode(_pool_write_without_slots),
+     "lets kv_copy_paged write the KV cache without affine int arguments", "hi"),
+    ("unknown step metadata", bytecode(lambda bc: _meta(bc)[0]["args"].__setitem__(1, {"str": "frob"})),
+     "args[1].str is 'frob'", "hi"),
 ]
 
 

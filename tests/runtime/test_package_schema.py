@@ -140,7 +140,8 @@ MANIFEST = [
     ("memory missing", lambda m: m.pop("memory"), "manifest.json lacks 'memory'"),
     ("memory disagrees with storages", lambda m: m["storages"][0].update(bytes=100), "memory.activation_bytes is"),
     ("memory disagrees with params", lambda m: m["params"][0].update(shape=[50, 32]), "memory.weights_bytes is"),
-    ("memory disagrees with the window", lambda m: m["bounds"].update(context_window=256), "memory.kv_cache_bytes"),
+    ("memory disagrees with the window", lambda m: (m["bounds"].update(context_window=256),
+                                                    m["kv_cache"]["pool"].update(pages=16)), "memory.kv_cache_bytes"),
     ("memory bytes a string", lambda m: m["memory"].update(weights_bytes="1"), "memory.weights_bytes is '1'"),
     ("unplanned bytes a string", lambda m: m["memory"]["unplanned_activation_bytes"].update(decode="x"),
      "unplanned_activation_bytes['decode'] must be"),
@@ -193,7 +194,7 @@ BYTECODE = [
     ("alloc without dst", lambda bc: find(bc, "decode", "vm.alloc").pop("dst"), "dst must be an integer"),
     ("dst a weight", lambda bc: find(bc, "decode", "vm.alloc").update(dst=3), "is register 3, which holds an input, a "
                                                                               "weight or a constant"),
-    ("alloc storage out of range", _set_arg("decode", "vm.alloc", 0, {"i": 6}), "is storage 6, but manifest.json has 6"),
+    ("alloc storage out of range", _set_arg("decode", "vm.alloc", 0, {"i": 8}), "is storage 8, but manifest.json has 8"),
     ("alloc dtype", _set_arg("decode", "vm.alloc", 1, {"str": "float64"}), "args[1].str is 'float64'"),
     ("alloc dim not growing", _set_arg("prefill", "vm.alloc", 3, {"s": ["+", 200, ["*", -1, "seq_len"]]}),
      "not a size that grows with seq_len and total_len"),
@@ -201,7 +202,7 @@ BYTECODE = [
     ("kv.view which", _set_arg("decode", "kv.view", 1, {"str": "q"}), "args[1].str is 'q'"),
     ("kv.begin not affine", _set_arg("prefill", "kv.begin", 1, {"s": ["*", "seq_len", "seq_len"]}),
      "the tokens a step appends must be"),
-    ("bind an unknown variable", _set_arg("prefill", "vm.match_shape", 2, {"bind": "batch"}), "bind is 'batch'"),
+    ("bind an unknown variable", _set_arg("prefill", "vm.match_shape", 2, {"bind": "heads"}), "bind is 'heads'"),
     ("bind twice", lambda bc: code(bc)[3]["args"].__setitem__(1, {"bind": "seq_len"}), "binds seq_len a second time"),
     ("use before bind", _set_arg("prefill", "kv.begin", 1, {"s": "total_len"}), "uses the shape variable 'total_len', "
                                                                                 "which is not bound before it"),
@@ -240,6 +241,7 @@ def _shrink_storage(m, bc):
 
 def _raise_bounds(m, bc):  # the hostile tester's segfault: bounds raised, then a longer prompt
     m["bounds"].update(context_window=1024, prefill_chunk=1024)
+    m["kv_cache"]["pool"].update(pages=64)  # a page pool that holds the raised window, as the check wants
     set_memory(m)
 
 
