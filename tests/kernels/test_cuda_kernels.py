@@ -1,6 +1,7 @@
 """Every CUDA kernel emitted for the h100 (sm_90) and rtx4090 (sm_89) presets, for every tiny
-architecture, compiles with nvcc and assembles with ptxas (no GPU needed), with the KV-cache copies and
-the sliding-window layers' ring caches of a 16-token prefill chunk. Running them needs a GPU (the device
+architecture, compiles with nvcc and assembles with ptxas (no GPU needed), with the KV-cache copies, the
+sliding-window layers' ring caches of a 16-token prefill chunk, and the batched step over a page pool (its
+paged attention, per-token rotary tables and slot copies). Running them needs a GPU (the device
 tool), which CI does not have."""
 import pytest
 from conftest import require_nvcc
@@ -12,8 +13,8 @@ from deploycc.ir.kernel import scheduled
 from deploycc.pipeline import run as run_pipeline
 from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
 from deploycc.schedule import schedule_program
-from deploycc.session import export
-from deploycc.vm.lower import kv_copy_program
+from deploycc.session import Pool, export
+from deploycc.vm.lower import kv_copy_paged_program, kv_copy_program
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +26,10 @@ def toolkit():
 def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
     p = presets.load(preset)
     model = deploycc.load_model(str(tiny_path))
-    mod = run_pipeline(export(model, 64, 16), p.target, "scheduled")
+    mod = run_pipeline(export(model, 64, 16, Pool(pages=8, sequences=4)), p.target, "scheduled")
+    assert any("page_size" in prog.attrs for prog in mod.programs().values())  # the paged attention is here
     copies = [schedule_program(kv_copy_program(ring), p.target) for ring in (False, True)]
+    copies.append(schedule_program(kv_copy_paged_program(), p.target))
     kernels = [k for prog in [*mod.programs().values(), *copies] for k in scheduled(prog).kernels]
     source = render(kernels, p.target)
     ptx = compile_cuda(source, p.target.arch)
