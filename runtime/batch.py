@@ -132,8 +132,10 @@ class Batcher:
                 plan = self._schedule()
                 for s, _, _ in plan:
                     s.busy = True
-            if plan:
-                self._step(plan)
+                if not plan:  # every sequence with work waits for pages or a place: until a session moves
+                    self.cond.wait(0.05)
+                    continue
+            self._step(plan)
 
     def _schedule(self) -> list[tuple[Sequence, int, int]]:
         """(sequence, first position, tokens) of the next step: decodes first, then prompts, in order of
