@@ -12,11 +12,13 @@ hand their tokens to the batcher and wait for their logits. The batcher's thread
 batch at every step, decodes go first (one token each), and prompts fill the rest of the step's token
 budget (the prefill chunk), so a long prompt is prefilled in chunks between other sequences' decodes.
 
-Pages are taken as a sequence grows and returned when it ends. A new sequence is admitted while fewer than
-max_num_sequences hold pages and the free pages hold its whole prompt; a running one that needs a page
-when none is free takes the pages of the sequence admitted last, which is recomputed from its tokens when
-its turn comes again (vLLM's preemption by recomputation). Every row of a step is computed by the same
-kernels whatever else is in the step, so a request's greedy output is the same alone or in any batch.
+Pages are taken as a sequence grows and returned when it ends. A new sequence first shares the cached pages
+of its prompt's longest known prefix (prefix caching, runtime/kvcache.py), then is admitted while fewer
+than max_num_sequences hold pages and the available pages hold the rest of its prompt; a running one that
+needs a page when none is available takes the pages of the sequence admitted last, which is recomputed from
+its tokens (and the cached pages) when its turn comes again (vLLM's preemption by recomputation). Every row
+of a step is computed by the same kernels whatever else is in the step, so a request's greedy output is the
+same alone or in any batch (to the bit where the kernels are batch invariant: the cpu target's integer ones).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Sequence:
         self.ids: list[int] = []
         self.cached = 0
         self.pages: list[int] = []
+        self.keys: list[bytes] = []  # the prefix-cache keys of its leading full pages (registered or shared)
         self.want = False  # ids[cached:] wait for a step (the logits of the last are asked for)
         self.busy = False  # in the step that runs now
         self.closed = False
@@ -56,7 +59,7 @@ class Batcher:
         self.context_window = engine.context_window
         self.cond = threading.Condition()
         self.live: list[Sequence] = []  # sequences with tokens, in order of arrival
-        self.stats = {"steps": 0, "tokens": 0, "preempted": 0, "batch": 0}
+        self.stats = {"steps": 0, "tokens": 0, "preempted": 0, "batch": 0, "prefix_tokens": 0}
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="deploycc-batcher", daemon=True)
         self.thread.start()
@@ -107,13 +110,34 @@ class Batcher:
         with self.cond:
             if seq.busy or not 0 <= n <= seq.cached:
                 raise ValueError(f"cannot keep {n} positions of a sequence holding {seq.cached}")
-            keep = self.cache.pages_for(n)
+            keep = n // self.cache.page_size  # whole pages: one that is shared or registered is never rewritten
             self.cache.give(seq.pages[keep:])
-            seq.pages, seq.ids, seq.cached = seq.pages[:keep], seq.ids[:n], n
+            seq.pages, seq.keys, seq.ids = seq.pages[:keep], seq.keys[:keep], seq.ids[:n]
+            seq.cached = keep * self.cache.page_size
 
     def _free(self, seq: Sequence) -> None:
         self.cache.give(seq.pages)
-        seq.pages = []
+        seq.pages, seq.keys = [], []
+
+    def _share(self, seq: Sequence) -> None:
+        """A sequence without pages takes the cached pages of its longest known prefix (at least its last token
+        is left to compute: its logits are what the step returns)."""
+        full = (len(seq.ids) - 1) // self.cache.page_size
+        seq.keys = self.cache.keys(seq.ids, full)
+        seq.pages = self.cache.share(seq.keys)
+        seq.keys = seq.keys[:len(seq.pages)]
+        seq.cached = len(seq.pages) * self.cache.page_size
+
+    def _register(self, seq: Sequence) -> None:
+        """Register the pages `seq` filled: full pages of known tokens, for later sequences to share."""
+        full = seq.cached // self.cache.page_size
+        if full > len(seq.keys):
+            size = self.cache.page_size
+            new = self.cache.keys(seq.ids[len(seq.keys) * size:], full - len(seq.keys), seq.keys[-1] if seq.keys
+                                  else b"")
+            for j, key in enumerate(new, len(seq.keys)):
+                self.cache.register(key, seq.pages[j])
+            seq.keys += new
 
     # ---- the batcher's thread -----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -146,13 +170,19 @@ class Batcher:
             if len(plan) == self.cache.sequences or budget == 0:
                 break
             if not s.pages:  # a new or preempted sequence: admitted while there is room for all of its tokens
-                if self.running >= self.max_num_sequences or self.cache.pages_for(len(s.ids)) > len(self.cache.free):
+                if self.running >= self.max_num_sequences:
                     continue
+                self._share(s)
+                if self.cache.pages_for(len(s.ids)) - len(s.pages) > self.cache.available:
+                    self._free(s)
+                    s.cached = 0
+                    continue
+                self.stats["prefix_tokens"] += s.cached
             n = min(len(s.ids) - s.cached, budget)
             need = self.cache.pages_for(s.cached + n) - len(s.pages)
-            while need > len(self.cache.free) and self._preempt_after(s, plan):
+            while need > self.cache.available and self._preempt_after(s, plan):
                 pass
-            if need > len(self.cache.free):
+            if need > self.cache.available:
                 continue
             s.pages += self.cache.take(need)
             plan.append((s, s.cached, n))
@@ -196,6 +226,7 @@ class Batcher:
                     s.done.set()
                     continue
                 s.cached = start + n
+                self._register(s)
                 if s.cached == len(s.ids):
                     s.want, s.logits = False, logits[b]
                     s.done.set()

@@ -8,6 +8,9 @@ writes each layer's new keys and values into the reserved rows; `view` gives ker
 """
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+
 import numpy as np
 
 from .vm import DTYPE_BYTES, DTensor
@@ -85,9 +88,16 @@ class PoolFull(RuntimeError):
 
 class PagedKVCache:
     """The page pool of batched steps (vLLM's PagedAttention layout): per layer, keys and values of
-    [pages * page_size, kv_heads, head_dim]; a sequence owns a list of pages (its page table), taken from
-    and returned to a free pool. `plan` writes a step's metadata (paged_metadata) into device buffers sized
-    for the package's bounds; the step function reads them through kv.pages / kv.meta."""
+    [pages * page_size, kv_heads, head_dim]; a sequence holds a list of pages (its page table), taken from
+    and given back to the pool. `plan` writes a step's metadata (paged_metadata) into device buffers sized
+    for the package's bounds; the step function reads them through kv.pages / kv.meta.
+
+    Prefix caching (vLLM's automatic prefix caching): a full page whose tokens are known is registered under
+    a key that names every token up to its end (a SHA-256 chain over the pages of tokens), so a sequence
+    whose prompt starts with the same tokens (a chat template's system prompt, the turns of a conversation)
+    shares the page instead of computing it again. Pages are counted by the sequences that hold them; a
+    registered page that no sequence holds stays cached (least recently used first to go) until the pool
+    needs it. A sequence never writes a page it shares: it shares full pages only, and writes past them."""
 
     def __init__(self, device, layers: int, kv_heads: int, head_dim: int, dtype: str, pages: int, page_size: int,
                  sequences: int, chunk: int, context: int):
@@ -102,23 +112,73 @@ class PagedKVCache:
         self.dtype = dtype
         sizes = {"pos": chunk, "seq": chunk, "slot": chunk, "pages": sequences * self.widest, "last": sequences}
         self.buffers = {name: device.alloc(4 * n) for name, n in sizes.items()}
-        self.free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
+        self.free = list(range(pages - 1, -1, -1))  # pages holding nothing known, popped from the end
+        self.refs = [0] * pages  # sequences holding each page
+        self.cached: dict[bytes, int] = {}  # key -> registered page
+        self.key_of: dict[int, bytes] = {}  # registered page -> key
+        self.idle: OrderedDict[int, None] = OrderedDict()  # registered pages no sequence holds, oldest first
         self._shapes: dict[str, tuple] = {}
 
     @property
     def pages_in_use(self) -> int:
-        return self.pages - len(self.free)
+        return self.pages - len(self.free) - len(self.idle)
+
+    @property
+    def available(self) -> int:
+        """Pages a sequence can take: free ones and cached ones no sequence holds."""
+        return len(self.free) + len(self.idle)
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 
     def take(self, n: int) -> list[int]:
-        if n > len(self.free):
-            raise PoolFull(f"{n} pages asked of a pool with {len(self.free)} free")
-        return [self.free.pop() for _ in range(n)]
+        if n > self.available:
+            raise PoolFull(f"{n} pages asked of a pool with {self.available} available")
+        out = []
+        for _ in range(n):
+            if self.free:
+                p = self.free.pop()
+            else:  # the least recently used cached page: forget what it holds
+                p, _ = self.idle.popitem(last=False)
+                del self.cached[self.key_of.pop(p)]
+            self.refs[p] = 1
+            out.append(p)
+        return out
 
     def give(self, pages: list[int]) -> None:
-        self.free.extend(reversed(pages))
+        for p in reversed(pages):
+            self.refs[p] -= 1
+            if self.refs[p] == 0:
+                if p in self.key_of:
+                    self.idle[p] = None
+                else:
+                    self.free.append(p)
+
+    def keys(self, ids: list[int], pages: int, after: bytes = b"") -> list[bytes]:
+        """The keys of the first `pages` full pages of ids (the chain goes on from `after`, the key before)."""
+        out, size = [], self.page_size
+        for j in range(pages):
+            after = hashlib.sha256(after + np.asarray(ids[j * size:(j + 1) * size], "<i4").tobytes()).digest()
+            out.append(after)
+        return out
+
+    def share(self, keys: list[bytes]) -> list[int]:
+        """The cached pages of the longest run of `keys`, now held once more (the caller's)."""
+        out = []
+        for key in keys:
+            p = self.cached.get(key)
+            if p is None:
+                break
+            if self.refs[p] == 0:
+                del self.idle[p]
+            self.refs[p] += 1
+            out.append(p)
+        return out
+
+    def register(self, key: bytes, page: int) -> None:
+        """`page`, full, holds the tokens `key` names (a page already under this key keeps it)."""
+        if key not in self.cached and page not in self.key_of:
+            self.cached[key], self.key_of[page] = page, key
 
     def plan(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> None:
         if not 1 <= len(counts) <= self.sequences or not 1 <= sum(counts) <= self.chunk:

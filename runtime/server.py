@@ -272,14 +272,17 @@ class Server:
                       f"deploycc_requests_cancelled_total {m.cancelled}"]
         b, cache = self.batcher, self.engine.cache
         with b.cond:
-            stats, running, in_use = dict(b.stats), m.running, cache.pages_in_use
+            stats, running, in_use, idle = dict(b.stats), m.running, cache.pages_in_use, len(cache.idle)
         gauges = [("queue_length", "Requests waiting for a worker.", self.jobs.qsize()),
                   ("running_requests", "Requests being generated.", running),
                   ("batch_size", "Sequences in the last batched step.", stats["batch"]),
                   ("kv_pages_in_use", "KV-cache pages held by sequences.", in_use),
+                  ("kv_pages_cached", "KV-cache pages of known prefixes that no sequence holds.", idle),
                   ("kv_pages_total", f"KV-cache pages in the pool ({cache.page_size} tokens each).", cache.pages)]
         counters = [("steps_total", "Batched steps run.", stats["steps"]),
                     ("step_tokens_total", "Tokens computed by batched steps (prompts and decodes).", stats["tokens"]),
+                    ("prefix_cache_hit_tokens_total", "Prompt tokens whose keys and values came from cached pages.",
+                     stats["prefix_tokens"]),
                     ("preemptions_total", "Sequences whose pages were taken back and that were recomputed.",
                      stats["preempted"])]
         for kind, rows in (("gauge", gauges), ("counter", counters)):

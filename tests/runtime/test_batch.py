@@ -231,3 +231,31 @@ def test_refusals(tmp_path_factory):
     with pytest.raises(PackageError, match="no batched step"):
         Engine.load(old, paged=True)
     assert Engine.load(old, paged="auto").paged is False  # run and chat fall back to the single-sequence engine
+
+
+def test_a_shared_prefix_is_computed_once(tmp_path_factory):
+    """Prefix caching: sequences whose prompts start with the same 40 tokens (two full pages of 16) share those
+    pages: the later ones compute only the rest, with the logits (bit for bit) of a pool that never saw the
+    prefix; the pages stay cached after their sequences end (not in use), and a pool that needs them takes
+    them back."""
+    require_cc()
+    pkg = compiled(tmp_path_factory, X32, "cpu", "q4f16_2", pool=64)
+    engine = Engine.load(pkg, paged=True)
+    batcher = Batcher(engine)
+    vocab = engine.vocab_size
+    common = prompts(vocab, (40,), seed=7)[0]
+    tails = prompts(vocab, (3, 7), seed=8)
+    first = alone(batcher, [common + tails[0]], 4)[0]
+    assert batcher.stats["prefix_tokens"] == 0 and engine.cache.pages_in_use == 0 and len(engine.cache.idle) >= 2
+    second = alone(batcher, [common + tails[1]], 4)[0]
+    assert batcher.stats["prefix_tokens"] == 32  # two full pages shared
+    fresh = Batcher(Engine.load(pkg, paged=True))
+    want = alone(fresh, [common + tails[1]], 4)[0]
+    assert fresh.stats["prefix_tokens"] == 0
+    assert all(np.array_equal(x, y) for x, y in zip(second, want))
+    again = alone(batcher, [common + tails[0]], 4)[0]  # a prompt seen whole: all but its last page shared
+    assert all(np.array_equal(x, y) for x, y in zip(again, first))
+    work = prompts(vocab, (30, 30, 30), seed=9)  # 4 pages of pool for three new 34-token sequences: evictions
+    assert all(np.array_equal(x, y) for a, b in zip(concurrently(batcher, work, 4), alone(fresh, work, 4))
+               for x, y in zip(a, b))
+    assert engine.cache.pages_in_use == 0

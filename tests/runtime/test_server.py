@@ -152,7 +152,8 @@ def test_models_health_metrics(client, server):
         text = r.read().decode()
     for name in ("deploycc_requests_total", "deploycc_generation_tokens_total", "deploycc_queue_length",
                  "deploycc_running_requests", "deploycc_batch_size", "deploycc_kv_pages_in_use",
-                 "deploycc_kv_pages_total", "deploycc_steps_total", "deploycc_preemptions_total"):
+                 "deploycc_kv_pages_total", "deploycc_kv_pages_cached", "deploycc_steps_total",
+                 "deploycc_prefix_cache_hit_tokens_total", "deploycc_preemptions_total"):
         assert f"\n{name}" in "\n" + text, name
     assert metric(server[0], "deploycc_kv_pages_in_use") == 0 and metric(server[0], "deploycc_kv_pages_total") > 0
     assert 'deploycc_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
@@ -289,6 +290,7 @@ def test_sixteen_streaming_clients_for_a_minute(package):
         assert done[0] >= 16
         assert max(batches) >= 2, "no step batched several sequences"
         assert metric(url, "deploycc_kv_pages_in_use") == 0  # every finished sequence gave its pages back
+        assert metric(url, "deploycc_prefix_cache_hit_tokens_total") > 0  # repeated prompts shared their pages
         grown = rss_mb(proc.pid) - baseline
         assert grown <= 16, f"the server grew by {grown:.1f} MB over {done[0]} requests"
     finally:
