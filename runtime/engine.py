@@ -70,7 +70,8 @@ class Engine:
         if manifest["target"]["kind"] == "cpu" and native_steps:
             self._bind_native(weights, storages)
         self._tokenizer = None
-        self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0}
+        self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0,
+                      "step_tokens": 0, "step_seconds": 0.0}
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
@@ -166,6 +167,11 @@ class Engine:
         return self._tokenizer
 
     # ---- the session contract ---------------------------------------------------------------
+    def _need(self, paged: bool) -> None:
+        if paged != self.paged:
+            raise VMError(f"this engine was loaded {'with' if self.paged else 'without'} paged=True: "
+                          f"{'batched steps need' if paged else 'prefill and decode need'} the other")
+
     def _step(self, fn: str, ids: np.ndarray) -> DTensor:
         if ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab_size:  # kernels index tables with them
             bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
@@ -174,6 +180,7 @@ class Engine:
         return self.vm.run(fn, DTensor(self.ids_buf, (1, ids.shape[1]), "int32"), self.cache)
 
     def prefill(self, ids, all_logits: bool = False) -> np.ndarray:
+        self._need(paged=False)
         ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
         n = ids.shape[1]
         if n == 0:
@@ -196,6 +203,7 @@ class Engine:
         return out if all_logits else out[-1]
 
     def decode(self, token_id: int) -> np.ndarray:
+        self._need(paged=False)
         t0 = time.perf_counter()
         res = self._step("decode", np.array([[int(token_id)]], np.int32))
         logits = self._download(res)[0, -1]
@@ -207,12 +215,13 @@ class Engine:
         """A batched step over the page pool (an engine loaded with paged=True; runtime/batch.py schedules it):
         sequence b, whose pages are tables[b], appends counts[b] of `ids` at positions starts[b] on; returns the
         logits [len(counts), vocab] of each sequence's last token of the step."""
+        self._need(paged=True)
         ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
         self.cache.plan(tables, starts, counts)
         t0 = time.perf_counter()
         logits = self._download(self._step("step", ids))[0]
-        self.stats["step_tokens"] = self.stats.get("step_tokens", 0) + ids.shape[1]
-        self.stats["step_seconds"] = self.stats.get("step_seconds", 0.0) + time.perf_counter() - t0
+        self.stats["step_tokens"] += ids.shape[1]
+        self.stats["step_seconds"] += time.perf_counter() - t0
         return logits
 
     def _download(self, t: DTensor) -> np.ndarray:

@@ -123,11 +123,11 @@ class Paged:
         """The pool row of key j of query i's sequence."""
         return self.pages[self.seq[i], sym.floordiv(j, self.size)] * self.size + tir.index(sym.mod(j, self.size))
 
-    def sees(self, i, j, window: int) -> tir.V:
-        """Whether query i sees key j (j an expression or an int32 value): causal, and the last `window`."""
+    def sees(self, i, j, window: int, keys: int = 1) -> tir.V:
+        """Whether query i sees key j (or any of the `keys` keys from j on): causal, and the last `window`."""
         last = self.pos[i]
         ok = tir.lift(j).cmp("le", last)
-        return tir.V("and", "bool", (ok, tir.lift(j).cmp("gt", last - window))) if window else ok
+        return tir.V("and", "bool", (ok, tir.lift(j + (keys - 1)).cmp("gt", last - window))) if window else ok
 
 
 def keys_of(prog: TensorProgram):
@@ -214,13 +214,9 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
                  over("c", d, lambda c: Store(acc, (c,), tir.const(0.0))))
         if paged:  # blocks of one page each; blocks the query sees no key of are skipped
             base = sym.as_expr(jb) * BLOCK
-            size, last = paged.size, paged.pos[i]
-            seen = tir.index(base).cmp("le", last)
-            if window:
-                seen = tir.V("and", "bool", (seen, tir.index(base + BLOCK - 1).cmp("gt", last - window)))
-            first_row = paged.pages[paged.seq[i], sym.floordiv(base, size)] * size + tir.index(sym.mod(base, size))
-            keys: Stmt = For(jb, paged.pages.shape[1] * (size // BLOCK), IfThenElse(seen, Seq((
-                Store(rb, z, first_row),
+            seen = paged.sees(i, base, window, BLOCK)
+            keys: Stmt = For(jb, paged.pages.shape[1] * (paged.size // BLOCK), IfThenElse(seen, Seq((
+                Store(rb, z, paged.row(i, base)),
                 block(base, B, lambda jj: paged.sees(i, base + jj, window)),
             ))))
         else:

@@ -242,8 +242,7 @@ class _FnLowering:
         if len(v.args) == 4:  # into a page pool
             k = scheduled(self.out.kv_copy_paged).kernels[0]
             self.out.kernels[k.name] = k
-            prog = self.out.kv_copy_paged
-            src, _, pool = prog.params
+            src, _, pool = self.out.kv_copy_paged.params
             for which, t in (("k", v.args[1]), ("v", v.args[2])):
                 env = {a.as_var: b for a, b in zip(src.shape, t.ann.shape)}
                 env[pool.shape[0].as_var] = sym.as_expr(self.pool_rows)

@@ -25,6 +25,7 @@ from deploycc.package import compile_model
 from deploycc.runtime.batch import Batcher
 from deploycc.runtime.engine import Engine
 from deploycc.runtime.package import PackageError
+from deploycc.runtime.vm import VMError
 from fixtures import make_tiny
 
 X32 = "qwen3-x32"  # every matmul on the integer kernels (tests/fixtures.py)
@@ -212,6 +213,10 @@ def test_refusals(tmp_path_factory):
         Batcher(engine, 5)
     with pytest.raises(ValueError, match="paged=True"):
         Batcher(Engine.load(pkg))
+    with pytest.raises(VMError, match="prefill and decode need the other"):
+        engine.prefill([1, 2, 3])
+    with pytest.raises(VMError, match="batched steps need the other"):
+        Engine.load(pkg).step([1], [[0]], [0], [1])
     import json
     import shutil
 
