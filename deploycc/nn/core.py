@@ -18,6 +18,7 @@ from ..ir import sym
 from ..ir.builder import BlockBuilder
 from ..ir.expr import Constant, Expr, ShapeExpr, TupleGetItem, Var
 from ..ir.module import IRModule
+from ..runtime.validate import KV_META
 
 
 class Tracer:
@@ -221,7 +222,7 @@ class Cache:
     each token's position, sequence and pool row (`pos`, `seq`, `slot`, [seq_len]), each sequence's page
     table (`pages`, [batch, pages_len]) and the token whose logits it returns (`last`, [batch])."""
 
-    META = ("pos", "seq", "slot", "pages", "last")
+    META = KV_META
 
     def __init__(self, var: Var, tracer: Tracer, capacity: int = 0, step: int = 0, page_size: int = 0,
                  pool_pages: int = 0):

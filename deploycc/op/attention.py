@@ -16,6 +16,7 @@ from ..ir import annotation as A
 from ..ir import sym, tir
 from ..ir.op import register
 from ..ir.tir import Alloc, Block, Buffer, Seq, Store
+from ..runtime.validate import KV_META
 from ._common import OpError, ShapeMap, emit_tir, known_shape, same, shape_values
 
 # ---- rotary embedding (rotate-half form, HF Llama/Qwen2) --------------------------------------
@@ -428,7 +429,7 @@ def _pages_infer(args, attrs):
 def _meta_infer(args, attrs):
     _object(args[0], "kv.meta")
     name = attrs.get("name")
-    if name not in ("pos", "seq", "slot", "pages", "last"):
+    if name not in KV_META:
         raise OpError(f"kv.meta: unknown metadata {name!r}")
     return A.Tensor(None, "int32", 2 if name == "pages" else 1)
 
