@@ -395,15 +395,32 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
 @click.option("--profile", is_flag=True,
               help="Also break a decode step down: device time per kernel, host (VM + enqueue) time (OpenCL).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json):
-    """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory."""
+@click.option("--sequences", default=None, metavar="N,N,...",
+              help="Batched decode of this many sequences at once (e.g. 1,4,8): the serving capacity of the batched step.")
+def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, sequences):
+    """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory; with
+    --sequences, the aggregate decode tok/s of batched steps over that many sequences."""
+    from .runtime.cli import batch_bench, batch_bench_lines, profile_decode
     from .runtime.cli import bench as run_bench
-    from .runtime.cli import profile_decode
 
-    opened = _open_package(package, device, None, None, as_json)
+    counts = None
+    if sequences is not None:
+        try:
+            counts = [int(x) for x in sequences.split(",")]
+        except ValueError:
+            counts = []
+        if not counts or min(counts) < 1:
+            raise DeployError(f"--sequences expects positive counts like 1,4,8, got {sequences!r}")
+        if profile:
+            raise DeployError("--profile breaks down a single-sequence decode step; it does not combine with --sequences")
+    opened = _open_package(package, device, None, None, as_json, paged=counts is not None)
     if opened is None:
         raise DeployError(f"{package} is not a compiled package; compile it (deploycc compile {package} --device PRESET) "
                           f"or pass --device PRESET")
+    if counts is not None:
+        r = batch_bench(opened[0], counts, prompt_len, gen_len, seed)
+        click.echo(json.dumps(r, indent=2) if as_json else "\n".join(batch_bench_lines(r)))
+        return
     r = run_bench(opened[0], prompt_len, gen_len, repeat, seed)
     if profile:
         r["profile"] = profile_decode(opened[0], prompt_len)

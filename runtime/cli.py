@@ -321,6 +321,64 @@ def bench(engine, prompt_len: int = 128, gen_len: int = 128, repeat: int = 3, se
     }
 
 
+def batch_bench(engine, sequences: list[int], prompt_len: int = 128, gen_len: int = 128, seed: int = 0) -> dict:
+    """The batched step's capacity (an engine loaded with paged=True): for each count of sequences, each prefilled
+    with its own random prompt (seeded), the aggregate tok/s of gen_len greedy decode steps of all of them at
+    once (after a warm-up), and the time of one step."""
+    cache = engine.cache
+    if prompt_len < 1 or gen_len < 1 or not sequences or min(sequences) < 1:
+        raise UsageError("--prompt-len, --gen-len and every --sequences count must be >= 1")
+    if prompt_len + gen_len > engine.context_window:
+        raise UsageError(f"--prompt-len {prompt_len} + --gen-len {gen_len} exceed the package's context window of "
+                         f"{engine.context_window}; choose smaller lengths")
+    if max(sequences) > cache.sequences:
+        raise UsageError(f"--sequences {max(sequences)} exceeds the {cache.sequences} sequences a step of this package "
+                         f"holds; recompile with --override max_num_sequences=N")
+    pages = cache.pages_for(prompt_len + gen_len)
+    if max(sequences) * pages > cache.available:
+        raise UsageError(f"{max(sequences)} sequences of {prompt_len + gen_len} tokens need {max(sequences) * pages} "
+                         f"KV pages; the pool has {cache.available}: recompile with --override kv_pool_tokens=N")
+    rng = np.random.default_rng(seed)
+
+    def run(n: int, steps: int) -> float:
+        tables = [cache.take(pages) for _ in range(n)]
+        try:
+            tokens = []
+            for table in tables:  # each prompt in steps of the prefill chunk
+                ids = rng.integers(0, engine.vocab_size, prompt_len).tolist()
+                for at in range(0, prompt_len, engine.prefill_chunk):
+                    chunk = ids[at:at + engine.prefill_chunk]
+                    logits = engine.step(chunk, [table], [at], [len(chunk)])
+                tokens.append(int(np.argmax(logits[0])))
+            t0 = time.perf_counter()
+            for k in range(steps):
+                logits = engine.step(tokens, tables, [prompt_len + k] * n, [1] * n)
+                tokens = [int(t) for t in np.argmax(logits, axis=1)]
+            return time.perf_counter() - t0
+        finally:
+            for table in tables:
+                cache.give(table)
+
+    run(1, min(gen_len, 8))  # warm-up
+    rows = []
+    for n in sequences:
+        seconds = run(n, gen_len)
+        rows.append({"sequences": n, "decode_tok_s": round(n * gen_len / seconds, 3),
+                     "step_ms": round(1000 * seconds / gen_len, 3)})
+    return {"package": str(engine.path), "preset": engine.manifest["preset"]["name"], "prompt_len": prompt_len,
+            "gen_len": gen_len, "rows": rows}
+
+
+def batch_bench_lines(r: dict) -> list[str]:
+    one = r["rows"][0]["decode_tok_s"] if r["rows"][0]["sequences"] == 1 else None
+    out = [f"package        {r['package']} ({r['preset']}), batched decode after {r['prompt_len']}-token prompts",
+           "sequences   decode tok/s   ms / step" + ("   x 1 sequence" if one else "")]
+    for row in r["rows"]:
+        ratio = f"   {row['decode_tok_s'] / one:13.2f}" if one else ""
+        out.append(f"{row['sequences']:9d}   {row['decode_tok_s']:12.1f}   {row['step_ms']:9.2f}{ratio}")
+    return out
+
+
 def mb(n) -> str:
     return "-" if n is None else f"{n / 1e6:.2f} MB"
 
@@ -439,6 +497,8 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=3, help="(default 3)")
     b.add_argument("--seed", type=int, default=0, help="(default 0)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.add_argument("--sequences", type=_counts, default=None,
+                   help="batched decode of this many sequences at once, e.g. 1,4,8 (the server's capacity)")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs starlette and uvicorn)")
     s.add_argument("--host", default="127.0.0.1", help="(default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="(default 8000)")
@@ -448,6 +508,17 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
                    help="requests batched at once (default: the package's max_num_sequences)")
     s.add_argument("--model-name", default=None, help="the model id clients name (default: the package's name)")
     return p
+
+
+def _counts(text: str) -> list[int]:
+    """--sequences 1,4,8: positive integers."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects counts like 1,4,8, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expects positive counts like 1,4,8, got {text!r}")
+    return counts
 
 
 def _gen_options(args) -> dict:
@@ -473,6 +544,9 @@ def _command(package_dir: str, args) -> int:
 
         serve(Engine.load(package_dir, paged=True), args.model_name or Path(package_dir).resolve().name, args.host,
               args.port, args.api_key, args.max_queue, args.max_num_sequences)
+    elif args.sequences:
+        r = batch_bench(Engine.load(package_dir, paged=True), args.sequences, args.prompt_len, args.gen_len, args.seed)
+        print(json.dumps(r) if args.json else "\n".join(batch_bench_lines(r)))
     else:
         engine = Engine.load(package_dir)
         r = bench(engine, args.prompt_len, args.gen_len, args.repeat, args.seed)

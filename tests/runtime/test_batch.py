@@ -264,3 +264,28 @@ def test_a_shared_prefix_is_computed_once(tmp_path_factory):
     assert all(np.array_equal(x, y) for a, b in zip(concurrently(batcher, work, 4), alone(fresh, work, 4))
                for x, y in zip(a, b))
     assert engine.cache.pages_in_use == 0
+
+
+def test_bench_sequences(tmp_path_factory):
+    """`deploycc bench PKG --sequences 1,3` and `python PKG bench --sequences ...`: the batched decode's aggregate
+    tok/s and step time per count of sequences, as JSON; a count past the package's batch, or past what its
+    pool holds, is one line."""
+    import json
+    import subprocess
+    import sys
+
+    require_cc()
+    pkg = compiled(tmp_path_factory, X32, "cpu", "q4f16_2", pool=256)
+    small = compiled(tmp_path_factory, X32, "cpu", "q4f16_2", pool=64)  # 4 pages
+    for cmd in ([sys.executable, "-m", "deploycc", "bench", str(pkg)], [sys.executable, str(pkg), "bench"]):
+        r = subprocess.run(cmd + ["--sequences", "1,3", "--prompt-len", "5", "--gen-len", "4", "--json"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = json.loads(r.stdout)["rows"]
+        assert [row["sequences"] for row in rows] == [1, 3] and all(row["decode_tok_s"] > 0 for row in rows)
+        for bad, words in ((["--sequences", "5", "--prompt-len", "5", "--gen-len", "4"], "exceeds the 4 sequences"),
+                           (["--sequences", "2", "--prompt-len", "30", "--gen-len", "10"], "KV pages")):
+            r = subprocess.run([str(small) if a == str(pkg) else a for a in cmd] + bad, capture_output=True, text=True,
+                               timeout=300)
+            lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+            assert r.returncode != 0 and len(lines) == 1 and words in lines[0], r.stderr[-2000:]
