@@ -400,17 +400,15 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
 def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, sequences):
     """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory; with
     --sequences, the aggregate decode tok/s of batched steps over that many sequences."""
-    from .runtime.cli import batch_bench, batch_bench_lines, profile_decode
+    from .runtime.cli import batch_bench, batch_bench_lines, parse_counts, profile_decode
     from .runtime.cli import bench as run_bench
 
     counts = None
     if sequences is not None:
         try:
-            counts = [int(x) for x in sequences.split(",")]
-        except ValueError:
-            counts = []
-        if not counts or min(counts) < 1:
-            raise DeployError(f"--sequences expects positive counts like 1,4,8, got {sequences!r}")
+            counts = parse_counts(sequences)
+        except ValueError as e:
+            raise DeployError(str(e)) from None
         if profile:
             raise DeployError("--profile breaks down a single-sequence decode step; it does not combine with --sequences")
     opened = _open_package(package, device, None, None, as_json, paged=counts is not None)
@@ -638,10 +636,11 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
         cfg = loaded.config
         report = memory_report(mod, cfg.num_key_value_heads, cfg.head_dim)
         if preset and report["kv_cache_bytes"]:  # a package's sliding-window layers keep rings (limits.kv_rows)
+            from .limits import context_window as window_and_chunk
             from .limits import footprint
 
-            ctx = report["context_window"]
-            kv = footprint(cfg, 0, ctx, max(1, min(preset.prefill_chunk, ctx))).kv_cache
+            ctx, chunk = window_and_chunk(loaded, preset, report["context_window"])
+            kv = footprint(cfg, 0, ctx, chunk).kv_cache
             report["total_bytes"] += kv - report["kv_cache_bytes"]
             report["kv_cache_bytes"] = kv
         if as_json:
@@ -666,11 +665,12 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
 
 def _bytecode_text(loaded, preset, ctx: int) -> str:
     """The bytecode exactly as compile_model exports and lowers it (rings and page pool included)."""
+    from .limits import context_window as window_and_chunk
     from .package import lower_to_vm, pool_of
     from .session import export
     from .vm import disassemble
 
-    chunk = max(1, min(preset.prefill_chunk, ctx))
+    ctx, chunk = window_and_chunk(loaded, preset, ctx)
     lowered, _ = lower_to_vm(export(loaded, ctx, chunk, pool_of(preset, ctx, chunk)), preset.target, chunk)
     return disassemble(lowered.bytecode)
 

@@ -157,15 +157,13 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     model = quantize(load_model(source, revision), quant, head, interleave, groups=integer)
     from .limits import check_compile
 
-    check_compile(model, preset, context_window)  # context window and device memory, before anything is built
+    ctx, chunk = check_compile(model, preset, context_window)  # context window and device memory, before anything
     if (model.path / "tokenizer.json").exists():  # a broken tokenizer fails the compile, not the first run
         from .runtime.tokenizer import Tokenizer, TokenizerError
         try:
             Tokenizer.from_dir(model.path, vocab_size=model.config.vocab_size)
         except TokenizerError as e:
             raise DeployError(str(e)) from None
-    ctx = context_window or min(preset.context_window, model.config.context_window)
-    chunk = max(1, min(preset.prefill_chunk, ctx))
     step = progress or (lambda *a, **k: None)
 
     step("export")

@@ -6,7 +6,7 @@ checked against it: `prefill(ids, all_logits)`, `decode(token)`, `reset()`, `tru
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def export(model: LoadedModel, context_window: int | None = None, step: int = 0,
     mod, _ = model.build().export(spec, bounds=bounds)
     mod.attrs.update(context_window=ctx, model=model.architecture, num_layers=cfg.num_hidden_layers)
     if pool is not None:
-        mod.attrs["pool"] = {"pages": pool.pages, "sequences": pool.sequences, "page_size": pool.page_size}
+        mod.attrs["pool"] = asdict(pool)
     return mod
 
 

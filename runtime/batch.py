@@ -100,7 +100,7 @@ class Batcher:
             if seq.busy:
                 return
             self._free(seq)
-            seq.cached, seq.want = 0, False
+            seq.want = False
             if seq in self.live:
                 self.live.remove(seq)
             self.cond.notify_all()
@@ -116,8 +116,9 @@ class Batcher:
             seq.cached = keep * self.cache.page_size
 
     def _free(self, seq: Sequence) -> None:
+        """Give `seq`'s pages back: nothing of it is cached any more (its ids stay, to compute again)."""
         self.cache.give(seq.pages)
-        seq.pages, seq.keys = [], []
+        seq.pages, seq.keys, seq.cached = [], [], 0
 
     def _share(self, seq: Sequence) -> None:
         """A sequence without pages takes the cached pages of its longest known prefix (at least its last token
@@ -175,7 +176,6 @@ class Batcher:
                 self._share(s)
                 if self.cache.pages_for(len(s.ids)) - len(s.pages) > self.cache.available:
                     self._free(s)
-                    s.cached = 0
                     continue
                 self.stats["prefix_tokens"] += s.cached
             n = min(len(s.ids) - s.cached, budget)
@@ -194,8 +194,7 @@ class Batcher:
         chosen = {id(x) for x, _, _ in plan}
         for victim in reversed(self.live[self.live.index(s) + 1:]):
             if victim.pages and id(victim) not in chosen:
-                self._free(victim)
-                victim.cached = 0  # recomputed from its ids when admitted again
+                self._free(victim)  # recomputed from its ids when admitted again
                 self.stats["preempted"] += 1
                 return True
         return False
@@ -222,7 +221,6 @@ class Batcher:
                 if error is not None:
                     s.want, s.error = False, error
                     self._free(s)
-                    s.cached = 0
                     s.done.set()
                     continue
                 s.cached = start + n

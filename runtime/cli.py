@@ -510,15 +510,22 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     return p
 
 
-def _counts(text: str) -> list[int]:
-    """--sequences 1,4,8: positive integers."""
+def parse_counts(text: str) -> list[int]:
+    """--sequences 1,4,8: positive integers, or a ValueError that says so."""
     try:
         counts = [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expects counts like 1,4,8, got {text!r}") from None
+        counts = []
     if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"expects positive counts like 1,4,8, got {text!r}")
+        raise ValueError(f"--sequences expects positive counts like 1,4,8, got {text!r}")
     return counts
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        return parse_counts(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--sequences ")) from None
 
 
 def _gen_options(args) -> dict:

@@ -103,7 +103,7 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[dict], max_tokens: int = 64,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
              seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None,
-             reuse_cache: bool = False) -> Iterator[str]:
+             reuse_cache: bool = False, ids: Sequence[int] | None = None) -> Iterator[str]:
     """Stream the model's reply as text pieces.
 
     Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
@@ -114,12 +114,13 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
     context | cancelled), prefill_seconds, decode_seconds, and prefill_tok_s / decode_tok_s (session
     time only, without sampling and detokenization). With `reuse_cache`, the session's KV cache is
     kept as far as it holds the start of this prompt (PrefixCache: chat turns); otherwise it is reset.
+    `ids`: the prompt as encode_prompt encoded it already (the server, which measured it).
     """
     sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed)
     stops = _stops(stop)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    ids = encode_prompt(tokenizer, prompt_or_messages, chat)
+    ids = list(ids) if ids is not None else encode_prompt(tokenizer, prompt_or_messages, chat)
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give some text")
     window = int(session.context_window)

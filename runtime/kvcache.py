@@ -107,7 +107,6 @@ class PagedKVCache:
         rows = pages * page_size * kv_heads * head_dim * DTYPE_BYTES[dtype]
         self.k = [device.alloc(rows) for _ in range(layers)]
         self.v = [device.alloc(rows) for _ in range(layers)]
-        self.nbytes = 2 * layers * rows
         self.shape = (pages * page_size, kv_heads, head_dim)
         self.dtype = dtype
         sizes = {"pos": chunk, "seq": chunk, "slot": chunk, "pages": sequences * self.widest, "last": sequences}
@@ -190,7 +189,6 @@ class PagedKVCache:
         for name, a in meta.items():
             self.device.write(self.buffers[name], a)
             self._shapes[name] = a.shape
-        self.tokens = int(sum(counts))
 
     def pages_shape(self) -> tuple[int, int]:
         """kv.pages: (sequences, page-table width) of the planned step."""

@@ -12,8 +12,8 @@ Starlette (served by uvicorn) answers:
 Requests run with continuous batching (runtime/batch.py): up to max_num_sequences at once, each in its own
 worker thread whose session joins the batched steps of the package's page pool; more wait in a bounded
 queue, and a full queue is a 429. A request whose client disconnects is cancelled at the next token and
-its pages go back to the pool at once. A prompt longer than the context window is a 400. With an API key, every /v1 call needs
-`Authorization: Bearer KEY` (401 otherwise). Errors have OpenAI's body: {"error": {"message", "type",
+its pages go back to the pool at once. A prompt longer than the context window is a 400. With an API key,
+every /v1 call needs `Authorization: Bearer KEY` (401 otherwise). Errors have OpenAI's body: {"error": {"message", "type",
 "param", "code"}}. Runs inside a package: imports nothing of deploycc, only starlette and uvicorn.
 """
 from __future__ import annotations
@@ -75,6 +75,7 @@ def message(i: int, m) -> dict:
 class Job:
     kind: str  # chat | completion
     prompt: object  # messages or text
+    ids: list[int]  # the prompt encoded (by parse, which measured it against the context window)
     options: dict
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
@@ -126,7 +127,7 @@ class Server:
             session = self.batcher.session()
             try:
                 pieces = generate(session, self.tokenizer, job.prompt, chat=job.kind == "chat", stats=job.stats,
-                                  **job.options)
+                                  ids=job.ids, **job.options)
                 text = []  # a whole reply wakes the event loop once, not per token (it shares the cores with steps)
                 for piece in pieces:
                     if job.cancelled.is_set():
@@ -164,8 +165,8 @@ class Server:
             raise RequestError(401, "Incorrect API key provided; pass it as 'Authorization: Bearer KEY'",
                                code="invalid_api_key")
 
-    def parse(self, body, kind: str) -> tuple[object, dict, bool, bool]:
-        """(prompt, generate options, stream, include_usage) of a request body, every field checked."""
+    def parse(self, body, kind: str) -> tuple[object, list[int], dict, bool, bool]:
+        """(prompt, its ids, generate options, stream, include_usage) of a request body, every field checked."""
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
         for key, value in body.items():
@@ -233,10 +234,10 @@ class Server:
             raise RequestError(400, f"This model's maximum context length is {window} tokens; the prompt is "
                                     f"{len(ids)} tokens and needs room for at least one more", "messages" if kind == "chat"
                                else "prompt", "context_length_exceeded")
-        return prompt, options, stream, bool((so or {}).get("include_usage", False))
+        return prompt, ids, options, stream, bool((so or {}).get("include_usage", False))
 
-    def submit(self, kind: str, prompt, options: dict, stream: bool) -> Job:
-        job = Job(kind, prompt, options, asyncio.get_running_loop(), asyncio.Queue(), stream)
+    def submit(self, kind: str, prompt, ids: list[int], options: dict, stream: bool) -> Job:
+        job = Job(kind, prompt, ids, options, asyncio.get_running_loop(), asyncio.Queue(), stream)
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
@@ -310,8 +311,8 @@ class Server:
             async def handle(request):
                 try:
                     self.check_key(request)
-                    prompt, options, stream, include_usage = self.parse(await body_of(request), kind)
-                    job = self.submit(kind, prompt, options, stream)
+                    prompt, ids, options, stream, include_usage = self.parse(await body_of(request), kind)
+                    job = self.submit(kind, prompt, ids, options, stream)
                 except RequestError as e:
                     return error(e, endpoint)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
