@@ -300,6 +300,8 @@ def _session(model, device, context_window, revision, quiet, prompt: str | None 
     from .runtime.batch import session_of
 
     engine, info = _open_package(model, device, context_window, revision, quiet, paged="auto")
+    if engine.f16:  # WebGPU: whether the kernels read f16 natively (shader-f16) or from packed words
+        info = {**info, "f16": engine.f16}
     return session_of(engine), engine.tokenizer, info
 
 

@@ -51,9 +51,12 @@ class KernelRunner:
         if key not in self.built:
             kernels = list(scheduled(prog).kernels)
             if self.target.kind == "webgpu":  # one shader module per entry point keeps bindings simple
+                from .targets import wgsl
+
+                packed = not getattr(self.device, "has_f16", True)  # f16 as packed words, as packages do there
                 self.built[key] = {}
                 for k in kernels:
-                    src = render([k], self.target)
+                    src = wgsl.render([k], self.target, packed_f16=packed)
                     self.sources[k.name] = src
                     self.built[key].update(self.device.build(src, [_entry(k)]))
             else:
@@ -90,9 +93,9 @@ class KernelRunner:
     def _split(self, k: Kernel) -> dict:
         if self.target.kind != "webgpu":
             return {}
-        from .targets.wgsl import split_plan
+        from .targets.wgsl import split_bytes
 
-        return {i: (chunk * 4, parts) for i, (chunk, parts) in split_plan(k, self.target.max_storage_binding).items()}
+        return split_bytes(k, self.target.max_storage_binding)
 
 
 def expand_ranges(bufs: list, split: dict) -> list:

@@ -223,7 +223,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:
     from .execute import render
     from .targets.cstyle import _ident
-    from .targets.wgsl import split_plan
+    from .targets.wgsl import render as render_wgsl
+    from .targets.wgsl import split_bytes
 
     kdir = tmp / "kernels"
     kdir.mkdir()
@@ -232,11 +233,19 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
     if kind == "webgpu":
         for k in kernels:
             fname = f"{_ident(k.name)}.wgsl"
-            (kdir / fname).write_text(render([k], preset.target))
+            source = render_wgsl([k], preset.target)
+            (kdir / fname).write_text(source)
             entries[k.name] = {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads}
-            split = split_plan(k, preset.target.max_storage_binding)
+            if "enable f16;" in source:  # and a variant for adapters without shader-f16: f16 read from u32 words
+                packed = f"{_ident(k.name)}.nof16.wgsl"
+                try:
+                    (kdir / packed).write_text(render_wgsl([k], preset.target, packed_f16=True))
+                except ValueError as e:  # not a limit: a kernel the packed variant cannot express
+                    raise DeployError(str(e)) from None
+                entries[k.name]["file_no_f16"] = f"kernels/{packed}"
+            split = split_bytes(k, preset.target.max_storage_binding)
             if split:  # bytes per range and number of ranges, by buffer argument index
-                entries[k.name]["split"] = {str(i): [c * 4, n] for i, (c, n) in split.items()}
+                entries[k.name]["split"] = {str(i): [c, n] for i, (c, n) in split.items()}
     else:
         fname = {"opencl": "kernels.cl", "cuda": "kernels.cu", "cpu": "kernels.c"}[kind]
         (kdir / fname).write_text(render(kernels, preset.target))

@@ -311,7 +311,8 @@ def bench(engine, prompt_len: int = 128, gen_len: int = 128, repeat: int = 3, se
     return {
         "package": str(engine.path), "model": engine.manifest["model"].get("architecture"),
         "device": getattr(engine.device, "name", "") or engine.manifest["preset"]["backend"],
-        "preset": engine.manifest["preset"]["name"], "prompt_len": prompt_len, "gen_len": gen_len, "repeat": repeat,
+        "preset": engine.manifest["preset"]["name"], **({"f16": engine.f16} if engine.f16 else {}),
+        "prompt_len": prompt_len, "gen_len": gen_len, "repeat": repeat,
         "prefill_tok_s": round(prompt_len / statistics.median(prefill_s), 3),
         "decode_tok_s": round(gen_len / statistics.median(decode_s), 3),
         "prefill_seconds": [round(x, 6) for x in prefill_s], "decode_seconds": [round(x, 6) for x in decode_s],
@@ -540,7 +541,7 @@ def _command(package_dir: str, args) -> int:
         options = _gen_options(args)
         engine = Engine.load(package_dir, paged="auto")
         run_prompt(session_of(engine), engine.tokenizer, args.prompt, chat=not args.no_chat, as_json=args.json,
-                   info={"package": str(package_dir)}, **options)
+                   info={"package": str(package_dir), **({"f16": engine.f16} if engine.f16 else {})}, **options)
     elif args.command == "chat":
         options = _gen_options(args)
         engine = Engine.load(package_dir, paged="auto")

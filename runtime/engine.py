@@ -37,6 +37,7 @@ class Engine:
         self.prefill_chunk = b["prefill_chunk"]
         self.vocab_size = manifest.get("vocab_size")
         t0 = time.perf_counter()
+        self.f16: str | None = None  # WebGPU: "native" (shader-f16), "packed" (f16 read from u32 words) or "none"
         kernels = self._build_kernels()
         self.build_seconds = time.perf_counter() - t0
         storages = [device.alloc(max(int(s["bytes"]), 4)) for s in manifest["storages"]]
@@ -113,18 +114,30 @@ class Engine:
                 raise PackageError(str(e)) from None
             built = self.device.kernels_of(self.lib, sorted({e["entry"] for e in entries.values()}))
             return {n: built[e["entry"]] for n, e in entries.items()}
+        # WebGPU without shader-f16: each kernel's variant that reads f16 from packed u32 words, where it has one
+        packed = self.manifest["target"]["kind"] == "webgpu" and not self.device.has_f16
         by_file: dict[str, list[str]] = {}
         for name, e in entries.items():
-            by_file.setdefault(e["file"], []).append(name)
+            by_file.setdefault(e.get("file_no_f16", e["file"]) if packed else e["file"], []).append(name)
         out = {}
+        used = set()
         for f, names in by_file.items():
             source = (self.path / f).read_text()
+            if "enable f16;" in source:
+                if packed:
+                    raise PackageError(f"this package's kernels need shader-f16, which {self.device.name} lacks, and it "
+                                       "has no kernels without it (compiled by an older deploycc); recompile it")
+                used.add("native")
+            elif f != entries[names[0]]["file"]:
+                used.add("packed")
             options = {"fast_math": bool(self.manifest["target"].get("fast_math"))}
             built = self.device.build(source, [entries[n]["entry"] for n in names], options)
             for n in names:
                 out[n] = built[entries[n]["entry"]]
                 if "split" in entries[n]:  # buffers bound as several ranges (WebGPU binding-size limit)
                     out[n].meta["split"] = {int(i): tuple(v) for i, v in entries[n]["split"].items()}
+        if self.manifest["target"]["kind"] == "webgpu":
+            self.f16 = "packed" if "packed" in used else "native" if used else "none"
         return out
 
     def _bind_native(self, weights: dict, storages: list) -> None:

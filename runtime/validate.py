@@ -292,6 +292,12 @@ def _check_kernels(m: dict) -> None:
         n_buffers = _check_kernel_args(e["args"], f"{where}.args")
         if "split" in e:
             _check_split(e["split"], f"{where}.split", n_buffers, kind)
+        if "file_no_f16" in e:  # the variant for adapters without shader-f16 (targets/wgsl.py: packed_f16)
+            if kind != "webgpu":
+                fail(f"{where}.file_no_f16", "is a WebGPU kernel variant, but the package is for " + kind)
+            f = need_str(e["file_no_f16"], f"{where}.file_no_f16", hi=1024)
+            if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".wgsl"):
+                fail(f"{where}.file_no_f16", f"is {show(f)}, not a .wgsl file of the package's kernels/ listed in files")
     if kind == "cpu":
         _check_native(m, need_dict(k.get("native"), f"{M} kernels.native",
                                    ("library", "isa", "cpu_flags", "weights", "functions")))

@@ -1,8 +1,15 @@
 """WGSL for WebGPU: the C-style renderer with WGSL's spellings.
 
 ABI: buffer i is `@group(0) @binding(i) var<storage, read|read_write>`; the kernel's int arguments
-are the fields of a uniform struct at binding N (N = number of buffers). Indices are i32. f16 is
-used only when the device has the `shader-f16` feature (`enable f16;`); the fp32 path never needs it.
+are the fields of a uniform struct at binding N (N = number of buffers). Indices are i32.
+
+float16 buffers (weights and scales of the f16 quantizations) are storage only: values are computed in
+f32. Natively they are `array<f16>` under `enable f16;`, which needs the adapter feature `shader-f16`
+(absent from SwiftShader and from lavapipe through ANGLE). The packed variant (packed_f16=True) declares
+them `array<u32>`, two halves per word in memory order, and reads element i as
+`unpack2x16float(w[u32(i) >> 1u])[u32(i) & 1u]` (WGSL core), so the same buffer bytes serve both.
+Packed kernels only read f16: a store would be a read-modify-write of a word another invocation may be
+writing, and no kernel today writes f16 (every f16 buffer is a weight).
 """
 from __future__ import annotations
 
@@ -14,12 +21,14 @@ from deploycc.ir.tir import Alloc, Buffer, V, walk
 from .cstyle import CStyleRenderer
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4}
+OFFSET_ALIGN = 256  # the largest minStorageBufferOffsetAlignment WebGPU allows (and Chrome's)
 
 
 def split_plan(k, max_binding: int) -> dict[int, tuple[int, int]]:
     """Buffers larger than one binding allows (WebGPU's maxStorageBufferBindingSize) are bound as
     several ranges: buffer index -> (elements per range, number of ranges). Ranges are multiples of
-    64 elements (256 bytes for f32), which every adapter's offset alignment divides."""
+    256 bytes (64 f32, 128 f16: an even count, so a packed f16 range starts on a word), which every
+    adapter's offset alignment divides."""
     plan = {}
     for i, b in enumerate(k.buffers):
         if not all(d.is_const for d in b.shape):
@@ -32,9 +41,15 @@ def split_plan(k, max_binding: int) -> dict[int, tuple[int, int]]:
             if b in k.written:
                 raise ValueError(f"{k.name}: output {b.name} ({elems * size} bytes) exceeds one storage binding "
                                  f"({max_binding} bytes)")
-            chunk = max(64, (max_binding // size) // 64 * 64)
+            align = OFFSET_ALIGN // size
+            chunk = max(align, (max_binding // size) // align * align)
             plan[i] = (chunk, -(-elems // chunk))
     return plan
+
+
+def split_bytes(k, max_binding: int) -> dict[int, tuple[int, int]]:
+    """split_plan in bytes, as the runtime binds ranges: buffer index -> (bytes per range, ranges)."""
+    return {i: (chunk * ITEMSIZE[k.buffers[i].dtype], parts) for i, (chunk, parts) in split_plan(k, max_binding).items()}
 
 
 class WGSLRenderer(CStyleRenderer):
@@ -44,10 +59,17 @@ class WGSLRenderer(CStyleRenderer):
     float_max = float_min = int_max = int_min = ""
     indent = "  "
 
-    def __init__(self, max_binding: int = 1 << 31, max_buffers: int = 1 << 30):
+    def __init__(self, max_binding: int = 1 << 31, max_buffers: int = 1 << 30, packed_f16: bool = False):
         super().__init__()
-        self.max_binding, self.max_buffers = max_binding, max_buffers
+        self.max_binding, self.max_buffers, self.packed_f16 = max_binding, max_buffers, packed_f16
         self.split: dict = {}
+        self.kernel_name = ""
+
+    def ctype(self, dtype: str) -> str:
+        if dtype == "float16" and self.packed_f16:  # storage buffers are declared in kernel(); nothing else may be f16
+            raise ValueError(f"{self.kernel_name} computes in float16, which the variant without shader-f16 "
+                             "cannot express (it only reads f16 from storage)")
+        return super().ctype(dtype)
 
     def literal(self, v: V) -> str:
         x = v.arg
@@ -60,7 +82,7 @@ class WGSLRenderer(CStyleRenderer):
         x = float(x)
         if math.isinf(x):
             return "bitcast<f32>(0x7f800000u)" if x > 0 else "bitcast<f32>(0xff800000u)"
-        return f"{x!r}" if v.dtype == "float32" else f"{x!r}h"
+        return f"{x!r}" if v.dtype == "float32" else f"{self.ctype('float16')}({x!r})"
 
     def cast(self, dtype: str, inner: str) -> str:
         return f"{self.ctype(dtype)}({inner})"
@@ -74,8 +96,8 @@ class WGSLRenderer(CStyleRenderer):
     def value(self, v: V) -> str:
         if v.op in ("shr", "shl"):  # WGSL shifts take a u32 amount
             return f"({self.value(v.src[0])} {'>>' if v.op == 'shr' else '<<'} u32({self.value(v.src[1])}))"
-        if v.op == "load" and v.dtype == "float16":  # computed in f32; f16 is storage (shader-f16)
-            return f"f32({super().value(v)})"
+        if v.op == "load" and v.dtype == "float16":  # computed in f32; f16 is storage
+            return super().value(v) if self.packed_f16 else f"f32({super().value(v)})"
         if v.op in ("max", "min"):
             return f"{v.op}({self.value(v.src[0])}, {self.value(v.src[1])})"
         if v.op == "erf":
@@ -101,7 +123,7 @@ class WGSLRenderer(CStyleRenderer):
         return f"let {self.sv(st.var)} = {expr};"
 
     def load(self, buf, indices) -> str:
-        if buf in self.split:
+        if buf in self.split or (self.packed_f16 and buf.dtype == "float16"):
             return f"ld_{self.name(buf, buf.name)}({self.flat_index(buf, indices)})"
         return super().load(buf, indices)
 
@@ -122,21 +144,25 @@ class WGSLRenderer(CStyleRenderer):
         decls = []
         plan = split_plan(k, self.max_binding)
         self.split = {k.buffers[i]: v for i, v in plan.items()}
+        self.kernel_name = k.name
         binding = 0
         for i, b in enumerate(k.buffers):
             access = "read_write" if b in k.written else "read"
-            name, ty = self.name(b, b.name), self.ctype(b.dtype)
-            if i not in plan:
+            packed = self.packed_f16 and b.dtype == "float16"
+            if packed and b in k.written:
+                raise ValueError(f"{k.name} writes the float16 buffer {b.name}; the variant without shader-f16 "
+                                 "only reads f16 (store float32 instead)")
+            name, ty = self.name(b, b.name), "u32" if packed else self.ctype(b.dtype)
+            if i not in plan and not packed:
                 decls.append(f"@group(0) @binding({binding}) var<storage, {access}> {name}: array<{ty}>;")
                 binding += 1
                 continue
-            chunk, parts = plan[i]
-            for p in range(parts):
-                decls.append(f"@group(0) @binding({binding}) var<storage, read> {name}_{p}: array<{ty}>;")
+            chunk, parts = plan.get(i, (0, 1))
+            ranges = [name] if i not in plan else [f"{name}_{p}" for p in range(parts)]
+            for r in ranges:
+                decls.append(f"@group(0) @binding({binding}) var<storage, read> {r}: array<{ty}>;")
                 binding += 1
-            body = "".join(f"  if (c == {p}) {{ return {name}_{p}[o]; }}\n" for p in range(parts - 1))
-            decls.append(f"fn ld_{name}(i: i32) -> {ty} {{\n  let c = i / {chunk};\n  let o = i - c * {chunk};\n"
-                         f"{body}  return {name}_{parts - 1}[o];\n}}")
+            decls.append(self.load_fn(name, ty, ranges, chunk))
         if binding > self.max_buffers:
             raise ValueError(f"{k.name} needs {binding} storage bindings, more than the target's "
                              f"{self.max_buffers} (maxStorageBuffersPerShaderStage)")
@@ -160,12 +186,26 @@ class WGSLRenderer(CStyleRenderer):
         body = self.stmt(k.body, 1)
         return "\n".join(decls + [head] + unpack + body + ["}"]) + "\n"
 
+    @staticmethod
+    def load_fn(name: str, ty: str, ranges: list[str], chunk: int) -> str:
+        """`ld_<name>(i)`: element i of a buffer of `ty` bound as `ranges` (consecutive, `chunk` elements each but
+        the last); a u32 buffer here is packed f16, read as f32."""
+        def get(r: str, i: str) -> str:
+            return f"unpack2x16float({r}[u32({i}) >> 1u])[u32({i}) & 1u]" if ty == "u32" else f"{r}[{i}]"
+        out = "f32" if ty == "u32" else ty
+        if len(ranges) == 1:
+            return f"fn ld_{name}(i: i32) -> {out} {{\n  return {get(ranges[0], 'i')};\n}}"
+        body = "".join(f"  if (c == {p}) {{ return {get(r, 'o')}; }}\n" for p, r in enumerate(ranges[:-1]))
+        return (f"fn ld_{name}(i: i32) -> {out} {{\n  let c = i / {chunk};\n  let o = i - c * {chunk};\n"
+                f"{body}  return {get(ranges[-1], 'o')};\n}}")
+
     def module(self, kernels) -> str:
-        needs_f16 = any(b.dtype == "float16" for k in kernels for b in k.buffers)
+        needs_f16 = not self.packed_f16 and any(b.dtype == "float16" for k in kernels for b in k.buffers)
         return ("enable f16;\n" if needs_f16 else "") + "\n".join(self.kernel(k) for k in kernels)
 
 
-def render(kernels, target=None) -> str:
+def render(kernels, target=None, packed_f16: bool = False) -> str:
+    """packed_f16: the variant for adapters without shader-f16 (float16 buffers as packed u32 words)."""
     if target is None:
-        return WGSLRenderer().module(kernels)
-    return WGSLRenderer(target.max_storage_binding, target.max_storage_buffers).module(kernels)
+        return WGSLRenderer(packed_f16=packed_f16).module(kernels)
+    return WGSLRenderer(target.max_storage_binding, target.max_storage_buffers, packed_f16).module(kernels)

@@ -12,6 +12,11 @@ Launches are batched: consecutive launches are encoded into one compute pass (wg
 barriers between dispatches) and submitted on synchronize/download/write. Submitting per dispatch
 costs 150-550 us on lavapipe against 25-40 us batched (FACTS.md). A uniform buffer is immutable
 once made (one per distinct Params value), so batched launches with different scalars stay correct.
+
+shader-f16 is requested when the adapter has it (`has_f16`). `WebGPUDevice(f16=False)`, or the environment
+variable DEPLOYCC_WEBGPU_F16=0 where f16 is not given, leaves it off, as on adapters that lack it (SwiftShader,
+lavapipe through ANGLE): packages then run their kernels without f16 (`file_no_f16`, float16 read from packed
+u32 words), which is how those kernels are tested on an adapter that has it.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ _DECL = re.compile(r"((?:@\s*\w+\s*\(\s*\d+\s*\)\s*)+)var\s*<\s*(\w+)\s*(?:,\s*(
 _ATTR = re.compile(r"@\s*(group|binding)\s*\(\s*(\d+)\s*\)")
 _ENTRY = re.compile(r"@\s*workgroup_size\s*\(([^)]*)\)\s*(?:@\s*\w+\s*)*fn\s+(\w+)")
 _CACHE_SIZE = 1024
+F16_ENV = "DEPLOYCC_WEBGPU_F16"
 
 
 def _ensure_runtime_dir() -> None:
@@ -73,6 +79,15 @@ def _adapters(wgpu) -> list:
 
 def _norm_limits(limits) -> dict[str, int]:
     return {k.replace("-", "_"): v for k, v in dict(limits).items()}
+
+
+def _f16_wanted(f16: bool | None) -> bool:
+    if f16 is not None:
+        return f16
+    value = os.environ.get(F16_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise DeviceError(f"{F16_ENV} is {value!r}; set it to 0 (no shader-f16) or 1 (use it where the adapter has it)")
+    return value == "1"
 
 
 def enumerate_devices() -> list[dict]:
@@ -134,7 +149,8 @@ def _error_text(e: Exception) -> str:
 class WebGPUDevice(Device):
     kind = "webgpu"
 
-    def __init__(self, adapter: str | None = None, backend: str | None = None):
+    def __init__(self, adapter: str | None = None, backend: str | None = None, f16: bool | None = None):
+        """f16: request shader-f16 where the adapter has it (None: unless DEPLOYCC_WEBGPU_F16=0)."""
         wgpu = self._wgpu = _wgpu()
         adapters = _adapters(wgpu)
         summary = [a.summary for a in adapters]
@@ -148,7 +164,7 @@ class WebGPUDevice(Device):
         self.adapter = adapters[0]
         info = _info(self.adapter)
         self.name = f"{info.get('device') or self.adapter.summary} ({info.get('backend_type')})"
-        features = [f for f in FEATURES if f in self.adapter.features]
+        features = [f for f in FEATURES if f in self.adapter.features and (f != "shader-f16" or _f16_wanted(f16))]
         self.device = self._request(features)
         self.has_f16 = "shader-f16" in self.device.features
         self.has_subgroups = "subgroup" in self.device.features
@@ -261,8 +277,9 @@ class WebGPUDevice(Device):
         return module, bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]), bindings
 
     def _bind_group(self, kernel: Kernel, bufs: list, ints: list[int]):
-        ranges = tuple((b.buffer.handle, b.offset, b.size) if isinstance(b, BufferRange) else (b.handle, 0, b.handle.size)
-                       for b in bufs)
+        # a storage binding's size is a multiple of 4: the last range of an f16 weight may end mid-word
+        ranges = tuple((b.buffer.handle, b.offset, min(-(-b.size // 4) * 4, b.buffer.handle.size - b.offset))
+                       if isinstance(b, BufferRange) else (b.handle, 0, b.handle.size) for b in bufs)
         handles = tuple(r[0] for r in ranges)
         params = _params_bytes(ints) if kernel.meta["has_params"] else b""
         key = (id(kernel.meta["layout"]), tuple((id(h), o, n) for h, o, n in ranges), params)

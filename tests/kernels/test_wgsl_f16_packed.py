@@ -1,0 +1,192 @@
+"""WGSL without shader-f16: float16 buffers declared as packed u32 words and read with unpack2x16float
+(targets/wgsl.py packed_f16). The packed modules never name f16; on lavapipe (which has shader-f16, forced off
+here with WebGPUDevice(f16=False) / DEPLOYCC_WEBGPU_F16=0) they give the interpreter's values exactly, split
+into binding ranges too, and packages of every f16 quantization give the same logits with either variant as with
+the other and within 1e-4 of the quantized reference."""
+import json
+import re
+
+import numpy as np
+import pytest
+from conftest import require_device
+
+import deploycc
+from deploycc import presets
+from deploycc.execute import KernelRunner
+from deploycc.ir import tir
+from deploycc.ir.kernel import scheduled
+from deploycc.ir.tir_interp import run_program
+from deploycc.schedule import schedule_program
+from deploycc.targets.wgsl import render
+from fixtures import make_tiny
+
+F16_TYPE = re.compile(r"\bf16\b|\benable\b")  # the f16 type (or the enable directive) anywhere in a source
+IDS = [3, 1, 4, 1, 5, 9, 2]
+
+
+def pick_program(rows: int, cols: int) -> tir.TensorProgram:
+    """out[r, j] = s[r, cols-1 - j*(cols//2)] * s[r, j], j < 2: halves at both positions of a word (cols odd)."""
+    S = tir.Buffer("s", (rows, cols), "float16")
+    O = tir.Buffer("out", (rows, 2), "float32")
+    its = tir.iters("r j", (rows, 2))
+    r, j = (tir.v(i) for i in its)
+    far = tir.cast("float32", S[r, (cols - 1) - j * (cols // 2)])
+    body = tir.Block("pick", its, tir.Store(O, (r, j), far * tir.cast("float32", S[r, j])))
+    return tir.TensorProgram("pick", (S, O), body)
+
+
+def halve_program(n: int) -> tir.TensorProgram:
+    """out[i] = half(x[i] / 2): a kernel that writes float16."""
+    X = tir.Buffer("x", (n,), "float32")
+    O = tir.Buffer("out", (n,), "float16")
+    its = tir.iters("i", (n,))
+    i = tir.v(its[0])
+    return tir.TensorProgram("halve", (X, O), tir.Block("halve", its, tir.Store(O, (i,), tir.cast("float16", X[i] * 0.5))))
+
+
+def kernels_of(prog, target):
+    return list(scheduled(schedule_program(prog, target)).kernels)
+
+
+def test_packed_variant_reads_words_and_never_names_f16():
+    target = presets.load("cpu-webgpu").target
+    kernels = kernels_of(pick_program(41, 63), target)
+    native, packed = render(kernels, target), render(kernels, target, packed_f16=True)
+    assert native.startswith("enable f16;") and "array<f16>" in native
+    assert not F16_TYPE.search(packed), packed
+    assert "var<storage, read> s: array<u32>;" in packed
+    assert "unpack2x16float(s[u32(i) >> 1u])[u32(i) & 1u]" in packed
+
+
+def test_packed_variant_refuses_a_kernel_that_writes_f16():
+    target = presets.load("cpu-webgpu").target
+    kernels = kernels_of(halve_program(10), target)
+    assert "array<f16>" in render(kernels, target)
+    with pytest.raises(ValueError, match="writes the float16 buffer out; the variant without shader-f16 only reads"):
+        render(kernels, target, packed_f16=True)
+
+
+@pytest.mark.parametrize("max_binding", [1 << 27, 512])
+@pytest.mark.parametrize("f16", [True, False])
+def test_split_ranges_read_the_same_halves(max_binding, f16):
+    """With 512-byte bindings s (41 x 63 halves, 5166 bytes) is bound as 11 ranges of 256 halves, the last
+    ending mid-word; both variants equal the interpreter exactly."""
+    from dataclasses import replace
+
+    from deploycc.runtime.devices.webgpu import WebGPUDevice
+
+    require_device("webgpu", f16=True)
+    device = WebGPUDevice(f16=f16)
+    assert device.has_f16 is f16
+    target = replace(presets.load("cpu-webgpu").target, max_storage_binding=max_binding)
+    prog = pick_program(41, 63)
+    s = np.random.default_rng(0).standard_normal((41, 63)).astype(np.float16)
+    want = [s, np.zeros((41, 2), np.float32)]
+    run_program(prog, want, [])
+    got = [s, np.zeros((41, 2), np.float32)]
+    runner = KernelRunner(device, target)
+    runner(schedule_program(prog, target), got, [])
+    np.testing.assert_array_equal(got[1], want[1])
+    (source,) = runner.sources.values()
+    assert bool(F16_TYPE.search(source)) is f16
+    assert source.count("@binding") == (12 if max_binding == 512 else 2)
+
+
+def logits(session) -> np.ndarray:
+    return np.concatenate([session.prefill(IDS, all_logits=True)] + [session.decode(t)[None] for t in (7, 8)])
+
+
+def run_both(out, monkeypatch) -> dict:
+    """{variant: logits} of the package loaded with shader-f16 and with it forced off."""
+    from deploycc.runtime.engine import Engine
+
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("DEPLOYCC_WEBGPU_F16", flag)
+        engine = Engine.load(out)
+        assert engine.device.has_f16 is (flag == "1")
+        got[engine.f16] = logits(engine)
+    return got
+
+
+@pytest.mark.parametrize("preset", ["chrome-webgpu", "cpu-webgpu"])
+@pytest.mark.parametrize("model", ["llama-gqa1", "gpt2-odd"])
+@pytest.mark.parametrize("quant", ["q4f16_1", "q0f16", "q8f16_0", "q0f32"])
+def test_package_runs_with_and_without_shader_f16(tmp_path, monkeypatch, preset, model, quant):
+    """Every kernel whose source enables f16 has a packed twin (file_no_f16) that names no f16; the engine uses
+    the twins exactly when the device lacks shader-f16; logits of both variants agree to 1e-6 (the same f32
+    arithmetic on the same halves) and with the quantized reference to 1e-4. q0f32 has no f16 at all."""
+    from deploycc.package import compile_model
+
+    require_device("webgpu", f16=True)
+    path = str(make_tiny(model))
+    out = compile_model(path, preset, quantization=quant, out=str(tmp_path / "pkg"), context_window=32)
+    manifest = json.loads((out / "manifest.json").read_text())
+    entries = manifest["kernels"]["entries"].values()
+    for e in entries:
+        native = (out / e["file"]).read_text()
+        assert ("file_no_f16" in e) == ("enable f16;" in native)
+        if "file_no_f16" in e:
+            assert e["file_no_f16"] == e["file"].replace(".wgsl", ".nof16.wgsl") and e["file_no_f16"] in manifest["files"]
+            assert not F16_TYPE.search((out / e["file_no_f16"]).read_text())
+    got = run_both(out, monkeypatch)
+    want = logits(deploycc.reference_session(deploycc.load_model(path), context_window=32, quantization=quant))
+    if quant == "q0f32":
+        assert list(got) == ["none"] and not any("file_no_f16" in e for e in entries)
+        np.testing.assert_allclose(got["none"], want, atol=1e-4, rtol=0)
+        return
+    assert set(got) == {"native", "packed"}
+    np.testing.assert_allclose(got["packed"], got["native"], atol=1e-6, rtol=0)
+    for variant in got.values():
+        np.testing.assert_allclose(variant, want, atol=1e-4, rtol=0)
+
+
+def test_split_f16_weights_package(tmp_path, monkeypatch):
+    """q0f16 with 4 KiB bindings: f16 weights are bound as ranges of 2048 halves (4096 bytes, as the manifest
+    says) in both variants, and both match the reference."""
+    from deploycc.package import compile_model
+
+    require_device("webgpu", f16=True)
+    path = str(make_tiny("llama-gqa1"))
+    out = compile_model(path, "cpu-webgpu", quantization="q0f16", out=str(tmp_path / "pkg"), context_window=32,
+                        overrides=("target.max_storage_binding=4096",))
+    entries = json.loads((out / "manifest.json").read_text())["kernels"]["entries"]
+    split_f16 = [(e["split"][i], e) for e in entries.values() for i in e.get("split", {})
+                 if e["args"]["buffers"][int(i)]["dtype"] == "float16"]
+    assert split_f16 and all(r == [4096, r[1]] and r[1] >= 2 and "file_no_f16" in e for r, e in split_f16)
+    got = run_both(out, monkeypatch)
+    want = logits(deploycc.reference_session(deploycc.load_model(path), context_window=32, quantization="q0f16"))
+    for variant in got.values():
+        np.testing.assert_allclose(variant, want, atol=1e-4, rtol=0)
+
+
+def test_a_package_without_the_packed_kernels_says_to_recompile(tmp_path, monkeypatch):
+    """A package from before file_no_f16, on a device without shader-f16: one line that says to recompile."""
+    from bad_inputs.common import reseal
+
+    from deploycc.package import compile_model
+    from deploycc.runtime.engine import Engine
+    from deploycc.runtime.package import PackageError
+
+    require_device("webgpu", f16=True)
+    out = compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", quantization="q4f16_1",
+                        out=str(tmp_path / "pkg"), context_window=32)
+    m = json.loads((out / "manifest.json").read_text())
+    for e in m["kernels"]["entries"].values():
+        e.pop("file_no_f16", None)
+    (out / "manifest.json").write_text(json.dumps(m))
+    reseal(out)
+    assert Engine.load(out).f16 == "native"
+    monkeypatch.setenv("DEPLOYCC_WEBGPU_F16", "0")
+    with pytest.raises(PackageError, match=r"need shader-f16, which .* lacks, .* recompile it$") as e:
+        Engine.load(out)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_f16_switch_is_one_line(monkeypatch):
+    from deploycc.runtime.devices import DeviceError, open_device
+
+    require_device("webgpu")
+    monkeypatch.setenv("DEPLOYCC_WEBGPU_F16", "no")
+    with pytest.raises(DeviceError, match="DEPLOYCC_WEBGPU_F16 is 'no'; set it to 0"):
+        open_device("webgpu")
