@@ -171,6 +171,10 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk))
     step("compile")
     lowered, plans = lower_to_vm(exported, preset.target, chunk)
+    cfg = model.config
+    kv_cache = {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+                "dtype": "float32", **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {}),
+                "pool": exported.attrs["pool"]}
 
     staging = Staging(out_dir)
     with staging as tmp:
@@ -178,6 +182,11 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
         except ValueError as e:  # a target limit the kernels cannot meet
             raise DeployError(f"{e}; choose a preset with larger limits") from None
+        if preset.target.kind == "webgpu":  # what the adapter must allow, held to the target before the weights
+            from .targets import webgpu_limits
+
+            buffers = webgpu_limits.allocations(lowered.storages, kv_cache, {"context_window": ctx, "prefill_chunk": chunk})
+            kernel_files["requires"] = webgpu_limits.check(list(lowered.kernels.values()), preset.target, buffers)
         if preset.target.kind == "cpu":
             step("native")
             kernel_files["native"] = _write_native(tmp, lowered, kernel_files["entries"], preset)
@@ -192,7 +201,6 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (tmp / "__main__.py").write_text(MAIN)
         (tmp / "bytecode.json").write_text(json.dumps(lowered.bytecode, indent=1))
-        cfg = model.config
         manifest = {
             "format": "deploycc-package", "format_version": FORMAT_VERSION,
             "model": {"architecture": model.architecture, "source": str(source), "hf_config": model.hf_config},
@@ -201,10 +209,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             "preset": {"name": preset.name, "backend": preset.backend, "description": preset.description},
             "target": preset.target.to_dict(),
             "bounds": {"context_window": ctx, "prefill_chunk": chunk},
-            "kv_cache": {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads,
-                         "head_dim": cfg.head_dim, "dtype": "float32",
-                         **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {}),
-                         "pool": exported.attrs["pool"]},
+            "kv_cache": kv_cache,
             "vocab_size": cfg.vocab_size,
             "storages": lowered.storages,
             "memory": _memory_summary(plans, lowered, params_index, cfg, ctx),

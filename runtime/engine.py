@@ -36,6 +36,9 @@ class Engine:
         self.context_window = b["context_window"]
         self.prefill_chunk = b["prefill_chunk"]
         self.vocab_size = manifest.get("vocab_size")
+        requires = manifest["kernels"].get("requires")  # packages before deploycc stated them have none
+        if requires is not None and manifest["target"]["kind"] == "webgpu":
+            device.check_limits(requires)
         t0 = time.perf_counter()
         self.f16: str | None = None  # WebGPU: "native" (shader-f16), "packed" (f16 read from u32 words) or "none"
         kernels = self._build_kernels()

@@ -48,8 +48,8 @@ MAX_NAME = 512
 # targets/base.py: Target and its RANGES (the runtime cannot import the compiler)
 TARGET_INTS = {"max_threads_per_block": (1, 4096), "threads_per_block": (1, 4096), "subgroup_size": (1, 128),
                "max_shared_memory": (1, 1 << 30), "max_storage_binding": (4, 1 << 48), "max_storage_buffers": (4, 1024),
-               "max_grid": (1, INT32_MAX), "row_tile_m": (1, 64), "row_tile_n": (1, 16), "memory_bytes": (0, 1 << 50),
-               "vector_width": (1, 16), "num_threads": (0, 256)}
+               "max_buffer_size": (4, 1 << 48), "max_grid": (1, INT32_MAX), "row_tile_m": (1, 64), "row_tile_n": (1, 16),
+               "memory_bytes": (0, 1 << 50), "vector_width": (1, 16), "num_threads": (0, 256)}
 TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math", "integer_matmuls")
 _ARCH = re.compile(r"(sm_\d{2,3}[a-z]?)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -298,9 +298,24 @@ def _check_kernels(m: dict) -> None:
             f = need_str(e["file_no_f16"], f"{where}.file_no_f16", hi=1024)
             if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".wgsl"):
                 fail(f"{where}.file_no_f16", f"is {show(f)}, not a .wgsl file of the package's kernels/ listed in files")
+    if "requires" in k:
+        _check_requires(k["requires"], kind)
     if kind == "cpu":
         _check_native(m, need_dict(k.get("native"), f"{M} kernels.native",
                                    ("library", "isa", "cpu_flags", "weights", "functions")))
+
+
+def _check_requires(req, kind: str) -> None:
+    """WebGPU limits the package needs, by their spec names (targets/webgpu_limits.py)."""
+    from .devices.webgpu import LIMITS
+
+    where = f"{M} kernels.requires"
+    if kind != "webgpu":
+        fail(where, "states WebGPU limits, but the package is for " + kind)
+    for name, v in need_dict(req, where).items():
+        if name not in LIMITS:
+            fail(where, f"has {show(name)}, not one of the WebGPU limits {', '.join(LIMITS)}")
+        need_int(v, f"{where}.{name}", 0, MAX_BYTES)
 
 
 def _check_native(m: dict, n: dict) -> None:

@@ -24,6 +24,7 @@ RANGES = {
     "max_shared_memory": (1, 1 << 30),
     "max_storage_binding": (4, 1 << 48),
     "max_storage_buffers": (4, 1024),
+    "max_buffer_size": (4, 1 << 48),
     "max_grid": (1, (1 << 31) - 1),
     "row_tile_m": (1, 64),
     "row_tile_n": (1, 16),
@@ -48,6 +49,8 @@ class Target:
     fp16_arithmetic: bool = False  # compute in half (else store half, compute float)
     max_storage_binding: int = 1 << 31  # bytes in one buffer binding (WebGPU: maxStorageBufferBindingSize)
     max_storage_buffers: int = 8  # storage bindings per shader stage (WebGPU: maxStorageBuffersPerShaderStage)
+    # bytes in one buffer (WebGPU: maxBufferSize): every weight, KV-cache layer and planned storage is one buffer
+    max_buffer_size: int = 1 << 48
     max_grid: int = 65535  # groups per grid dimension
     arch: str = ""  # CUDA: sm_90 ...
     # Shared-memory tiles for prefill matmuls. Off for CPU OpenCL: PoCL runs work-group barriers

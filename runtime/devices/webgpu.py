@@ -17,6 +17,9 @@ shader-f16 is requested when the adapter has it (`has_f16`). `WebGPUDevice(f16=F
 variable DEPLOYCC_WEBGPU_F16=0 where f16 is not given, leaves it off, as on adapters that lack it (SwiftShader,
 lavapipe through ANGLE): packages then run their kernels without f16 (`file_no_f16`, float16 read from packed
 u32 words), which is how those kernels are tested on an adapter that has it.
+
+A package states what it needs of the adapter in WebGPU's limit names (manifest kernels.requires, LIMITS);
+`check_limits` refuses one that needs more than this device allows, naming the limit and the preset key.
 """
 from __future__ import annotations
 
@@ -41,6 +44,11 @@ _ATTR = re.compile(r"@\s*(group|binding)\s*\(\s*(\d+)\s*\)")
 _ENTRY = re.compile(r"@\s*workgroup_size\s*\(([^)]*)\)\s*(?:@\s*\w+\s*)*fn\s+(\w+)")
 _CACHE_SIZE = 1024
 F16_ENV = "DEPLOYCC_WEBGPU_F16"
+# WebGPU limit (GPUSupportedLimits, as in manifest kernels.requires) -> the target key that bounds it in a preset
+LIMITS = {"maxComputeInvocationsPerWorkgroup": "max_threads_per_block", "maxComputeWorkgroupSizeX": "max_threads_per_block",
+          "maxComputeWorkgroupStorageSize": "max_shared_memory", "maxStorageBuffersPerShaderStage": "max_storage_buffers",
+          "maxStorageBufferBindingSize": "max_storage_binding", "maxBufferSize": "max_buffer_size",
+          "maxComputeWorkgroupsPerDimension": "max_grid"}
 
 
 def _ensure_runtime_dir() -> None:
@@ -79,6 +87,11 @@ def _adapters(wgpu) -> list:
 
 def _norm_limits(limits) -> dict[str, int]:
     return {k.replace("-", "_"): v for k, v in dict(limits).items()}
+
+
+def snake(limit: str) -> str:
+    """maxStorageBufferBindingSize -> max_storage_buffer_binding_size (wgpu-py's spelling, after _norm_limits)."""
+    return re.sub(r"([A-Z])", r"_\1", limit).lower()
 
 
 def _f16_wanted(f16: bool | None) -> bool:
@@ -190,6 +203,14 @@ class WebGPUDevice(Device):
             except Exception as e:  # noqa: BLE001 - wgpu raises several error types for refused limits
                 err = e
         raise DeviceError(f"WebGPU device request failed on {self.name}: {_error_text(err)}")
+
+    def check_limits(self, requires: dict[str, int]) -> None:
+        """Refuse a package that needs more of a limit than this device allows (manifest kernels.requires)."""
+        for limit, need in requires.items():
+            have = self.limits.get(snake(limit))
+            if have is not None and need > have:
+                raise DeviceError(f"this package needs {limit} {need}, adapter {self.name} allows {have}; "
+                                  f"compile for a preset with {LIMITS[limit]}: {have}")
 
     # -- memory ----------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
