@@ -105,6 +105,9 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
     click.echo(f"{summary['preset']} ({summary['backend']}), {summary['quantization']}, context window "
                f"{summary['context_window']}: {summary['kernels']} kernels, weights {_size(mem['weights_bytes'])}, "
                f"KV cache {_size(mem['kv_cache_bytes'])}, activations {_size(mem['activation_bytes'])}")
+    if summary["web"]:
+        click.echo(f"web bundle: `python -m http.server -b 127.0.0.1 -d {path}`, then open http://127.0.0.1:8000/ "
+                   f"(a browser with WebGPU)")
 
 
 def _source(model: str) -> str:
@@ -120,7 +123,7 @@ def _package_summary(path: Path, manifest: dict) -> dict:
             "head_quantization": manifest.get("head_quantization", manifest["quantization"]),
             "context_window": manifest["bounds"]["context_window"],
             "prefill_chunk": manifest["bounds"]["prefill_chunk"], "kernels": len(manifest["kernels"]["entries"]),
-            "memory": manifest.get("memory", {})}
+            "memory": manifest.get("memory", {}), "web": "index.html" in manifest["files"]}
 
 
 def _size(n) -> str:

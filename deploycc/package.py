@@ -60,7 +60,7 @@ def apply_overrides(preset: presets.Preset, overrides: list[str]) -> presets.Pre
     if not overrides:
         return preset
     data = {"name": preset.name, "description": preset.description, "target": preset.target.to_dict(),
-            "runtime": {"backend": preset.backend}, "quantization": preset.quantization,
+            "runtime": {"backend": preset.backend, "web": preset.web}, "quantization": preset.quantization,
             "context_window": preset.context_window, "prefill_chunk": preset.prefill_chunk,
             "max_num_sequences": preset.max_num_sequences, "kv_pool_tokens": preset.kv_pool_tokens}
     for item in overrides:
@@ -70,8 +70,8 @@ def apply_overrides(preset: presets.Preset, overrides: list[str]) -> presets.Pre
         parsed = _parse(value)
         if key.startswith("target."):
             data["target"][key.split(".", 1)[1]] = parsed
-        elif key == "backend":
-            data["runtime"]["backend"] = parsed
+        elif key in ("backend", "web"):
+            data["runtime"][key] = parsed
         else:
             data[key] = parsed
     return replace(presets.from_dict(data, f"--override on preset {preset.name}"), source=preset.source)
@@ -200,6 +200,10 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         shutil.copytree(Path(_runtime.__file__).resolve().parent, tmp / "runtime",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (tmp / "__main__.py").write_text(MAIN)
+        if preset.web:
+            from .web import write_bundle
+
+            write_bundle(tmp)
         (tmp / "bytecode.json").write_text(json.dumps(lowered.bytecode, indent=1))
         manifest = {
             "format": "deploycc-package", "format_version": FORMAT_VERSION,

@@ -21,7 +21,7 @@ from .targets.base import Target
 
 TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk",
             "max_num_sequences", "kv_pool_tokens"}
-RUNTIME_KEYS = {"backend"}
+RUNTIME_KEYS = {"backend", "web"}
 BACKENDS = ("opencl", "webgpu", "cuda", "cpu", "host")
 # Tokens of KV cache per sequence, and tokens per prefill step: the symbolic bounds every memory
 # plan and kernel is compiled for; past these a plan is gigabytes for one sequence.
@@ -47,6 +47,7 @@ class Preset:
     source: str = ""
     max_num_sequences: int = 16
     kv_pool_tokens: int = 0
+    web: bool = False  # also write the browser bundle (deploycc/web): webgpu presets only
 
 
 def names() -> list[str]:
@@ -155,6 +156,11 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     backend = runtime.get("backend", target.kind)
     if backend not in BACKENDS:
         raise DeployError(f"{where}: runtime backend '{backend}' is not one of {', '.join(BACKENDS)}")
+    web = runtime.get("web", False)
+    if not isinstance(web, bool):
+        raise DeployError(f"{where}: runtime 'web' must be true or false, not {web!r}")
+    if web and target.kind != "webgpu":
+        raise DeployError(f"{where}: runtime 'web: true' (a browser bundle) needs target kind webgpu, not {target.kind}")
     for k, (lo, hi) in (("context_window", CONTEXT_WINDOW), ("prefill_chunk", PREFILL_CHUNK),
                         ("max_num_sequences", MAX_NUM_SEQUENCES), ("kv_pool_tokens", KV_POOL_TOKENS)):
         if k in data:
@@ -167,4 +173,4 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     return Preset(str(data["name"]), str(data.get("description", "")), target, backend,
                   str(data.get("quantization", "q0f32")), int(data.get("context_window", 4096)),
                   int(data.get("prefill_chunk", 512)), where, int(data.get("max_num_sequences", 16)),
-                  int(data.get("kv_pool_tokens", 0)))
+                  int(data.get("kv_pool_tokens", 0)), web)

@@ -81,6 +81,7 @@ def test_wheel_holds_every_subpackage_and_preset(wheel):
     assert "deploycc.quantization" in packages and "deploycc.runtime.devices" in packages
     presets = {Path(n).name for n in names if n.startswith("deploycc/configs/") and n.endswith(".yaml")}
     assert presets == {p.name for p in (ROOT / "configs").glob("*.yaml")}
+    assert {"deploycc/web/deploycc.js", "deploycc/web/index.html"} <= set(names)  # the browser bundle's sources
     assert not [n for n in names if n.split("/")[0] in ("targets", "models", "runtime", "configs", "tests")]
 
 

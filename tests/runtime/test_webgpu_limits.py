@@ -84,7 +84,7 @@ def test_a_buffer_over_max_buffer_size_is_a_compile_error(tmp_path, ctx, chunk, 
     out = tmp_path / "pkg"
     with pytest.raises(DeployError, match=rf"^{fragment}, more than the target's max_buffer_size {limit} "
                                           rf"\(WebGPU's maxBufferSize\); {hint}") as e:
-        compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", out=str(out), context_window=ctx,
+        compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", out=str(out), context_window=ctx,
                       overrides=(f"target.max_buffer_size={limit}", f"prefill_chunk={chunk}"))
     assert "\n" not in str(e.value) and not out.exists()
 
