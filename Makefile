@@ -9,8 +9,9 @@ PYTEST_ARGS ?=
 
 # Debian packages for the device backends: PoCL 3.1 (faster than pip's PoCL 3.0) and the Vulkan lavapipe
 # adapter for WebGPU (without it wgpu finds only the OpenGL adapter: no shader-f16, no subgroups); gcc for
-# the cpu target's kernels (native C compiled into each package).
-SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev
+# the cpu target's kernels (native C compiled into each package); Chromium for the web bundle's tests
+# (headless, WebGPU on its SwiftShader adapter; Playwright drives it, with no browser download).
+SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev chromium fonts-liberation
 
 .PHONY: install system-deps test test-fast demo model lint clean
 
@@ -30,7 +31,7 @@ system-deps:
 	echo "apt-get install$$missing"; \
 	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends $$missing \
-	|| echo "warning: could not install$$missing; OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter"
+	|| echo "warning: could not install$$missing; OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter, and the browser tests have no Chromium"
 
 install: $(STAMP)
 

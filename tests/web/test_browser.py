@@ -1,0 +1,196 @@
+"""The browser bundle (`--device chrome-webgpu`) in headless Chromium: Debian's chromium on its SwiftShader
+adapter (no shader-f16), driven by Playwright, the bundle served from 127.0.0.1 by a static file server.
+
+Checked: prefill (every position) and decode logits of tiny models within 1e-3 of the numpy reference,
+with f16 weights read through the packed path; a damaged weight file refused with a one-line message;
+a second load served from the Cache API without fetching weights; a storage quota too small for the
+weights leaves no cache behind and the model still runs; and (marked `model`) SmolLM2 4-bit greedy
+token ids equal to the Python package's for several prompts, and the chat page after an answer
+(screenshot in $DEPLOYCC_ARTIFACTS, default .artifacts/).
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import missing, require_module
+
+from deploycc.package import compile_model
+from deploycc.session import reference_session
+from fixtures import make_tiny
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")
+FLAGS = ["--enable-unsafe-webgpu", "--no-sandbox", "--disable-dev-shm-usage"]
+IDS = [3, 17, 5, 42, 8, 1, 29, 11]
+TOL = 1e-3  # max |logit difference| against the numpy reference (f32 accumulation in another order)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+class Server:
+    """A static file server on 127.0.0.1 (a secure context, as WebGPU and crypto.subtle need) for package dirs."""
+
+    def __init__(self, root: Path):
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def url(self, package: str, query: str = "") -> str:
+        return f"{self.base}/{package}/index.html{query}"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    server = Server(root)
+    yield root, server
+    server.httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = require_module("playwright.sync_api")
+    exe = next((p for p in CHROMIUM if os.path.exists(p)), None)
+    if exe is None:
+        missing("Debian's chromium is not installed (apt-get install chromium; `make test` installs it)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=FLAGS)
+        yield b
+        b.close()
+
+
+def open_chat(browser, url: str, context=None, timeout_s: float = 300):
+    """A page of the bundle once its engine loaded (or failed): (page, error or None, requested URLs)."""
+    page = (context or browser).new_page()
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(url)
+    page.wait_for_function("window.deploycc && (window.deploycc.engine || window.deploycc.error)",
+                           timeout=timeout_s * 1000)
+    return page, page.evaluate("window.deploycc.error"), requests
+
+
+LOGITS = """async (ids) => { const e = window.deploycc.engine; e.reset();
+  const all = await e.prefill(ids, {allLogits: true}); const dec = await e.decode(ids[0]);
+  return {all: Array.from(all), dec: Array.from(dec), f16: e.gpu.f16, fallback: e.gpu.isFallback}; }"""
+
+
+@pytest.mark.parametrize("name, quant", [("llama-gqa1", "q0f32"), ("llama-gqa1", "q4f16_1"),
+                                         ("gemma2-gqa2-softcap", "q4f16_1"), ("qwen3-gqa2-headdim-window", "q0f16")])
+def test_tiny_logits_match_reference(site, browser, name, quant):
+    root, server = site
+    path = make_tiny(name)
+    compile_model(str(path), "chrome-webgpu", quant, context_window=64, out=str(root / f"{name}-{quant}"))
+    page, err, _ = open_chat(browser, server.url(f"{name}-{quant}"))
+    assert err is None
+    got = page.evaluate(LOGITS, IDS)
+    page.close()
+    ref = reference_session(str(path), context_window=64, quantization=quant)
+    want_all = ref.prefill(IDS, all_logits=True)
+    want_dec = ref.decode(IDS[0])
+    all_ = np.array(got["all"]).reshape(want_all.shape)
+    assert np.abs(all_ - want_all).max() < TOL
+    assert np.abs(np.array(got["dec"]) - want_dec).max() < TOL
+    assert got["fallback"]  # SwiftShader: the adapter this test is about
+    assert got["f16"] == ("none" if quant == "q0f32" else "packed")  # SwiftShader has no shader-f16
+
+
+def test_damaged_weights_refused(site, browser):
+    root, server = site
+    out = root / "damaged"
+    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(out))
+    shard = next((out / "params").glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    page, err, _ = open_chat(browser, server.url("damaged"))
+    assert err is not None and "does not match the manifest's SHA-256" in err and "\n" not in err
+    assert "Could not load" in page.inner_text("#loadText")
+    page.close()
+
+
+def test_second_load_from_cache_api(site, browser):
+    root, server = site
+    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q4f16_1", context_window=64, out=str(root / "cached"))
+    context = browser.new_context()
+    first, err, req1 = open_chat(browser, server.url("cached"), context)
+    assert err is None
+    a = first.evaluate(LOGITS, IDS)
+    load1 = first.evaluate("window.deploycc.engine.load")
+    first.close()
+    second, err, req2 = open_chat(browser, server.url("cached"), context)
+    assert err is None
+    load2 = second.evaluate("window.deploycc.engine.load")
+    b = second.evaluate(LOGITS, IDS)
+    second.close()
+    context.close()
+    assert any("/params/" in u for u in req1) and not any("/params/" in u for u in req2)
+    assert any(f.startswith("params/") for f in load1["fetched"])
+    assert load2["fetched"] == [] and any(f.startswith("params/") for f in load2["cached"])
+    assert a["all"] == b["all"] and a["dec"] == b["dec"]
+
+
+def test_quota_too_small_leaves_no_cache(site, browser):
+    root, server = site
+    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(root / "quota"))
+    context = browser.new_context()
+    page = context.new_page()
+    cdp = context.new_cdp_session(page)
+    cdp.send("Storage.overrideQuotaForOrigin", {"origin": server.base, "quotaSize": 64 * 1024})
+    page.goto(server.url("quota"))
+    page.wait_for_function("window.deploycc && (window.deploycc.engine || window.deploycc.error)", timeout=120000)
+    assert page.evaluate("window.deploycc.error") is None
+    msg = page.evaluate("window.deploycc.engine.load.cacheError")
+    assert msg and "storage quota" in msg and "runs from memory" in msg
+    assert page.evaluate("caches.keys()") == []  # nothing half-cached
+    got = page.evaluate(LOGITS, IDS)
+    assert np.isfinite(got["all"]).all()
+    assert "storage quota" in page.inner_text("#loadText")
+    context.close()
+
+
+@pytest.mark.model
+def test_smollm2_chat_matches_python_package(site, browser, smollm2_path):
+    """SmolLM2-135M-Instruct q4f16_1 (f16 scales read packed on SwiftShader) for chrome-webgpu-swiftshader: the
+    browser's greedy ids equal the Python engine's (wgpu-py on lavapipe, shader-f16 native) for each prompt."""
+    from deploycc.runtime.engine import Engine
+
+    root, server = site
+    out = root / "smollm2"
+    compile_model(smollm2_path, "chrome-webgpu-swiftshader", "q4f16_1", context_window=512, out=str(out))
+    prompts = ["What is the capital of France?", "Write a haiku about the sea.", "List three primary colors."]
+    eng = Engine.load(out)
+    want = {}
+    for p in prompts:
+        stats: dict = {}
+        "".join(eng.generate(p, max_tokens=12, stats=stats))
+        want[p] = stats["generated"]
+    page, err, _ = open_chat(browser, server.url("smollm2"))
+    assert err is None
+    assert page.evaluate("window.deploycc.engine.gpu.f16") == "packed"
+    for p in prompts:
+        got = page.evaluate("""async (p) => { const e = window.deploycc.engine; const stats = {};
+          for await (const _ of e.generate(p, {maxTokens: 12, stats})) {} return stats.generated; }""", p)
+        assert got == want[p], p
+    page.fill("#input", prompts[0])
+    page.press("#input", "Enter")
+    page.wait_for_function("window.deploycc.replies >= 1 && !window.deploycc.busy", timeout=300000)
+    reply = page.inner_text(".msg.assistant")
+    assert "Paris" in reply
+    assert "tok/s" in page.inner_text("#stats")
+    shots = Path(os.environ.get("DEPLOYCC_ARTIFACTS") or ROOT / ".artifacts")
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "chrome-webgpu-chat.png"), full_page=True)
+    page.close()
+    shutil.rmtree(out)
