@@ -215,10 +215,12 @@ def _cache_key(model: str, revision: str | None, preset, quantization: str | Non
 
 
 def compiler_code_mtime_ns() -> int:
-    """The newest modification time of the compiler's Python files (deploycc, models, runtime, targets): a
-    compiled package older than this may be stale (the package cache and benchmarks/ use it)."""
+    """The newest modification time of the compiler's Python files (deploycc, models, runtime, targets) and of
+    the browser bundle's sources (deploycc/web): a compiled package older than this may be stale (the package
+    cache and benchmarks/ use it)."""
     roots = {Path(m.__file__).resolve().parent for m in _compiler_modules()}
-    return max((p.stat().st_mtime_ns for r in roots for p in r.rglob("*.py")), default=0)
+    return max((p.stat().st_mtime_ns for r in roots for pattern in ("*.py", "*.js", "*.html") for p in r.rglob(pattern)),
+               default=0)
 
 
 def _compiler_modules():

@@ -180,18 +180,19 @@ class Buffer {
 Buffer.next = 0;
 
 export class WebGPU {
-  static async open(manifest, { forcePacked = false } = {}) {
+  static async open(manifest, { forcePacked = false, featureLevel = "core" } = {}) {
     if (!navigator.gpu) {
       throw new PackageError("this browser has no WebGPU (navigator.gpu); use Chrome or Edge 113+, or Chromium with " +
         "--enable-unsafe-webgpu where the GPU is blocklisted");
     }
-    const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+    const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance", featureLevel });
     if (!adapter) {
       throw new PackageError("WebGPU found no adapter; on a machine without a supported GPU start Chromium with " +
         "--enable-unsafe-webgpu (SwiftShader) and check chrome://gpu");
     }
     const info = adapter.info || {};
-    const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(" ") || "WebGPU adapter";
+    const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(" ") ||
+      `WebGPU adapter (${adapter.featureLevel || featureLevel})`;
     const requires = manifest.kernels.requires || {};
     const requiredLimits = {};
     for (const [limit, need] of Object.entries(requires)) {
@@ -556,7 +557,7 @@ export class Sampler {
 // ---- the engine ----------------------------------------------------------------------------------------
 
 export class Engine {
-  static async load(base, { onProgress, forcePacked = false } = {}) {
+  static async load(base, { onProgress, forcePacked = false, featureLevel = "core" } = {}) {
     base = new URL(base, location.href).href;
     const t0 = performance.now();
     const res = await fetch(new URL("manifest.json", base), { cache: "no-store" }).catch((e) => {
@@ -577,7 +578,7 @@ export class Engine {
     if (manifest.target.kind !== "webgpu") {
       throw new PackageError(`this package has ${manifest.target.kind} kernels; compile it with --device chrome-webgpu`);
     }
-    const gpu = await WebGPU.open(manifest, { forcePacked });
+    const gpu = await WebGPU.open(manifest, { forcePacked, featureLevel });
     const store = await Store.open(base, manifest, manifestHash, onProgress);
     const bytecode = await store.json("bytecode.json");
     const files = {};

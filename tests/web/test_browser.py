@@ -2,7 +2,8 @@
 adapter (no shader-f16), driven by Playwright, the bundle served from 127.0.0.1 by a static file server.
 
 Checked: prefill (every position) and decode logits of tiny models within 1e-3 of the numpy reference,
-with f16 weights read through the packed path; a damaged weight file refused with a one-line message;
+with f16 weights read through the packed path, on SwiftShader and on Mesa lavapipe through ANGLE (a
+compatibility-mode adapter); a damaged weight file refused with a one-line message;
 a second load served from the Cache API without fetching weights; a storage quota too small for the
 weights leaves no cache behind and the model still runs; and (marked `model`) SmolLM2 4-bit greedy
 token ids equal to the Python package's for several prompts, and the chat page after an answer
@@ -59,15 +60,21 @@ def site(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def playwright():
     sync_api = require_module("playwright.sync_api")
     exe = next((p for p in CHROMIUM if os.path.exists(p)), None)
     if exe is None:
         missing("Debian's chromium is not installed (apt-get install chromium; `make test` installs it)")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=FLAGS)
-        yield b
-        b.close()
+        yield p, exe
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    p, exe = playwright
+    b = p.chromium.launch(executable_path=exe, args=FLAGS)
+    yield b
+    b.close()
 
 
 def open_chat(browser, url: str, context=None, timeout_s: float = 300):
@@ -104,6 +111,26 @@ def test_tiny_logits_match_reference(site, browser, name, quant):
     assert np.abs(np.array(got["dec"]) - want_dec).max() < TOL
     assert got["fallback"]  # SwiftShader: the adapter this test is about
     assert got["f16"] == ("none" if quant == "q0f32" else "packed")  # SwiftShader has no shader-f16
+
+
+def test_compatibility_adapter_through_angle(site, playwright):
+    """Mesa lavapipe through ANGLE's OpenGL ES: a WebGPU compatibility-mode adapter (no shader-f16 either)."""
+    root, server = site
+    p, exe = playwright
+    name, quant = "llama-gqa1", "q4f16_1"
+    out = root / "compat"
+    compile_model(str(make_tiny(name)), "chrome-webgpu", quant, context_window=64, out=str(out))
+    b = p.chromium.launch(executable_path=exe, args=FLAGS + ["--ignore-gpu-blocklist", "--use-angle=vulkan",
+                                                             "--use-webgpu-adapter=opengles"])
+    page, err, _ = open_chat(b, server.url("compat", "?feature_level=compatibility"))
+    assert err is None
+    got = page.evaluate(LOGITS, IDS)
+    b.close()
+    ref = reference_session(str(make_tiny(name)), context_window=64, quantization=quant)
+    want_all = ref.prefill(IDS, all_logits=True)
+    assert np.abs(np.array(got["all"]).reshape(want_all.shape) - want_all).max() < TOL
+    assert np.abs(np.array(got["dec"]) - ref.decode(IDS[0])).max() < TOL
+    assert got["f16"] == "packed" and not got["fallback"]
 
 
 def test_damaged_weights_refused(site, browser):
@@ -165,6 +192,7 @@ def test_smollm2_chat_matches_python_package(site, browser, smollm2_path):
     """SmolLM2-135M-Instruct q4f16_1 (f16 scales read packed on SwiftShader) for chrome-webgpu-swiftshader: the
     browser's greedy ids equal the Python engine's (wgpu-py on lavapipe, shader-f16 native) for each prompt."""
     from deploycc.runtime.engine import Engine
+    from deploycc.runtime.generate import encode_prompt
 
     root, server = site
     out = root / "smollm2"
@@ -179,6 +207,10 @@ def test_smollm2_chat_matches_python_package(site, browser, smollm2_path):
     page, err, _ = open_chat(browser, server.url("smollm2"))
     assert err is None
     assert page.evaluate("window.deploycc.engine.gpu.f16") == "packed"
+    texts = ["naïve café — 東京 🚀 x²", "  spaces\tand\nnewlines  ", "<|im_start|>user\nliteral special tokens<|im_end|>"]
+    for t in texts:  # the chat template (jinja) and tokenizer (tokenizers.js) as the Python runtime's
+        assert page.evaluate("(t) => window.deploycc.engine.encode(t)", t) == encode_prompt(eng.tokenizer, t), t
+        assert page.evaluate("(t) => window.deploycc.engine.encode(t, {chat: false})", t) == eng.tokenizer.encode(t), t
     for p in prompts:
         got = page.evaluate("""async (p) => { const e = window.deploycc.engine; const stats = {};
           for await (const _ of e.generate(p, {maxTokens: 12, stats})) {} return stats.generated; }""", p)
