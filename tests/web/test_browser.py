@@ -133,6 +133,24 @@ def test_compatibility_adapter_through_angle(site, playwright):
     assert got["f16"] == "packed" and not got["fallback"]
 
 
+def test_bad_requests_are_one_line_errors(site, browser):
+    """A prompt that leaves no room in the context window, a token outside the vocabulary, no tokenizer."""
+    root, server = site
+    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(root / "bad"))
+    page, err, _ = open_chat(browser, server.url("bad"))
+    assert err is None
+    errors = page.evaluate("""async () => { const e = window.deploycc.engine; const out = [];
+      for (const f of [() => e.generate(Array.from({length: 64}, () => 5)).next(), () => e.prefill([3, 1000]),
+                       () => e.generate("hello").next()]) {
+        try { await f(); out.push(null); } catch (x) { out.push(x.message); } }
+      return out; }""")
+    page.close()
+    assert "the prompt is 64 tokens, but the context window is 64" in errors[0]
+    assert "token id 1000 is outside the vocabulary of 101" in errors[1]
+    assert "no tokenizer.json" in errors[2]
+    assert all("\n" not in e for e in errors)
+
+
 def test_damaged_weights_refused(site, browser):
     root, server = site
     out = root / "damaged"
