@@ -8,6 +8,9 @@ Starlette (served by uvicorn) answers:
   server does not implement are accepted only at their no-op value (presence_penalty 0, logprobs false, ...),
   anything else is a 400 naming the field, never silently ignored.
 - GET /v1/models, GET /health, GET /metrics (Prometheus text).
+- GET / and the package's own files, where the package has a browser bundle (`runtime.web` presets) and no
+  API key is set: the chat page then runs in the visitor's browser with WebGPU, from the same address. Only
+  the files the manifest lists (and the manifest and its seal) are served, by exact path.
 
 Requests run with continuous batching (runtime/batch.py): up to max_num_sequences at once, each in its own
 worker thread whose session joins the batched steps of the package's page pool; more wait in a bounded
@@ -356,12 +359,29 @@ class Server:
             return JSONResponse(RequestError(404, f"no route {request.method} {request.url.path}").body(),
                                 status_code=404)
 
-        return Starlette(routes=[Route("/v1/chat/completions", completion_handler("chat", "/v1/chat/completions"),
-                                       methods=["POST"]),
-                                 Route("/v1/completions", completion_handler("completion", "/v1/completions"),
-                                       methods=["POST"]),
-                                 Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics)],
-                         exception_handlers={404: not_found, 405: not_found})
+        routes = [Route("/v1/chat/completions", completion_handler("chat", "/v1/chat/completions"), methods=["POST"]),
+                  Route("/v1/completions", completion_handler("completion", "/v1/completions"), methods=["POST"]),
+                  Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics)]
+        return Starlette(routes=routes + self.bundle_routes(), exception_handlers={404: not_found, 405: not_found})
+
+    def bundle_routes(self) -> list:
+        """GET / and the package's files for its browser bundle (none with an API key: the page has no key to send,
+        and the weights are not for everyone who can reach an API that wants one)."""
+        from starlette.responses import FileResponse, JSONResponse
+        from starlette.routing import Route
+
+        root = getattr(self.engine, "path", None)
+        files = set(getattr(self.engine, "manifest", {}).get("files", {}))
+        if root is None or "index.html" not in files or self.api_key:
+            return []
+        files |= {"manifest.json", "manifest.sha256"}
+
+        async def static(request):
+            path = request.path_params.get("path") or "index.html"
+            if path not in files:
+                return JSONResponse(RequestError(404, f"no file {path} in this package").body(), status_code=404)
+            return FileResponse(root / path, headers={"Cache-Control": "no-cache"})
+        return [Route("/", static), Route("/{path:path}", static)]
 
     async def watch(self, request, job: Job) -> None:
         """Cancel a whole (non-streamed) request when its client disconnects."""

@@ -151,6 +151,74 @@ def test_bad_requests_are_one_line_errors(site, browser):
     assert all("\n" not in e for e in errors)
 
 
+def test_deploycc_serve_serves_the_bundle(tmp_path, browser):
+    """`python PKG serve` of a web package answers the API and serves the page and the package's listed files;
+    with an API key it serves no files."""
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from tiny_package import compile_tiny_package
+
+    pkg = compile_tiny_package(tmp_path, "chrome-webgpu")
+    page = None
+    for key in ([], ["--api-key", "k"]):
+        port = free_port()
+        log = open(tmp_path / "serve.log", "w")
+        proc = subprocess.Popen([sys.executable, str(pkg), "serve", "--port", str(port), *key], stdout=log, stderr=log)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_for(f"{base}/health", proc, tmp_path / "serve.log")
+
+            def get(path: str) -> int:
+                try:
+                    with urllib.request.urlopen(base + path, timeout=30) as r:
+                        return r.status
+                except urllib.error.HTTPError as e:
+                    return e.code
+            codes = {p: get(p) for p in ("/", "/web/deploycc.js", "/manifest.json", "/runtime/../manifest.json",
+                                         "/../../etc/passwd", "/not-listed.txt")}
+            if key:
+                assert codes == dict.fromkeys(codes, 404)
+                continue
+            assert codes == {"/": 200, "/web/deploycc.js": 200, "/manifest.json": 200, "/runtime/../manifest.json": 404,
+                             "/../../etc/passwd": 404, "/not-listed.txt": 404}
+            page, err, _ = open_chat(browser, base + "/")
+            assert err is None
+            stats = page.evaluate("""async () => { const stats = {};
+              for await (const _ of window.deploycc.engine.generate("hi", {maxTokens: 4, stats})) {} return stats; }""")
+            assert stats["generated"] and stats["promptTokens"] > 0
+            page.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            log.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, proc, log: Path, timeout: float = 120) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"the server exited: {log.read_text()[-2000:]}"
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"no answer from {url} within {timeout} s")
+
+
 def test_damaged_weights_refused(site, browser):
     root, server = site
     out = root / "damaged"
