@@ -177,7 +177,8 @@ class WebGPUDevice(Device):
         self.adapter = adapters[0]
         info = _info(self.adapter)
         self.name = f"{info.get('device') or self.adapter.summary} ({info.get('backend_type')})"
-        features = [f for f in FEATURES if f in self.adapter.features and (f != "shader-f16" or _f16_wanted(f16))]
+        f16 = _f16_wanted(f16)  # a bad DEPLOYCC_WEBGPU_F16 is an error on every adapter, with or without f16
+        features = [f for f in FEATURES if f in self.adapter.features and (f != "shader-f16" or f16)]
         self.device = self._request(features)
         self.has_f16 = "shader-f16" in self.device.features
         self.has_subgroups = "subgroup" in self.device.features
