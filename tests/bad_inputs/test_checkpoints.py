@@ -370,6 +370,16 @@ def preset_isa_on_opencl(tmp):
         "--override on preset cpu-opencl", "'isa' is for the cpu target; remove it from this opencl preset"]
 
 
+def preset_web_not_boolean(tmp):
+    return compile_args(copy_tiny(tmp), "--device", "chrome-webgpu", "--override", "web=yes"), [
+        "runtime 'web' must be true or false, not 'yes'"]
+
+
+def preset_web_on_opencl(tmp):
+    return compile_args(copy_tiny(tmp), "--device", "cpu-opencl", "--override", "web=true"), [
+        "'web: true' (a browser bundle) needs target kind webgpu, not opencl"]
+
+
 CASES = {f.__name__: f for f in [
     config_list, config_null, config_string, config_list_inspect, layers_float_1e9, layers_int_1e9, layers_negative,
     layers_zero, layers_string, layers_fraction, layers_fewer_than_tensors, gpt2_layers_more_than_tensors,
@@ -386,7 +396,7 @@ CASES = {f.__name__: f for f in [
     inspect_context_window_past_positions, preset_row_tile_m_huge, preset_threads_per_block_zero, preset_vector_width_3,
     preset_cuda_threads_over_hardware, preset_prefill_chunk_over_context, preset_max_num_sequences_zero,
     preset_kv_pool_tokens_huge, preset_yaml_list, preset_invalid_yaml,
-    preset_name_with_path, preset_cpu_isa_unknown, preset_isa_on_opencl]}
+    preset_name_with_path, preset_cpu_isa_unknown, preset_isa_on_opencl, preset_web_not_boolean, preset_web_on_opencl]}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -401,6 +411,42 @@ def test_refused(tmp_path, case):
     assert not out.exists()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert leftovers == [], leftovers
+
+
+@pytest.mark.parametrize("registry", ["closed", "wrong bytes"])
+def test_web_bundle_without_its_npm_libraries(tmp_path, registry):
+    """The browser bundle's tokenizer and template libraries come from the npm registry, pinned by sha512: one
+    that cannot be reached, or that serves other bytes, is one line and leaves no package."""
+    import http.server
+    import socket
+    import threading
+
+    class Wrong(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"not the tarball")
+
+        def log_message(self, *args):
+            pass
+    if registry == "closed":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{sock.getsockname()[1]}/"  # nothing listens once this closes
+        fragments = ["needs @huggingface/", "could not be reached", "DEPLOYCC_NPM_REGISTRY"]
+    else:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Wrong)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+        fragments = ["does not match the sha512 deploycc pins for @huggingface/"]
+    src = tmp_path / "src"
+    src.mkdir()
+    out = tmp_path / "out"
+    r = cli_bounded("compile", copy_tiny(src), "--device", "chrome-webgpu", "-o", out,
+                    env={"DEPLOYCC_HOME": str(tmp_path / "home"), "DEPLOYCC_NPM_REGISTRY": url})
+    assert_one_line_error(r, *fragments)
+    assert not out.exists()
+    assert not list((tmp_path / "home").glob("npm/*"))  # nothing cached from a bad registry
 
 
 def test_device_memory_defaults_to_this_machines_ram():
