@@ -219,6 +219,33 @@ def wait_for(url: str, proc, log: Path, timeout: float = 120) -> None:
     raise AssertionError(f"no answer from {url} within {timeout} s")
 
 
+def test_sampler(site, browser):
+    """deploycc.js's Sampler: softmax frequencies at temperature 1, top-k, top-p (the smallest head reaching p, as
+    runtime/sampler.py), the repetition penalty, and a seed that repeats its draws."""
+    root, server = site
+    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(root / "sampler"))
+    page, err, _ = open_chat(browser, server.url("sampler"))
+    assert err is None
+    r = page.evaluate("""async () => { const { Sampler } = await import("./web/deploycc.js");
+      const logits = Float32Array.from([Math.log(0.5), Math.log(0.3), Math.log(0.2)]);
+      const draw = (opts, n, hist = []) => { const s = new Sampler(opts); return Array.from({length: n}, () => s.sample(logits, hist)); };
+      const count = (xs) => [0, 1, 2].map((i) => xs.filter((x) => x === i).length / xs.length);
+      return { t1: count(draw({temperature: 1, seed: 3}, 20000)), k1: count(draw({temperature: 1, topK: 1, seed: 3}, 500)),
+               k2: count(draw({temperature: 1, topK: 2, seed: 3}, 20000)), p5: count(draw({temperature: 1, topP: 0.5, seed: 3}, 500)),
+               p8: count(draw({temperature: 1, topP: 0.8, seed: 3}, 20000)),
+               pen: new Sampler({repetitionPenalty: 2}).sample(Float32Array.from([2, 1.9]), [0]),
+               same: JSON.stringify(draw({temperature: 1, seed: 7}, 50)) === JSON.stringify(draw({temperature: 1, seed: 7}, 50)),
+               other: JSON.stringify(draw({temperature: 1, seed: 7}, 50)) !== JSON.stringify(draw({temperature: 1, seed: 8}, 50)),
+               bad: (() => { try { new Sampler({topP: 0}); return null; } catch (e) { return e.message; } })() }; }""")
+    page.close()
+    assert np.allclose(r["t1"], [0.5, 0.3, 0.2], atol=0.015)
+    assert r["k1"] == [1, 0, 0] and r["p5"] == [1, 0, 0]
+    assert np.allclose(r["k2"], [0.625, 0.375, 0], atol=0.015)
+    assert np.allclose(r["p8"], [0.625, 0.375, 0], atol=0.015)  # 0.5 + 0.3 reaches 0.8: two kept
+    assert r["pen"] == 1 and r["same"] and r["other"]
+    assert r["bad"] == "top_p must be in (0, 1]"
+
+
 def test_damaged_weights_refused(site, browser):
     root, server = site
     out = root / "damaged"
