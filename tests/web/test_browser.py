@@ -228,10 +228,12 @@ def test_sampler(site, browser):
     assert err is None
     r = page.evaluate("""async () => { const { Sampler } = await import("./web/deploycc.js");
       const logits = Float32Array.from([Math.log(0.5), Math.log(0.3), Math.log(0.2)]);
-      const draw = (opts, n, hist = []) => { const s = new Sampler(opts); return Array.from({length: n}, () => s.sample(logits, hist)); };
+      const draw = (opts, n, hist = []) => {
+        const s = new Sampler(opts); return Array.from({length: n}, () => s.sample(logits, hist)); };
       const count = (xs) => [0, 1, 2].map((i) => xs.filter((x) => x === i).length / xs.length);
       return { t1: count(draw({temperature: 1, seed: 3}, 20000)), k1: count(draw({temperature: 1, topK: 1, seed: 3}, 500)),
-               k2: count(draw({temperature: 1, topK: 2, seed: 3}, 20000)), p5: count(draw({temperature: 1, topP: 0.5, seed: 3}, 500)),
+               k2: count(draw({temperature: 1, topK: 2, seed: 3}, 20000)),
+               p5: count(draw({temperature: 1, topP: 0.5, seed: 3}, 500)),
                p8: count(draw({temperature: 1, topP: 0.8, seed: 3}, 20000)),
                pen: new Sampler({repetitionPenalty: 2}).sample(Float32Array.from([2, 1.9]), [0]),
                same: JSON.stringify(draw({temperature: 1, seed: 7}, 50)) === JSON.stringify(draw({temperature: 1, seed: 7}, 50)),
