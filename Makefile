@@ -10,8 +10,9 @@ PYTEST_ARGS ?=
 # Debian packages for the device backends: PoCL 3.1 (faster than pip's PoCL 3.0) and the Vulkan lavapipe
 # adapter for WebGPU (without it wgpu finds only the OpenGL adapter: no shader-f16, no subgroups); gcc for
 # the cpu target's kernels (native C compiled into each package); Chromium for the web bundle's tests
-# (headless, WebGPU on its SwiftShader adapter; Playwright drives it, with no browser download).
-SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev chromium fonts-liberation
+# (headless, WebGPU on its SwiftShader adapter; Playwright drives it, with no browser download) with two of
+# its recommends (--no-install-recommends skips them): fonts for the page and Mesa's GL drivers for ANGLE.
+SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev chromium fonts-liberation libgl1-mesa-dri
 
 .PHONY: install system-deps test test-fast demo model lint clean
 
