@@ -101,6 +101,7 @@ def test_tiny_logits_match_reference(site, browser, name, quant):
     compile_model(str(path), "chrome-webgpu", quant, context_window=64, out=str(root / f"{name}-{quant}"))
     page, err, _ = open_chat(browser, server.url(f"{name}-{quant}"))
     assert err is None
+    assert "software adapter (no GPU)" in page.inner_text("#loadText")  # chrome-webgpu's GPU kernels on SwiftShader
     got = page.evaluate(LOGITS, IDS)
     page.close()
     ref = reference_session(str(path), context_window=64, quantization=quant)
@@ -322,6 +323,7 @@ def test_smollm2_chat_matches_python_package(site, browser, smollm2_path):
     page, err, _ = open_chat(browser, server.url("smollm2"))
     assert err is None
     assert page.evaluate("window.deploycc.engine.gpu.f16") == "packed"
+    assert "software adapter" not in page.inner_text("#loadText")  # the preset for it
     texts = ["naïve café — 東京 🚀 x²", "  spaces\tand\nnewlines  ", "<|im_start|>user\nliteral special tokens<|im_end|>"]
     for t in texts:  # the chat template (jinja) and tokenizer (tokenizers.js) as the Python runtime's
         assert page.evaluate("(t) => window.deploycc.engine.encode(t)", t) == encode_prompt(eng.tokenizer, t), t
