@@ -630,8 +630,7 @@ export class Engine {
       for (const [key, r] of spec.constants) fn.preset.set(r, weights[key]);
     }
     this.ids = gpu.alloc(this.prefillChunk * 4);
-    const outBytes = this.prefillChunk * this.vocabSize * 4;
-    this.readback = gpu.device.createBuffer({ size: outBytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    this.readback = null; // sized for the largest result read so far: one row of logits, or a prefill_all chunk's
     this.stats = { prefillTokens: 0, prefillSeconds: 0, decodeTokens: 0, decodeSeconds: 0 };
     this.cachedIds = []; // the token ids whose keys and values the cache holds (a chat turn prefills only its new part)
   }
@@ -647,6 +646,10 @@ export class Engine {
     const encoder = device.createCommandEncoder();
     const out = this.vm.run(name, [new DTensor(this.ids, [1, ids.length], "int32"), this.cache], encoder);
     const n = out.shape.reduce((a, b) => a * b, 1);
+    if (!this.readback || this.readback.size < n * 4) {
+      this.readback?.destroy();
+      this.readback = device.createBuffer({ size: n * 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    }
     encoder.copyBufferToBuffer(out.buf.handle, 0, this.readback, 0, n * 4);
     device.queue.submit([encoder.finish()]);
     for (const b of this.gpu.retired.splice(0)) b.destroy();
@@ -772,7 +775,7 @@ export class Engine {
     if (rest) yield rest;
     stats.decodeSeconds = (performance.now() - t0) / 1000;
     stats.prefillTokS = stats.prefilledTokens / stats.prefillSeconds;
-    stats.decodeTokS = (generated.length - 1) / stats.decodeSeconds;
+    stats.decodeTokS = generated.length > 1 ? (generated.length - 1) / stats.decodeSeconds : 0; // the first came from prefill
   }
 }
 
