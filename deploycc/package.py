@@ -39,6 +39,9 @@ QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")
 SHARD_BYTES = 512 << 20
+# A browser holds a shard in memory twice while it checks and caches it, and caches shard by shard: smaller
+# ones keep a page's peak memory down and let an interrupted download resume at the shard it stopped in.
+WEB_SHARD_BYTES = 64 << 20
 MAIN = '''"""Run this deploycc package: `python PACKAGE run --prompt TEXT` or `python PACKAGE chat`."""
 import os
 import sys
@@ -191,7 +194,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             step("native")
             kernel_files["native"] = _write_native(tmp, lowered, kernel_files["entries"], preset)
         step("weights")
-        params_index = _write_params(tmp, model, lowered.constants, progress, lowered.merged_params)
+        params_index = _write_params(tmp, model, lowered.constants, progress, lowered.merged_params,
+                                     WEB_SHARD_BYTES if preset.web else SHARD_BYTES)
         for name in TOKENIZER_FILES:
             if (model.path / name).exists():
                 shutil.copy2(model.path / name, tmp / name)
@@ -290,8 +294,9 @@ def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> 
             **info}
 
 
-def _write_params(tmp: Path, model, constants: dict, progress, merged: dict | None = None) -> list[dict]:
-    """Weights one tensor at a time into shards of at most SHARD_BYTES (peak memory: one shard, plus
+def _write_params(tmp: Path, model, constants: dict, progress, merged: dict | None = None,
+                  shard_bytes: int = SHARD_BYTES) -> list[dict]:
+    """Weights one tensor at a time into shards of at most `shard_bytes` (peak memory: one shard, plus
     the parts of one merged linear: transform/merge_matmuls.py)."""
     from safetensors.numpy import save_file
 
@@ -320,7 +325,7 @@ def _write_params(tmp: Path, model, constants: dict, progress, merged: dict | No
     items = itertools.chain(merge_params(merged or {}, typed), consts)
     for name, arr in items:
         arr = np.ascontiguousarray(arr)
-        if size + arr.nbytes > SHARD_BYTES:
+        if size + arr.nbytes > shard_bytes:
             flush()
         shard[name] = arr
         size += arr.nbytes
