@@ -5,7 +5,8 @@ Checked: prefill (every position) and decode logits of tiny models within 1e-3 o
 with f16 weights read through the packed path, on SwiftShader and on Mesa lavapipe through ANGLE (a
 compatibility-mode adapter); a damaged weight file refused with a one-line message;
 a second load served from the Cache API without fetching weights; a storage quota too small for the
-weights leaves no cache behind and the model still runs; and (marked `model`) SmolLM2 4-bit greedy
+weights leaves no cache behind and the model still runs; an adapter limit the package exceeds, bad requests,
+the sampler, the bundle served by `python PKG serve`; and (marked `model`) SmolLM2 4-bit greedy
 token ids equal to the Python package's for several prompts, and the chat page after an answer
 (screenshot in $DEPLOYCC_ARTIFACTS, default .artifacts/).
 """
@@ -247,6 +248,27 @@ def test_sampler(site, browser):
     assert np.allclose(r["p8"], [0.625, 0.375, 0], atol=0.015)  # 0.5 + 0.3 reaches 0.8: two kept
     assert r["pen"] == 1 and r["same"] and r["other"]
     assert r["bad"] == "top_p must be in (0, 1]"
+
+
+def test_adapter_limit_refused(site, browser):
+    """A package that needs more of a limit than the adapter allows (its manifest edited and resealed) is refused
+    in one line naming the limit, before any weight is fetched."""
+    import hashlib
+    import json
+
+    root, server = site
+    out = root / "limits"
+    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["kernels"]["requires"]["maxStorageBuffersPerShaderStage"] = 4096
+    data = json.dumps(manifest, indent=1).encode()
+    (out / "manifest.json").write_bytes(data)
+    (out / "manifest.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  manifest.json\n")
+    page, err, requests = open_chat(browser, server.url("limits"))
+    page.close()
+    assert err is not None and "\n" not in err
+    assert "this package needs maxStorageBuffersPerShaderStage 4096, but google swiftshader allows" in err
+    assert not any("/params/" in u for u in requests)
 
 
 def test_damaged_weights_refused(site, browser):
