@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import ensure_model, ensure_package, load_fetch_script, log, machine_info  # noqa: E402
+from compare import _int_list, ensure_model, ensure_package, load_fetch_script, log, machine_info  # noqa: E402
 
 CHROMIUM = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")
 FLAGS = ["--enable-unsafe-webgpu", "--no-sandbox", "--disable-dev-shm-usage"]
@@ -38,16 +38,6 @@ MEASURE = """async ([n, gen]) => {
   t = performance.now(); for (let i = 0; i < gen; i++) await e.decode(tok); const decode = (performance.now() - t) / 1000;
   return {prefill_tok_s: n / prefill, decode_tok_s: gen / decode, f16: e.gpu.f16, adapter: e.gpu.name};
 }"""
-
-
-def int_list(s: str) -> list[int]:
-    try:
-        out = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return out
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -131,7 +121,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="chrome-webgpu-swiftshader")
     ap.add_argument("--quantization", default="q4f16_1")
-    ap.add_argument("--prompt-len", type=int_list, default=[32, 128])
+    ap.add_argument("--prompt-len", type=_int_list, default=[32, 128])
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -47,14 +47,12 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """One token id from logits [vocab]; `history` is the ids the repetition penalty applies to."""
-        if self.greedy and self.repetition_penalty == 1.0:  # no copy: float32 -> float64 keeps the order exactly
-            x = np.asarray(logits).reshape(-1)
-            if np.isnan(x).any():
-                raise ValueError("logits contain NaN; the model produced invalid output")
-            return int(np.argmax(x))
-        x = np.array(logits, dtype=np.float64).reshape(-1)
+        x = np.asarray(logits).reshape(-1)
         if np.isnan(x).any():
             raise ValueError("logits contain NaN; the model produced invalid output")
+        if self.greedy and self.repetition_penalty == 1.0:  # no copy: float32 -> float64 keeps the order exactly
+            return int(np.argmax(x))
+        x = x.astype(np.float64)  # a copy: the penalty and temperature below write into it
         if self.repetition_penalty != 1.0 and len(history):
             seen = np.unique(np.asarray(history, dtype=np.int64))
             s = x[seen]

@@ -45,9 +45,8 @@ def allocations(storages: list[dict], kv: dict, bounds: dict) -> dict[str, int]:
     return out
 
 
-def requires(kernels, target, buffers: dict[str, int]) -> dict[str, int]:
-    """manifest kernels.requires of `kernels` for `target`; buffers: allocations(...)."""
-    sizes, bindings = _buffers(kernels, target, buffers)
+def _requires(kernels, target, sizes: dict[str, int], bindings: dict[str, int]) -> dict[str, int]:
+    """manifest kernels.requires of `kernels` for `target`; sizes, bindings: _buffers(...)."""
     plans = [split_plan(k, target.max_storage_binding) for k in kernels]
     threads = max(k.threads for k in kernels)
     return {"maxComputeInvocationsPerWorkgroup": threads, "maxComputeWorkgroupSizeX": threads,
@@ -59,18 +58,18 @@ def requires(kernels, target, buffers: dict[str, int]) -> dict[str, int]:
 
 
 def check(kernels, target, buffers: dict[str, int]) -> dict[str, int]:
-    """requires(...), or DeployError where a buffer exceeds the target's max_buffer_size: which one, and what
+    """The manifest's kernels.requires, or DeployError where a buffer exceeds the target's max_buffer_size: which one, and what
     shrinks it. The other limits hold by construction (schedules keep to max_threads_per_block and
     max_shared_memory, the renderer refuses more than max_storage_buffers bindings) or are the adapter's to
     judge: max_storage_binding is where weights are split, while activations and KV-cache layers are bound
     whole (tests force a small one to exercise splitting on adapters that bind far more)."""
-    sizes, _ = _buffers(kernels, target, buffers)
+    sizes, bindings = _buffers(kernels, target, buffers)
     name = max(sizes, key=sizes.get)
     if sizes[name] > target.max_buffer_size:
         hint = next(h for prefix, h in HINTS.items() if name.startswith(prefix))
         raise DeployError(f"{name} takes {sizes[name]} bytes, more than the target's max_buffer_size "
                           f"{target.max_buffer_size} (WebGPU's maxBufferSize); {hint}")
-    return requires(kernels, target, buffers)
+    return _requires(kernels, target, sizes, bindings)
 
 
 def _buffers(kernels, target, buffers: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
