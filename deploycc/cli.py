@@ -26,6 +26,7 @@ import click
 from .errors import DeployError
 from .pipeline import STAGES as PIPELINE_STAGES
 from .runtime.cli import USER_ERRORS
+from .runtime.server import ServeOptions
 from .verify import Against
 
 ERRORS = (DeployError, *USER_ERRORS)
@@ -375,19 +376,31 @@ def chat(model, system, max_tokens, temperature, top_p, top_k, repetition_penalt
 @click.option("--model-name", default=None, help="The model id clients name (default: the package's directory name).")
 @click.option("--max-num-sequences", type=click.IntRange(min=1), default=None,
               help="Requests batched at once (default: the package's max_num_sequences, 16 unless compiled otherwise).")
-def serve(model, device, context_window, revision, host, port, api_key, max_queue, model_name, max_num_sequences):
+@click.option("--allowed-hosts", default=None,
+              help="Host headers to answer, comma-separated HOST or HOST:PORT, or '*' for any (default: the bound "
+                   "address and localhost names; IP addresses always). Refuses pages of other sites reaching a local "
+                   "server by DNS rebinding.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=ServeOptions.max_body_bytes, show_default=True,
+              help="Largest request body; beyond it the server answers 413.")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=ServeOptions.shutdown_timeout,
+              show_default=True, help="Seconds the requests in flight get after SIGTERM or Ctrl-C; a second signal "
+                                      "exits at once.")
+def serve(model, device, context_window, revision, host, port, api_key, max_queue, model_name, max_num_sequences,
+          allowed_hosts, max_body_bytes, shutdown_timeout):
     """Serve MODEL (a package, or a checkpoint compiled for --device) with OpenAI's API:
     POST /v1/chat/completions and /v1/completions (streamed as server-sent events or whole), GET /v1/models,
     /health and /metrics (Prometheus). Up to --max-num-sequences requests run at once with continuous batching
     over a paged KV cache; up to --max-queue more wait."""
+    from .runtime.server import allowed_hosts as parse_hosts
     from .runtime.server import serve as run_server
 
     opened = _open_package(model, device, context_window, revision, False, paged=True)
     if opened is None:
         raise DeployError(f"{model} is not a package; give --device PRESET to compile it first (e.g. --device cpu)")
     engine, info = opened
-    run_server(engine, model_name or Path(info.get("package") or model).name, host, port, api_key, max_queue,
-               max_num_sequences)
+    options = ServeOptions(host, port, api_key, max_queue, max_num_sequences, shutdown_timeout, max_body_bytes,
+                           parse_hosts(allowed_hosts))
+    run_server(engine, model_name or Path(info.get("package") or model).name, options)
 
 
 # ---- bench -------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from .package import PackageError
 from .procstat import peak_rss_bytes
 from .safetensors_io import SafetensorsError
 from .sampler import Sampler
-from .server import ServeError
+from .server import ServeError, ServeOptions, allowed_hosts
 from .symexpr import SymExprError
 from .tokenizer import TokenizerError, clean_text
 from .vm import DTensor, VMError
@@ -508,6 +508,14 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     s.add_argument("--max-num-sequences", type=int, default=None,
                    help="requests batched at once (default: the package's max_num_sequences)")
     s.add_argument("--model-name", default=None, help="the model id clients name (default: the package's name)")
+    s.add_argument("--allowed-hosts", default=None,
+                   help="Host headers to answer, comma-separated HOST or HOST:PORT, or '*' for any (default: the "
+                        "bound address and localhost names; IP addresses always)")
+    s.add_argument("--max-body-bytes", type=int, default=ServeOptions.max_body_bytes,
+                   help=f"largest request body; beyond, 413 (default {ServeOptions.max_body_bytes})")
+    s.add_argument("--shutdown-timeout", type=float, default=ServeOptions.shutdown_timeout,
+                   help=f"seconds the requests in flight get after SIGTERM or Ctrl-C; a second signal exits at "
+                        f"once (default {ServeOptions.shutdown_timeout:g})")
     return p
 
 
@@ -550,8 +558,9 @@ def _command(package_dir: str, args) -> int:
     elif args.command == "serve":
         from .server import serve
 
-        serve(Engine.load(package_dir, paged=True), args.model_name or Path(package_dir).resolve().name, args.host,
-              args.port, args.api_key, args.max_queue, args.max_num_sequences)
+        options = ServeOptions(args.host, args.port, args.api_key, args.max_queue, args.max_num_sequences,
+                               args.shutdown_timeout, args.max_body_bytes, allowed_hosts(args.allowed_hosts))
+        serve(Engine.load(package_dir, paged=True), args.model_name or Path(package_dir).resolve().name, options)
     elif args.sequences:
         r = batch_bench(Engine.load(package_dir, paged=True), args.sequences, args.prompt_len, args.gen_len, args.seed)
         print(json.dumps(r) if args.json else "\n".join(batch_bench_lines(r)))

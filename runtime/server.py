@@ -4,9 +4,10 @@ Starlette (served by uvicorn) answers:
 
 - POST /v1/chat/completions and POST /v1/completions: streamed as server-sent events ending in
   `data: [DONE]`, or whole. Fields: model, messages / prompt, max_tokens (max_completion_tokens), temperature,
-  top_p, seed, stop, n = 1, stream, stream_options.include_usage. Fields the OpenAI API defines that this
-  server does not implement are accepted only at their no-op value (presence_penalty 0, logprobs false, ...),
-  anything else is a 400 naming the field, never silently ignored.
+  top_p, seed (none or -1: a random one), stop, n = 1, stream, stream_options.include_usage. Fields the OpenAI
+  API defines that this server does not implement are accepted only at their no-op value (presence_penalty 0,
+  logprobs false, ...), anything else is a 400 naming the field, never silently ignored
+  (runtime/openai_request.py).
 - GET /v1/models, GET /health, GET /metrics (Prometheus text).
 - GET / and the package's own files, where the package has a browser bundle (`runtime.web` presets) and no
   API key is set: the chat page then runs in the visitor's browser with WebGPU, from the same address. Only
@@ -14,67 +15,63 @@ Starlette (served by uvicorn) answers:
 
 Requests run with continuous batching (runtime/batch.py): up to max_num_sequences at once, each in its own
 worker thread whose session joins the batched steps of the package's page pool; more wait in a bounded
-queue, and a full queue is a 429. A request whose client disconnects is cancelled at the next token and
-its pages go back to the pool at once. A prompt longer than the context window is a 400. With an API key,
-every /v1 call needs `Authorization: Bearer KEY` (401 otherwise). Errors have OpenAI's body: {"error": {"message", "type",
-"param", "code"}}. Runs inside a package: imports nothing of deploycc, only starlette and uvicorn.
+queue, and a full queue is a 429. Every request ends in exactly one outcome posted to its handler (a reply, an
+error, or cancelled) and counted in /metrics: a request whose client disconnects is cancelled at the next token
+(its pages go back to the pool at once), or leaves the queue at once if it was waiting (status 499 in
+/metrics). A prompt is measured in characters before it is tokenized (more than the context window could
+hold is a 400 at once), then tokenized off the event loop, and a prompt longer than the context window is a
+400. With an API key, every /v1 call needs `Authorization: Bearer KEY` (401 otherwise; compared in constant
+time). Host checks, JSON bodies, size and time limits, slow clients and SIGTERM: runtime/httpserver.py. Every
+error has OpenAI's body: {"error": {"message", "type", "param", "code"}}, unexpected ones included (a 500 and
+one line in the log). Runs inside a package: imports nothing of deploycc, only starlette and uvicorn.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
+import hmac
 import json
 import queue
+import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .batch import Batcher
 from .generate import encode_prompt, generate
-
-# field -> the value at which an unimplemented OpenAI field changes nothing (accepted), per endpoint
-NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
-         "top_logprobs": (None, 0), "logit_bias": (None, {}), "user": "any", "parallel_tool_calls": "any",
-         "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": "any", "tools": (None, []),
-         "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "echo": (None, False),
-         "suffix": (None,), "best_of": (None, 1)}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
-ROLES = ("system", "user", "assistant")
+from .httpserver import HostCheck, HTTPError, read_json, release_heap
+from .openai_request import RequestError, parse, shutting_down
+from .tokenizer import TokenizerError
 
 
 class ServeError(ValueError):
     """The server cannot start (missing packages, a bad port): one line, exit 1."""
 
 
-class RequestError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def message(i: int, m) -> dict:
-    """A chat message as the template takes it: OpenAI's "developer" role is the system prompt, and content
-    given as parts joins its text parts (anything but text is refused: this server reads text)."""
-    role = m.get("role") if isinstance(m, dict) else None
-    role = "system" if role == "developer" else role
-    content = m.get("content") if isinstance(m, dict) else None
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise RequestError(400, f"messages[{i}].content: only text parts are supported by this server",
-                               "messages", "unsupported_content")
-        content = "".join(p["text"] for p in content)
-    if role not in ROLES or not isinstance(content, str):
-        raise RequestError(400, f"messages[{i}] must be {{'role': one of {', '.join(ROLES)}, 'content': a string or "
-                                f"text parts}}", "messages")
-    return {"role": role, "content": content}
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `serve` listens and what it takes (the command lines' options)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int = 16
+    max_num_sequences: int | None = None
+    shutdown_timeout: float = 5.0  # seconds the requests in flight get after SIGTERM
+    max_body_bytes: int = 4 << 20
+    allowed_hosts: tuple[str, ...] | None = None  # None: the bound address and localhost names
+    header_timeout: float = 10.0  # seconds for a request head to arrive
+    body_timeout: float = 30.0  # seconds for a request body to arrive
+    log_level: str = "warning"
 
 
-@dataclass
+def allowed_hosts(text: str | None) -> tuple[str, ...] | None:
+    """--allowed-hosts a,b:8000 as a tuple (None: the default list)."""
+    return None if text is None else tuple(h.strip() for h in text.split(","))
+
+
+@dataclass(eq=False)  # hashed by identity: the server keeps the running ones in a set
 class Job:
     kind: str  # chat | completion
     prompt: object  # messages or text
@@ -85,6 +82,53 @@ class Job:
     stream: bool = False  # pieces go to the client as they come; else the text goes once, at the end
     cancelled: threading.Event = field(default_factory=threading.Event)
     stats: dict = field(default_factory=dict)
+    ended: bool = False  # its outcome was posted (by the worker, or by cancel() while it waited)
+    reason: str | None = None  # why it was cancelled: "client" (it left) or "shutdown"
+
+    def post(self, kind: str, value) -> None:
+        """A piece, or the one outcome (done | error | cancelled), to the handler's queue from any thread."""
+        self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
+
+
+class JobQueue:
+    """The jobs waiting for a worker, in order, at most `maxsize`; one cancelled while it waits leaves at once."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize, self.items, self.cond = maxsize, collections.deque(), threading.Condition()
+        self.closed = False
+
+    def put(self, job: Job) -> None:
+        with self.cond:
+            if len(self.items) >= self.maxsize:
+                raise queue.Full
+            self.items.append(job)
+            self.cond.notify()
+
+    def get(self) -> Job | None:
+        """The next job (None once closed)."""
+        with self.cond:
+            while not self.items and not self.closed:
+                self.cond.wait()
+            return None if self.closed else self.items.popleft()
+
+    def remove(self, job: Job) -> bool:
+        with self.cond:
+            try:
+                self.items.remove(job)
+            except ValueError:
+                return False
+            return True
+
+    def close(self) -> list[Job]:
+        """Stop the workers; the jobs that were waiting."""
+        with self.cond:
+            self.closed, left = True, list(self.items)
+            self.items.clear()
+            self.cond.notify_all()
+        return left
+
+    def qsize(self) -> int:
+        return len(self.items)
 
 
 class Metrics:
@@ -103,14 +147,22 @@ class Server:
     """The batcher over a paged engine, one worker thread per sequence it may run, the bounded queue and the
     HTTP app."""
 
-    def __init__(self, engine, model_name: str, api_key: str | None = None, max_queue: int = 16,
-                 max_num_sequences: int | None = None):
-        self.engine, self.tokenizer, self.name = engine, engine.tokenizer, model_name
-        self.api_key, self.max_queue = api_key, max_queue
-        self.batcher = Batcher(engine, max_num_sequences)
-        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+    def __init__(self, engine, model_name: str, options: ServeOptions = ServeOptions()):
+        self.engine, self.tokenizer, self.name, self.options = engine, engine.tokenizer, model_name, options
+        self.api_key = options.api_key.encode() if options.api_key is not None else None
+        self.max_queue = options.max_queue
+        self.batcher = Batcher(engine, options.max_num_sequences)
+        self.jobs = JobQueue(options.max_queue)
         self.metrics = Metrics()
         self.created = int(time.time())
+        self.window = int(engine.context_window)
+        # A prompt of more characters than the window's tokens could cover cannot fit: refused untokenized.
+        self.max_prompt_chars = self.window * self.tokenizer.max_token_chars
+        self.tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="deploycc-tokenize")
+        self.running: set[Job] = set()  # under metrics.lock
+        self.stopping = False
+        self.hosts = HostCheck(options.host, options.port, None if options.allowed_hosts is None
+                               else list(options.allowed_hosts))
         self.workers = [threading.Thread(target=self._work, name=f"deploycc-request-{i}", daemon=True)
                         for i in range(self.batcher.max_num_sequences)]
         for w in self.workers:
@@ -123,11 +175,11 @@ class Server:
             job = self.jobs.get()
             if job is None:
                 return
-            if job.cancelled.is_set():
-                continue
             with self.metrics.lock:
                 self.metrics.running += 1
+                self.running.add(job)
             session = self.batcher.session()
+            outcome = None
             try:
                 pieces = generate(session, self.tokenizer, job.prompt, chat=job.kind == "chat", stats=job.stats,
                                   ids=job.ids, **job.options)
@@ -137,26 +189,57 @@ class Server:
                         pieces.close()  # stats: finish_reason "cancelled"
                         break
                     if job.stream:
-                        job.loop.call_soon_threadsafe(job.out.put_nowait, ("piece", piece))
+                        job.post("piece", piece)
                     else:
                         text.append(piece)
                 if text:
-                    job.loop.call_soon_threadsafe(job.out.put_nowait, ("piece", "".join(text)))
+                    job.post("piece", "".join(text))
                 with self.metrics.lock:
                     self.metrics.prompt_tokens += job.stats.get("prompt_tokens", 0)
                     self.metrics.generation_tokens += len(job.stats.get("generated", []))
                     self.metrics.cancelled += job.cancelled.is_set()
-                job.loop.call_soon_threadsafe(job.out.put_nowait, ("done", job.stats))
+                outcome = ("cancelled" if job.cancelled.is_set() else "done", job.stats)
             except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
-                job.loop.call_soon_threadsafe(job.out.put_nowait, ("error", str(e) or type(e).__name__))
+                outcome = ("error", str(e) or type(e).__name__)
             finally:
                 session.close()  # its pages go back to the pool now
                 with self.metrics.lock:
                     self.metrics.running -= 1
+                    self.running.discard(job)
+                job.ended = True
+                job.post(*(outcome or ("error", "the request was interrupted")))
+
+    def cancel(self, job: Job, reason: str = "client") -> None:
+        """The client left (or the server is stopping): a running job stops at its next token; a waiting one
+        leaves the queue now, with its outcome."""
+        if not job.cancelled.is_set():
+            job.reason = reason
+            job.cancelled.set()
+        if self.jobs.remove(job):
+            self._cancelled_in_queue(job)
+
+    def stop(self) -> None:
+        """The grace period after SIGTERM is over: every job ends now (a whole request gets a 503, a stream an
+        error event and its end), so that the connections close before the listener's own deadline."""
+        self.stopping = True
+        with self.metrics.lock:
+            running = list(self.running)
+        for job in running + list(self.jobs.items):
+            self.cancel(job, "shutdown")
+
+    def _cancelled_in_queue(self, job: Job) -> None:
+        with self.metrics.lock:
+            self.metrics.cancelled += 1
+        job.ended = True
+        job.post("cancelled", {})
 
     def close(self) -> None:
-        for _ in self.workers:
-            self.jobs.put(None)
+        """Stop: the waiting jobs end cancelled, the running ones at their next token, the batcher after."""
+        self.stopping = True
+        for job in self.jobs.close():
+            job.reason, _ = "shutdown", job.cancelled.set()
+            self._cancelled_in_queue(job)
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
         self.batcher.close()
 
     # ---- requests -----------------------------------------------------------------------------------
@@ -164,85 +247,41 @@ class Server:
     def check_key(self, request) -> None:
         if self.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, b"Bearer " + self.api_key):
             raise RequestError(401, "Incorrect API key provided; pass it as 'Authorization: Bearer KEY'",
                                code="invalid_api_key")
 
-    def parse(self, body, kind: str) -> tuple[object, list[int], dict, bool, bool]:
-        """(prompt, its ids, generate options, stream, include_usage) of a request body, every field checked."""
-        if not isinstance(body, dict):
-            raise RequestError(400, "the request body must be a JSON object")
-        for key, value in body.items():
-            if key in FIELDS[kind]:
-                continue
-            if key in NO_OP and (NO_OP[key] == "any" or value in NO_OP[key]):
-                continue
-            what = "is not supported by this server" if key in NO_OP else "is not a field of this endpoint"
-            raise RequestError(400, f"{key} {what}" + (f" (only {NO_OP[key][-1]!r})" if key in NO_OP else ""), key,
-                               "unsupported_parameter")
-        model = body.get("model")
-        if model != self.name:
-            raise RequestError(404, f"The model '{model}' does not exist; this server has '{self.name}'", "model",
-                               "model_not_found")
-        n = body.get("n", 1)
-        if n not in (None, 1):
-            raise RequestError(400, "n must be 1: this server returns one choice per request", "n")
-        if kind == "chat":
-            prompt = body.get("messages")
-            if not isinstance(prompt, list) or not prompt:
-                raise RequestError(400, "messages must be a non-empty list", "messages")
-            prompt = [message(i, m) for i, m in enumerate(prompt)]
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if not isinstance(prompt, str) or not prompt:
-                raise RequestError(400, "prompt must be a non-empty string", "prompt")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_tokens = 256 if max_tokens is None else max_tokens
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
-        options = {"max_tokens": max_tokens, "temperature": 1.0}  # OpenAI's default temperature
-        for key, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-            v = body.get(key)
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or (key == "top_p" and v == 0):
-                raise RequestError(400, f"{key} must be a number in {'(' if key == 'top_p' else '['}{lo}, {hi}], "
-                                        f"got {v!r}", key)
-            options[key] = float(v)
-        seed = body.get("seed")
-        if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise RequestError(400, f"seed must be an integer, got {seed!r}", "seed")
-            options["seed"] = seed
-        stop = body.get("stop")
-        if stop is not None:
-            stops = [stop] if isinstance(stop, str) else stop
-            if not isinstance(stops, list) or not 1 <= len(stops) <= 4 or not all(isinstance(s, str) and s for s in stops):
-                raise RequestError(400, "stop must be a non-empty string or a list of 1 to 4 of them", "stop")
-            options["stop"] = tuple(stops)
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise RequestError(400, f"stream must be true or false, got {stream!r}", "stream")
-        so = body.get("stream_options")
-        if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage"}
-                               or not isinstance(so.get("include_usage", False), bool) or not stream):
-            raise RequestError(400, "stream_options takes {'include_usage': bool}, with stream true", "stream_options")
-        ids = encode_prompt(self.tokenizer, prompt, chat=kind == "chat")
-        window = int(self.engine.context_window)
+    def encode(self, prompt, kind: str) -> list[int]:
+        """The prompt's ids, measured against the context window: first its characters (a prompt of more
+        than the window could hold is refused without tokenizing it), then its tokens."""
+        param = "messages" if kind == "chat" else "prompt"
+        chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+        if chars > self.max_prompt_chars:
+            raise RequestError(400, f"This model's maximum context length is {self.window} tokens; the prompt is "
+                                    f"{chars} characters, more than {self.window} tokens can hold", param,
+                               "context_length_exceeded")
+        try:
+            ids = encode_prompt(self.tokenizer, prompt, chat=kind == "chat")
+        except TokenizerError as e:
+            raise RequestError(400, str(e), param) from None
+        finally:
+            if chars > 1 << 18:  # what tokenizing a long prompt took goes back to the system now
+                release_heap()
         if not ids:
-            raise RequestError(400, "the prompt encodes to no tokens", "messages" if kind == "chat" else "prompt")
-        if len(ids) + 1 > window:
-            raise RequestError(400, f"This model's maximum context length is {window} tokens; the prompt is "
-                                    f"{len(ids)} tokens and needs room for at least one more", "messages" if kind == "chat"
-                               else "prompt", "context_length_exceeded")
-        return prompt, ids, options, stream, bool((so or {}).get("include_usage", False))
+            raise RequestError(400, "the prompt encodes to no tokens", param)
+        if len(ids) + 1 > self.window:
+            raise RequestError(400, f"This model's maximum context length is {self.window} tokens; the prompt is "
+                                    f"{len(ids)} tokens and needs room for at least one more", param,
+                               "context_length_exceeded")
+        return ids
 
     def submit(self, kind: str, prompt, ids: list[int], options: dict, stream: bool) -> Job:
+        if self.stopping:
+            raise shutting_down()
         job = Job(kind, prompt, ids, options, asyncio.get_running_loop(), asyncio.Queue(), stream)
         try:
-            self.jobs.put_nowait(job)
+            self.jobs.put(job)
         except queue.Full:
             raise RequestError(429, f"the server is busy: {self.max_queue} requests are waiting; retry later",
                                code="server_busy", kind="rate_limit_error") from None
@@ -271,7 +310,8 @@ class Server:
                       "# HELP deploycc_generation_tokens_total Tokens generated.",
                       "# TYPE deploycc_generation_tokens_total counter",
                       f"deploycc_generation_tokens_total {m.generation_tokens}",
-                      "# HELP deploycc_requests_cancelled_total Requests whose client left before the end.",
+                      "# HELP deploycc_requests_cancelled_total Requests cancelled before the end (their client "
+                      "left, or the server stopped).",
                       "# TYPE deploycc_requests_cancelled_total counter",
                       f"deploycc_requests_cancelled_total {m.cancelled}"]
         b, cache = self.batcher, self.engine.cache
@@ -297,27 +337,43 @@ class Server:
 
     def app(self):
         from starlette.applications import Starlette
-        from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+        from starlette.requests import ClientDisconnect
+        from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
         from starlette.routing import Route
 
         def error(e: RequestError, endpoint: str):
             self.metrics.count(endpoint, e.status)
             return JSONResponse(e.body(), status_code=e.status)
 
-        async def body_of(request) -> object:
-            try:
-                return json.loads(await request.body())
-            except (ValueError, UnicodeDecodeError):
-                raise RequestError(400, "the request body is not valid JSON") from None
+        def guarded(endpoint: str, handler):
+            """Every refusal and failure of `handler` as OpenAI's error body with its status, never a plain 500;
+            a client that left while sending is counted (499) and gets nothing."""
+            async def handle(request):
+                try:
+                    response = await handler(request)
+                except RequestError as e:
+                    response = error(e, endpoint)
+                except HTTPError as e:
+                    response = error(RequestError(e.status, e.message, code=e.code), endpoint)
+                except ClientDisconnect:
+                    self.metrics.count(endpoint, 499)
+                    response = Response(status_code=499)
+                except Exception as e:  # noqa: BLE001 - a bug: one line in the log, the client an error body
+                    print(f"error: {request.method} {endpoint}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                    response = error(RequestError(500, f"internal error: {type(e).__name__}", kind="server_error"),
+                                     endpoint)
+                if getattr(request.state, "body_bytes", 0) > 1 << 20:  # a large body and its text are freed now
+                    release_heap()
+                return response
+            return handle
 
         def completion_handler(kind: str, endpoint: str):
             async def handle(request):
-                try:
-                    self.check_key(request)
-                    prompt, ids, options, stream, include_usage = self.parse(await body_of(request), kind)
-                    job = self.submit(kind, prompt, ids, options, stream)
-                except RequestError as e:
-                    return error(e, endpoint)
+                self.check_key(request)
+                body = await read_json(request, self.options.max_body_bytes, self.options.body_timeout)
+                prompt, options, stream, include_usage = parse(body, kind, self.name)
+                ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, prompt, kind)
+                job = self.submit(kind, prompt, ids, options, stream)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
                 created = int(time.time())
                 if stream:
@@ -326,11 +382,18 @@ class Server:
                                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
                 watcher = asyncio.create_task(self.watch(request, job))
                 try:
-                    text, stats = await self.collect(job)
+                    outcome, text, stats = await self.collect(job)
                 finally:
                     watcher.cancel()
-                if stats is None:
-                    return error(RequestError(500, f"generation failed: {text}", kind="server_error"), endpoint)
+                    if not job.ended:  # the server is stopping and cancelled this handler
+                        self.cancel(job)
+                if outcome == "cancelled" and job.reason == "shutdown":
+                    raise shutting_down()
+                if outcome == "cancelled":
+                    self.metrics.count(endpoint, 499)
+                    return Response(status_code=499)
+                if outcome == "error":
+                    raise RequestError(500, f"generation failed: {text}", kind="server_error")
                 self.metrics.count(endpoint, 200)
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
                           if kind == "chat" else {"index": 0, "text": text, "logprobs": None})
@@ -338,13 +401,10 @@ class Server:
                 return JSONResponse({"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
                                      "created": created, "model": self.name, "choices": [choice],
                                      "usage": self.usage(stats)})
-            return handle
+            return guarded(endpoint, handle)
 
         async def models(request):
-            try:
-                self.check_key(request)
-            except RequestError as e:
-                return error(e, "/v1/models")
+            self.check_key(request)
             self.metrics.count("/v1/models", 200)
             return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model",
                                                              "created": self.created, "owned_by": "deploycc"}]})
@@ -361,8 +421,22 @@ class Server:
 
         routes = [Route("/v1/chat/completions", completion_handler("chat", "/v1/chat/completions"), methods=["POST"]),
                   Route("/v1/completions", completion_handler("completion", "/v1/completions"), methods=["POST"]),
-                  Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics)]
-        return Starlette(routes=routes + self.bundle_routes(), exception_handlers={404: not_found, 405: not_found})
+                  Route("/v1/models", guarded("/v1/models", models)), Route("/health", health),
+                  Route("/metrics", metrics)]
+        app = Starlette(routes=routes + self.bundle_routes(), exception_handlers={404: not_found, 405: not_found})
+
+        async def host_checked(scope, receive, send):
+            """Every request, whatever its route, names this server in its Host header (DNS rebinding)."""
+            if scope["type"] == "http":
+                host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+                try:
+                    self.hosts(host)
+                except HTTPError as e:
+                    self.metrics.count(scope["path"] if scope["path"].startswith("/v1/") else "other", e.status)
+                    response = JSONResponse(RequestError(e.status, e.message, code=e.code).body(), status_code=e.status)
+                    return await response(scope, receive, send)
+            return await app(scope, receive, send)
+        return host_checked
 
     def bundle_routes(self) -> list:
         """GET / and the package's files for its browser bundle (none with an API key: the page has no key to send,
@@ -387,20 +461,21 @@ class Server:
         """Cancel a whole (non-streamed) request when its client disconnects."""
         while not job.cancelled.is_set():
             if await request.is_disconnected():
-                job.cancelled.set()
+                self.cancel(job)
                 return
             await asyncio.sleep(0.25)
 
-    async def collect(self, job: Job) -> tuple[str, dict | None]:
+    async def collect(self, job: Job) -> tuple[str, str, dict]:
+        """(outcome, the reply's text or the error, stats) once the job ends."""
         parts = []
         while True:
             kind, value = await job.out.get()
             if kind == "piece":
                 parts.append(value)
-            elif kind == "done":
-                return "".join(parts), value
+            elif kind == "error":
+                return kind, value, {}
             else:
-                return value, None
+                return kind, "".join(parts), value
 
     async def events(self, job: Job, kind: str, rid: str, created: int, include_usage: bool):
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
@@ -426,46 +501,57 @@ class Server:
                 what, value = await job.out.get()
                 if what == "piece":
                     yield chunk(choice(value, None))
-                elif what == "done":
+                elif what == "error" or (what == "cancelled" and job.reason == "shutdown"):
+                    e = shutting_down() if what == "cancelled" else RequestError(500, value, kind="server_error")
+                    yield f"data: {json.dumps(e.body())}\n\n"
+                    break
+                elif what == "cancelled":  # the client left: no one reads the rest
+                    return
+                else:
                     yield chunk(choice(None, self.finish(value)))
                     if include_usage:
                         yield chunk(None, self.usage(value))
                     break
-                else:
-                    yield f"data: {json.dumps(RequestError(500, value, kind='server_error').body())}\n\n"
-                    break
             yield "data: [DONE]\n\n"
         finally:  # the client left (the response was cancelled) or the stream ended: free the engine
-            job.cancelled.set()
+            self.cancel(job)
 
 
-def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_queue: int = 16, max_num_sequences: int | None = None, log_level: str = "warning") -> None:
+def serve(engine, model_name: str, options: ServeOptions = ServeOptions()) -> None:
     """engine: loaded with paged=True (its batched step and page pool)."""
     try:
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise ServeError("serving needs starlette and uvicorn: pip install starlette uvicorn") from None
-    if not 1 <= port <= 65535:
-        raise ServeError(f"--port must be between 1 and 65535, got {port}")
-    if max_queue < 1:
-        raise ServeError(f"--max-queue must be at least 1, got {max_queue}")
+    if not 1 <= options.port <= 65535:
+        raise ServeError(f"--port must be between 1 and 65535, got {options.port}")
+    for name, value in (("--max-queue", options.max_queue), ("--max-body-bytes", options.max_body_bytes)):
+        if value < 1:
+            raise ServeError(f"{name} must be at least 1, got {value}")
+    if not options.shutdown_timeout >= 0:
+        raise ServeError(f"--shutdown-timeout must be 0 or more seconds, got {options.shutdown_timeout}")
+    if options.allowed_hosts is not None and not all(h.strip() for h in options.allowed_hosts):
+        raise ServeError("--allowed-hosts takes host names (HOST or HOST:PORT) separated by commas, or '*'")
     limit = engine.cache.sequences
-    if max_num_sequences is not None and not 1 <= max_num_sequences <= limit:
+    n = options.max_num_sequences
+    if n is not None and not 1 <= n <= limit:
         raise ServeError(f"--max-num-sequences must be 1..{limit}, the batch this package was compiled for "
-                         f"(recompile with --override max_num_sequences=N for more), got {max_num_sequences}")
+                         f"(recompile with --override max_num_sequences=N for more), got {n}")
     import socket
 
+    host, port = options.host, options.port
     try:  # a port in use or an address not of this machine: one line now, not uvicorn's log after start-up
         with socket.create_server((host, port)):
             pass
     except OSError as e:
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
-    server = Server(engine, model_name, api_key, max_queue, max_num_sequences)
+    server = Server(engine, model_name, options)
     print(f"serving {model_name} on http://{host}:{port}/v1 (OpenAI API; /health, /metrics), up to "
           f"{server.batcher.max_num_sequences} sequences at once", flush=True)
+    from .httpserver import run
+
     try:
-        uvicorn.run(server.app(), host=host, port=port, log_level=log_level)
+        run(server.app(), host, port, options.log_level, options.shutdown_timeout, options.header_timeout, server.stop)
     finally:
         server.close()

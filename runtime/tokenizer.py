@@ -213,6 +213,13 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token stands for, bounded by its longest vocabulary entry (byte-level
+        entries have a character per byte, SentencePiece ones a character per character): a text of more than
+        n times this many characters surely encodes to more than n tokens."""
+        return max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1) or 1
+
     def check_vocab(self, vocab_size: int, where: str) -> None:
         """Every id this tokenizer can produce (its vocabulary, added and special tokens, the ids its
         post-processor inserts) must be < `vocab_size`, the model's embedding rows: a larger id reads

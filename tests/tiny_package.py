@@ -23,6 +23,20 @@ def compile_tiny_package(root: Path, device: str = "cpu-opencl", overrides: tupl
     return compile_model(str(model), device, overrides=overrides, out=str(root / "pkg"))
 
 
+def compile_long_tiny_package(root: Path) -> Path:
+    """The tiny llama with a 4096-token context on the cpu target (its weights do not depend on
+    max_position_embeddings): a request or a prompt that takes seconds (4000 greedy tokens take about 20 s on
+    2 cores), for the tests of what happens meanwhile (tests/bad_inputs/test_server.py, test_chat_interrupt.py)."""
+    from test_package_cli import with_tokenizer
+
+    from deploycc.package import compile_model
+
+    model = with_tokenizer(make_tiny(MODEL), root / "model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return compile_model(str(model), "cpu", out=str(root / "pkg"), context_window=4096)
+
+
 def copy_package(pkg: Path, dst: Path) -> Path:
     shutil.copytree(pkg, dst)
     return dst

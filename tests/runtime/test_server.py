@@ -13,7 +13,6 @@ equals `deploycc run`'s, and a streamed request whose client leaves is cancelled
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import serving
 from conftest import require_cc, require_module
+from serving import free_port, metric, rss_mb, start
 from tiny_package import compile_tiny_package
 
 openai = require_module("openai")
@@ -32,28 +33,6 @@ require_module("uvicorn")
 
 KEY = "sk-test-123"
 PROMPT = "hello world"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited: {proc.stderr.read()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if json.loads(r.read()) == {"status": "ok"}:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server did not answer /health within 120 s")
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +64,7 @@ def run_alone(package: Path, prompt: str, max_tokens: int, chat: bool = True) ->
 
 
 def post(url: str, body, key: str | None = KEY) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
-                                                          **({"Authorization": f"Bearer {key}"} if key else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return serving.post(url, body, key)
 
 
 def test_chat_whole_and_streamed_equal_a_solo_run(client, package):
@@ -221,17 +193,6 @@ def test_a_full_queue_is_429(client):
     for t in threads:
         t.join(timeout=300)
     assert 429 in statuses and statuses.count(200) >= 3, statuses
-
-
-def metric(url: str, name: str) -> int:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as m:
-        text = m.read().decode()
-    return next(int(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
-def rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
 
 
 LOAD_PROMPTS = ["hello world", "the quick brown fox", "tell me a story", "one two three four"]

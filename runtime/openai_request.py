@@ -1,0 +1,125 @@
+"""OpenAI's request bodies as this server takes them (runtime/server.py): every field checked, with OpenAI's error
+body for what is refused. A field the API defines that this server does not implement is accepted only at the value
+at which it changes nothing (compared with its type: `true` is not 1), anything else is a 400 naming the field,
+never silently ignored.
+"""
+from __future__ import annotations
+
+import secrets
+
+# field -> the values at which an unimplemented OpenAI field changes nothing (accepted; compared with their
+# type, so that true is not 1), or the type of a field that changes nothing at any value (None too)
+NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
+         "top_logprobs": (None, 0), "logit_bias": (None, {}), "user": str, "parallel_tool_calls": bool,
+         "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": dict, "tools": (None, []),
+         "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "echo": (None, False),
+         "suffix": (None,), "best_of": (None, 1)}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
+ROLES = ("system", "user", "assistant")
+
+
+def is_no_op(key: str, value) -> bool:
+    allowed = NO_OP[key]
+    if isinstance(allowed, type):
+        return value is None or isinstance(value, allowed)
+    return any(type(v) is type(value) and v == value for v in allowed)
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def shutting_down() -> RequestError:
+    return RequestError(503, "the server is shutting down; retry the request later or on another server",
+                        code="server_shutting_down", kind="server_error")
+
+
+def message(i: int, m) -> dict:
+    """A chat message as the template takes it: OpenAI's "developer" role is the system prompt, and content
+    given as parts joins its text parts (anything but text is refused: this server reads text)."""
+    role = m.get("role") if isinstance(m, dict) else None
+    role = "system" if role == "developer" else role
+    content = m.get("content") if isinstance(m, dict) else None
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise RequestError(400, f"messages[{i}].content: only text parts are supported by this server",
+                               "messages", "unsupported_content")
+        content = "".join(p["text"] for p in content)
+    if role not in ROLES or not isinstance(content, str):
+        raise RequestError(400, f"messages[{i}] must be {{'role': one of {', '.join(ROLES)}, 'content': a string or "
+                                f"text parts}}", "messages")
+    return {"role": role, "content": content}
+
+
+def parse(body, kind: str, model_name: str) -> tuple[object, dict, bool, bool]:
+    """(prompt, generate options, stream, include_usage) of a request body for `model_name`, every field checked."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    for key, value in body.items():
+        if key in FIELDS[kind]:
+            continue
+        if key in NO_OP and is_no_op(key, value):
+            continue
+        allowed = NO_OP.get(key)
+        what = ("is not supported by this server" if isinstance(allowed, tuple) else
+                f"must be {getattr(allowed, '__name__', '')}" if allowed else "is not a field of this endpoint")
+        raise RequestError(400, f"{key} {what}" + (f" (only {allowed[-1]!r})" if isinstance(allowed, tuple) else
+                                                   ""), key, "unsupported_parameter")
+    model = body.get("model")
+    if model != model_name:
+        raise RequestError(404, f"The model '{model}' does not exist; this server has '{model_name}'", "model",
+                           "model_not_found")
+    n = body.get("n")
+    if not (n is None or (type(n) is int and n == 1)):
+        raise RequestError(400, "n must be 1: this server returns one choice per request", "n")
+    if kind == "chat":
+        prompt = body.get("messages")
+        if not isinstance(prompt, list) or not prompt:
+            raise RequestError(400, "messages must be a non-empty list", "messages")
+        prompt = [message(i, m) for i, m in enumerate(prompt)]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise RequestError(400, "prompt must be a non-empty string", "prompt")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = 256 if max_tokens is None else max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise RequestError(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+    options = {"max_tokens": max_tokens, "temperature": 1.0}  # OpenAI's default temperature
+    for key, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        v = body.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or (key == "top_p" and v == 0):
+            raise RequestError(400, f"{key} must be a number in {'(' if key == 'top_p' else '['}{lo}, {hi}], "
+                                    f"got {v!r}", key)
+        options[key] = float(v)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -1 <= seed < 1 << 64):
+        raise RequestError(400, f"seed must be an integer from 0 to 2**64-1 (or -1: a random one), got {seed!r}",
+                           "seed")
+    # without a seed (or -1, llama-server's spelling), each request samples anew, as OpenAI's API does
+    options["seed"] = secrets.randbits(64) if seed in (None, -1) else seed
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not 1 <= len(stops) <= 4 or not all(isinstance(s, str) and s for s in stops):
+            raise RequestError(400, "stop must be a non-empty string or a list of 1 to 4 of them", "stop")
+        options["stop"] = tuple(stops)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, f"stream must be true or false, got {stream!r}", "stream")
+    so = body.get("stream_options")
+    if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage"}
+                           or not isinstance(so.get("include_usage", False), bool) or not stream):
+        raise RequestError(400, "stream_options takes {'include_usage': bool}, with stream true", "stream_options")
+    return prompt, options, stream, bool((so or {}).get("include_usage", False))
