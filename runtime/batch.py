@@ -88,17 +88,37 @@ class Batcher:
             if seq not in self.live:
                 self.live.append(seq)
             self.cond.notify_all()
-        seq.done.wait()
+        try:
+            seq.done.wait()
+        except BaseException:  # Ctrl-C in chat: what is cached stays, the rest is forgotten
+            self.abandon(seq)
+            raise
         if seq.error is not None:
             raise RuntimeError(seq.error)
         return seq.logits
 
+    def abandon(self, seq: Sequence) -> None:
+        """Stop computing `seq`'s tokens: no further step takes them, and the ids that no step computed are
+        forgotten (now, or when the step it is in ends), so that ids[:cached] stays exactly what the pages hold."""
+        with self.cond:
+            seq.want = False
+            if not seq.busy:
+                del seq.ids[seq.cached:]
+
+    def settle(self, seq: Sequence) -> None:
+        """Wait until `seq` is in no running step."""
+        with self.cond:
+            while seq.busy:
+                self.cond.wait()
+
     def release(self, seq: Sequence, closing: bool = False) -> None:
-        """Forget what `seq` cached (its pages go back now, or after the step it is in)."""
+        """Forget what `seq` cached: its pages go back now, or (closing) after the step it is in."""
         with self.cond:
             seq.closed = seq.closed or closing
-            if seq.busy:
+            if seq.busy and closing:
                 return
+            while seq.busy:  # an abandoned step (Ctrl-C): its pages are written when it ends
+                self.cond.wait()
             self._free(seq)
             seq.want = False
             if seq in self.live:
@@ -108,7 +128,9 @@ class Batcher:
     def truncate(self, seq: Sequence, n: int) -> None:
         """Keep the first n cached tokens of `seq` (a chat's next turn shares them) and the pages they are on."""
         with self.cond:
-            if seq.busy or not 0 <= n <= seq.cached:
+            while seq.busy:
+                self.cond.wait()
+            if not 0 <= n <= seq.cached:
                 raise ValueError(f"cannot keep {n} positions of a sequence holding {seq.cached}")
             keep = n // self.cache.page_size  # whole pages: one that is shared or registered is never rewritten
             self.cache.give(seq.pages[keep:])
@@ -225,7 +247,9 @@ class Batcher:
                     continue
                 s.cached = start + n
                 self._register(s)
-                if s.cached == len(s.ids):
+                if not s.want:  # abandoned while this step ran
+                    del s.ids[s.cached:]
+                elif s.cached == len(s.ids):
                     s.want, s.logits = False, logits[b]
                     s.done.set()
             self.cond.notify_all()
@@ -248,10 +272,16 @@ class BatchSession:
 
     @property
     def length(self) -> int:
+        """The positions cached, once no step computes more of them (after an interrupted prefill or decode)."""
+        self.batcher.settle(self.seq)
         return self.seq.cached
 
+    # An interrupted prefill or decode leaves the cache holding a prefix of what was given (runtime/generate.py:
+    # PrefixCache keeps it), where an engine's own interrupted step may leave it half written.
+    settles = True
+
     def keeps(self, n: int) -> bool:
-        return 0 <= n <= self.seq.cached
+        return 0 <= n <= self.length
 
     def truncate(self, n: int) -> None:
         self.batcher.truncate(self.seq, n)

@@ -32,12 +32,17 @@ class PrefixCache:
     interrupted reply, dropped turns, a new system prompt), the prefix match reuses what is valid
     and no more. A session used directly in between (bench, perplexity) leaves a cache length that
     no longer matches, and the next generation starts afresh.
+
+    A session call interrupted by Ctrl-C (chat) leaves the cache holding an unknown part of what it was
+    given: a session that `settles` (runtime/batch.py: a batched session, whose steps end whole and whose
+    length waits for them) holds a prefix of it, which the next start keeps; any other is reset.
     """
 
     _of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self):
         self.ids: list[int] = []  # (no reference to the session: it is the weak key)
+        self.partial = False  # a call that would cache all of `ids` started and did not return
 
     @classmethod
     def of(cls, session) -> PrefixCache:
@@ -47,8 +52,10 @@ class PrefixCache:
             return cls()
 
     def _cached(self, session) -> list[int]:
-        cache = getattr(session, "cache", None)
-        return self.ids if len(self.ids) == getattr(cache, "length", -1) else []
+        length = getattr(getattr(session, "cache", None), "length", -1)
+        if self.partial:
+            return self.ids[:length] if 0 <= length <= len(self.ids) else []
+        return self.ids if len(self.ids) == length else []
 
     def start(self, session, ids: Sequence[int], reuse: bool = True) -> int:
         """Cut the cache back to its common prefix with `ids` (none unless `reuse`), leaving at least one
@@ -66,12 +73,20 @@ class PrefixCache:
         else:
             n = 0
             session.reset()
-        self.ids = list(ids[:n])
+        self.ids, self.partial = list(ids[:n]), False
         return n
 
-    def forget(self) -> None:
-        """The cache's contents are unknown (a session call was interrupted): the next start resets it."""
-        self.ids = []
+    def begin(self, ids: Sequence[int]) -> None:
+        """A session call that caches `ids` (those cached already, and the ones it is given) starts."""
+        self.ids, self.partial = list(ids), True
+
+    def end(self) -> None:
+        self.partial = False
+
+    def interrupted(self, session) -> None:
+        """The call did not return: keep what a settling session holds (see the class), forget the rest."""
+        if not getattr(session, "settles", False):
+            self.ids, self.partial = [], False
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
@@ -142,15 +157,14 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
     reason = None
     t_prefill = t_decode = 0.0
     decodes = cached = 0
-    busy = True  # inside a session call: if it is interrupted, the cache holds an unknown part of it
     prefix = PrefixCache.of(session)
     try:
         cached = prefix.start(session, ids, reuse_cache)
+        prefix.begin(ids)
         t0 = time.perf_counter()
         logits = session.prefill(ids[cached:])
         t_prefill = time.perf_counter() - t0
-        busy = False
-        prefix.ids = list(ids)
+        prefix.end()
         while reason is None:
             token = sampler.sample(logits, history)
             generated.append(token)
@@ -171,16 +185,15 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
                 yield pending[:len(pending) - keep]
                 pending = pending[len(pending) - keep:]
             if reason is None:
-                busy = True
+                prefix.begin(prefix.ids + [token])
                 t0 = time.perf_counter()
                 logits = session.decode(token)
                 t_decode += time.perf_counter() - t0
-                busy = False
+                prefix.end()
                 decodes += 1
-                prefix.ids.append(token)
     finally:
-        if busy:
-            prefix.forget()
+        if prefix.partial:
+            prefix.interrupted(session)
         if stats is not None:
             prefilled = len(ids) - cached
             stats.update(prompt_tokens=len(ids), prefilled_tokens=prefilled, generated=generated,
