@@ -9,24 +9,42 @@ The rules (issue 12, "output safety"):
 - `/`, the home directory, the current directory and its parents are refused outright, as is any directory
   that holds anything else (a project with `.git`, a web app with its own manifest.json), --force or not.
 - Temporary directories of compiles that were killed (SIGKILL leaves no chance to clean up) are removed by
-  the next compile to the same place; each carries a marker with its owner's pid, and one whose owner is
-  alive (a concurrent compile) is left alone.
+  the next compile to the same place; each carries a marker with its owner's pid (runtime/scratch.py), and
+  one whose owner is alive (a concurrent compile) is left alone.
+
+DIR is checked twice (issue 24): before any model work (check_output), and again when the package is put in place
+(Staging.commit), since anything may have appeared there while the compile ran. Both hold an exclusive flock on
+`.NAME.deploycc-lock` beside DIR, from the check to the last rename, so two compiles to one place take turns: the
+second finds the first's package and replaces it only with --force. The lock file does not outlive the lock: its
+holder unlinks it before closing it, and whoever then holds a lock on an unlinked file (it was waiting on the file
+that was removed) or on one the path no longer names sees that the path names another file, or none, and locks
+again. At most one process thus holds a lock on the file DIR's lock path names, and none is left beside DIR.
+
+Writers that take no lock (a user, an editor) are met by rename(2) itself: the package is renamed only onto an
+absent or empty DIR (renaming a directory onto a non-empty one fails, and that failure is the error), and a
+package being replaced is renamed aside first and checked again there: it is deleted only if it is still provably
+a package, and renamed back otherwise. What such a writer puts into the set-aside package after that last check
+(through a handle it opened before: a shell whose working directory it is) is removed with it: no rename can close
+that window, and it is as short as the check is quick.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
 import shutil
-import socket
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from .errors import DeployError
+from .runtime import scratch
 from .runtime.package import SEAL, seal_text, sha256_of
+from .runtime.scratch import MARKER
 
 TMP_TAG = ".deploycc-tmp-"
 OLD_TAG = ".deploycc-old-"
-MARKER = ".deploycc-partial"  # inside a temporary directory only; never part of a package
+LOCK_TAG = ".deploycc-lock"
 
 
 def check_output(out_dir: Path, force: bool) -> Path:
@@ -39,21 +57,59 @@ def check_output(out_dir: Path, force: bool) -> Path:
     if real == cwd or real in cwd.parents:
         raise DeployError(f"refusing to write a package to {out_dir}: it is the current directory or one of its parents; "
                           f"give -o a new directory such as dist/model")
-    if out.is_symlink():
-        raise DeployError(f"{out_dir} is a symbolic link; give -o the directory itself, or a new one")
-    if not out.exists():
-        return out
-    if not out.is_dir():
-        raise DeployError(f"{out_dir} exists and is not a directory; choose another -o")
-    if not any(out.iterdir()):
-        return out
-    reason = foreign_content(out)
-    if reason:
-        raise DeployError(f"{out_dir} is not a deploycc package ({reason}); nothing was changed — choose a new or empty "
-                          f"directory for -o (--force replaces only a package that deploycc wrote)")
-    if not force:
-        raise DeployError(f"{out_dir} holds a deploycc package; pass --force to replace it, or choose another -o")
+    with locked(out) if out.parent.is_dir() else nullcontext():  # no parent: nothing there to check
+        if out.is_symlink():
+            raise DeployError(f"{out_dir} is a symbolic link; give -o the directory itself, or a new one")
+        if not out.exists():
+            return out
+        if not out.is_dir():
+            raise DeployError(f"{out_dir} exists and is not a directory; choose another -o")
+        if not any(out.iterdir()):
+            return out
+        reason = foreign_content(out)
+        if reason:
+            raise DeployError(f"{out_dir} is not a deploycc package ({reason}); nothing was changed — choose a new or "
+                              f"empty directory for -o (--force replaces only a package that deploycc wrote)")
+        if not force:
+            raise DeployError(f"{out_dir} holds a deploycc package; pass --force to replace it, or choose another -o")
     return out
+
+
+@contextmanager
+def locked(out: Path):
+    """Hold the exclusive lock on `out`'s lock file (made if missing, removed on release; see the module doc)."""
+    path = out.with_name(f".{out.name}{LOCK_TAG}")
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise DeployError(f"cannot make the lock file {path} ({e.strerror}); give -o a directory in a place you "
+                              f"can write") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            if _same_file(path, held):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the file we waited on was removed by its holder: lock the one the path names now
+    try:
+        yield
+    finally:
+        try:
+            if _same_file(path, held):  # only the file we hold: never one another process made since
+                os.unlink(path)
+        finally:
+            os.close(fd)
+
+
+def _same_file(path: Path, st: os.stat_result) -> bool:
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino)
 
 
 def foreign_content(path: Path) -> str | None:
@@ -92,37 +148,61 @@ def foreign_content(path: Path) -> str | None:
 class Staging:
     """A temporary sibling directory for the package being written; `commit()` puts it in place.
 
-        with Staging(out) as tmp:
+        with Staging(out, force) as tmp:
             ... write into tmp ...
             staging.commit()
     Leaving the block without commit (an error, Ctrl-C) removes the temporary directory.
     """
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, force: bool = False):
         self.out = out
+        self.force = force
         self.tmp: Path | None = None
 
     def __enter__(self) -> Path:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(self.out)
-        self.tmp = _marked_dir(self.out, TMP_TAG)
+        self.tmp = scratch.make(self.out.parent, f".{self.out.name}{TMP_TAG}")
         return self.tmp
 
     def commit(self) -> None:
-        """Rename the finished package onto `out`; an existing package (checked by check_output) goes aside
-        first and is removed after, so a crash at any point leaves either package whole."""
-        (self.tmp / MARKER).unlink()
-        old = None
-        if self.out.exists():
-            if any(self.out.iterdir()):
-                old = self.out.with_name(f".{self.out.name}{OLD_TAG}{secrets.token_hex(4)}")
-                self.out.rename(old)
-                _write_marker(old)
-            else:
-                self.out.rmdir()
-        self.tmp.rename(self.out)
-        self.tmp = None
+        """Rename the finished package onto `out`, after checking `out` again under the lock: an absent or empty
+        directory is taken; a package is replaced only with --force: it goes aside, is checked again there and
+        is marked and removed only once the new one is in place, so a crash at any point leaves either package
+        whole. Anything else is left as it is, and the compile fails with nothing changed."""
+        out, old = self.out, None
+        with locked(out):
+            if out.is_symlink() or (out.exists() and not out.is_dir()):
+                raise DeployError(f"{out} was replaced by a {'symbolic link' if out.is_symlink() else 'file'} while "
+                                  f"this compile ran; nothing was changed — choose another -o")
+            if out.is_dir() and any(out.iterdir()):
+                reason = foreign_content(out)
+                if reason:
+                    raise DeployError(_written_meanwhile(out, reason))
+                if not self.force:
+                    raise DeployError(f"{out} holds a deploycc package written while this compile ran; pass --force "
+                                      f"to replace it, or choose another -o")
+                old = out.with_name(f".{out.name}{OLD_TAG}{secrets.token_hex(4)}")
+                out.rename(old)
+                try:
+                    reason = foreign_content(old)  # a writer that takes no lock may have added a file since
+                except BaseException:  # Ctrl-C while hashing a large package
+                    _put_back(old, out)
+                    raise
+                if reason:
+                    raise DeployError(_written_meanwhile(out, reason, _put_back(old, out)))
+            (self.tmp / MARKER).unlink()
+            try:
+                self.tmp.rename(out)  # fails if a writer that takes no lock filled `out` since the check
+            except BaseException as e:
+                kept = _put_back(old, out) if old is not None else ""
+                if not isinstance(e, OSError):
+                    raise
+                raise DeployError(_written_meanwhile(out, f"it was filled after the last check: {e.strerror}",
+                                                     kept)) from None
+            self.tmp = None
         if old is not None:
+            scratch.mark(old)  # if this removal is cut short, the next compile ends it
             shutil.rmtree(old, ignore_errors=True)
 
     def __exit__(self, exc_type, exc, tb):
@@ -131,46 +211,22 @@ class Staging:
         return False
 
 
+def _written_meanwhile(out: Path, reason: str, kept: str = "") -> str:
+    """The error of a commit that found `out` written to by someone else while it compiled."""
+    changed = f"nothing was deleted: {kept}" if kept else "nothing was changed"
+    return (f"{out} was written to while this compile ran and is not a deploycc package ({reason}); {changed} — "
+            f"choose a new or empty directory for -o")
+
+
+def _put_back(old: Path, out: Path) -> str:
+    """Rename the package set aside back onto `out`: '' if done, else where it stays (for the error)."""
+    try:
+        old.rename(out)  # onto an absent or empty `out` only
+        return ""
+    except OSError:
+        return f"the package that was there is kept as {old}, since {out.name} was written again"
+
+
 def remove_stale(out: Path) -> list[Path]:
     """Remove the temporary and set-aside directories of earlier compiles to `out` whose process is gone."""
-    removed = []
-    if not out.parent.is_dir():
-        return removed
-    for p in out.parent.iterdir():
-        if not p.name.startswith(f".{out.name}") or p.is_symlink() or not p.is_dir():
-            continue
-        rest = p.name[len(out.name) + 1:]
-        if not (rest.startswith(TMP_TAG) or rest.startswith(OLD_TAG)) or not _owner_gone(p / MARKER):
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-        removed.append(p)
-    return removed
-
-
-def _marked_dir(out: Path, tag: str) -> Path:
-    tmp = out.with_name(f".{out.name}{tag}{secrets.token_hex(4)}")
-    tmp.mkdir(mode=0o755)
-    _write_marker(tmp)
-    return tmp
-
-
-def _write_marker(path: Path) -> None:
-    (path / MARKER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-
-
-def _owner_gone(marker: Path) -> bool:
-    """Whether the compile that made this directory has ended. No marker, or an unreadable one: not ours to judge."""
-    try:
-        owner = json.loads(marker.read_text())
-        pid, host = int(owner["pid"]), owner["host"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, someone else's
-        return False
-    return False
+    return [p for tag in (TMP_TAG, OLD_TAG) for p in scratch.remove_stale(out.parent, f".{out.name}{tag}")]

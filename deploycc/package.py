@@ -179,7 +179,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
                 "dtype": "float32", **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {}),
                 "pool": exported.attrs["pool"]}
 
-    staging = Staging(out_dir)
+    staging = Staging(out_dir, force)
     with staging as tmp:
         try:
             kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
