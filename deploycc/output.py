@@ -10,7 +10,8 @@ The rules (issue 12, "output safety"):
   that holds anything else (a project with `.git`, a web app with its own manifest.json), --force or not.
 - Temporary directories of compiles that were killed (SIGKILL leaves no chance to clean up) are removed by
   the next compile to the same place; each carries a marker with its owner's pid (runtime/scratch.py), and
-  one whose owner is alive (a concurrent compile) is left alone.
+  one whose owner is alive (a concurrent compile) is left alone. The C compiler works inside the temporary
+  directory (runtime/native.py), so what it leaves goes with it.
 
 DIR is checked twice (issue 24): before any model work (check_output), and again when the package is put in place
 (Staging.commit), since anything may have appeared there while the compile ran. Both hold an exclusive flock on

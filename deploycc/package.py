@@ -282,8 +282,8 @@ def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> 
     source = src.read_text() + "\n" + steps
     src.write_text(source)
     isa = preset.target.isa
-    try:
-        native.build_shared(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math)
+    try:  # the compiler works in tmp/kernels/.cc-XXXX: removed when done, or with the staging if killed
+        native.build_shared(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math, tmp / "kernels")
     except native.NativeError as e:
         raise DeployError(str(e)) from None
     intrins = [s.name for k in lowered.kernels.values() for s in walk(k.body) if isinstance(s, Intrin)]

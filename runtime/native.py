@@ -5,6 +5,10 @@ time for a package (the .so ships inside it, built for the preset's ISA), or by 
 `build` for launch-by-launch use (tests), cached by the hash of source and flags. Loading checks
 that this CPU has every instruction-set flag the object was built for before it is mapped, so a
 package for another CPU is a one-line error and never an illegal-instruction crash.
+
+The compiler works in a marked scratch directory (runtime/scratch.py) inside the package's staging
+directory or the cache, never in /tmp, and its process group dies with the process that started it,
+so a killed compile leaves nothing that a later one does not remove.
 """
 from __future__ import annotations
 
@@ -12,11 +16,12 @@ import ctypes
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from . import scratch
 from .validate import SHAPE_VARS
 
 # The CPU flags (as /proc/cpuinfo spells them) that code compiled for an ISA may use.
@@ -178,26 +183,72 @@ def compile_flags(isa: str, fast_math: bool) -> list[str]:
     return flags
 
 
-def build_shared(source: str, out: Path, isa: str, fast_math: bool) -> None:
-    """Compile `source` into the shared object `out` (written atomically)."""
+CC_WORK = ".cc-"  # the C compiler's work directories (runtime/scratch.py), inside the caller's own directory
+# On Linux the compiler runs under this shell, which leads a session of its own: when the process that started it
+# dies, even of SIGKILL, the shell gets SIGTERM (PR_SET_PDEATHSIG) and kills the whole group. A death signal for
+# the driver alone would not be enough: cc1, as and ld, its children, would be orphaned and go on writing.
+GUARD = 'trap "kill -s KILL 0" TERM; "$@" & wait $!'
+
+
+def build_shared(source: str, out: Path, isa: str, fast_math: bool, work_in: Path) -> None:
+    """Compile `source` into the shared object `out` (renamed into place whole). The compiler works, its temporary
+    files included (TMPDIR), in a marked directory made inside `work_in` (on out's file system) and removed
+    after: never in /tmp, so what a killed build leaves lies where the next build or compile removes it."""
     cc = compiler()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="deploycc-cc-") as tmp:
-        src = Path(tmp) / "module.c"
+    work = scratch.make(work_in, CC_WORK)
+    try:
+        src = work / "module.c"
         src.write_text(source)
-        obj = Path(tmp) / "module.so"
-        cmd = cc + compile_flags(isa, fast_math) + [str(src), "-o", str(obj), "-lm"]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise NativeError(f"the C compiler {' '.join(cc)} did not run ({e}); {INSTALL_CC}") from None
-        if r.returncode != 0:
-            lines = [ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln.lower()] or \
-                (r.stderr or r.stdout).splitlines()
+        obj = work / "module.so"
+        code, stdout, stderr = _run_compiler(cc, compile_flags(isa, fast_math) + [str(src), "-o", str(obj), "-lm"],
+                                             work)
+        if code != 0:
+            lines = [ln for ln in (stderr or stdout).splitlines() if "error" in ln.lower()] or \
+                (stderr or stdout).splitlines()
             raise NativeError(f"the C compiler failed on the cpu kernels: {' | '.join(lines[:3])[:500]}")
-        tmp_out = out.with_name(out.name + f".tmp{os.getpid()}")
-        shutil.copyfile(obj, tmp_out)
-        os.replace(tmp_out, out)
+        os.replace(obj, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_compiler(cc: list[str], args: list[str], work: Path, timeout: int = 600) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the compiler run in `work`. Its process group is killed with this process:
+    on any exception here (Ctrl-C, the timeout) and, on Linux, when this process dies (GUARD)."""
+    linux = sys.platform.startswith("linux")
+    argv = ["/bin/sh", "-c", GUARD, "sh", *cc, *args] if linux else cc + args
+    try:
+        p = subprocess.Popen(argv, cwd=work, env={**os.environ, "TMPDIR": str(work)}, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=_parent_death_signal(signal.SIGTERM) if linux else None)
+    except OSError as e:
+        raise NativeError(f"the C compiler {' '.join(cc)} did not run ({e}); {INSTALL_CC}") from None
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except BaseException as e:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise NativeError(f"the C compiler {' '.join(cc)} did not finish within {timeout} s on the cpu "
+                              f"kernels") from None
+        raise
+    return p.returncode, stdout, stderr
+
+
+def _parent_death_signal(sig: int):
+    """A preexec_fn: the child is sent `sig` when this process dies (Linux prctl PR_SET_PDEATHSIG); a child whose
+    parent died before the prctl took effect exits at once. prctl is looked up here, before the fork."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def set_signal():
+        prctl(1, sig)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+    return set_signal
 
 
 def cache_dir() -> Path:
@@ -205,12 +256,15 @@ def cache_dir() -> Path:
 
 
 def build_cached(source: str, isa: str, fast_math: bool) -> Path:
-    """The shared object of `source`, compiled once per (source, flags, compiler) into the cache."""
+    """The shared object of `source`, compiled once per (source, flags, compiler) into the cache. The work
+    directories of builds that were killed are removed first (those of builds still running are left alone)."""
     key = hashlib.sha256("\0".join([source, isa, str(fast_math), " ".join(compiler()),
                                     " ".join(compile_flags(isa, fast_math))]).encode()).hexdigest()[:32]
     out = cache_dir() / f"{key}.so"
     if not out.is_file():
-        build_shared(source, out, isa, fast_math)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        scratch.remove_stale(out.parent, CC_WORK)
+        build_shared(source, out, isa, fast_math, out.parent)
     return out
 
 

@@ -467,3 +467,129 @@ def test_a_compile_waits_while_another_puts_its_package_in_place(model, tmp_path
     assert tree_digest(out) == written
     assert [q.name for q in out.parent.iterdir()] == ["pkg"]
 
+
+# ---- the C compiler of a killed compile ---------------------------------------------------------
+
+KILL_IN_CC = textwrap.dedent("""
+    # python -c KILL_IN_CC PIDS compile ARGS... | build SOURCE: SIGKILLed (as `kill -9` or the OOM killer would)
+    # while the C compiler proper runs; PIDS gets the processes below this one at that moment.
+    import os, signal, subprocess, sys, time
+    from pathlib import Path
+
+    def below(root):
+        parent = {}
+        for d in Path("/proc").iterdir():
+            try:
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (ValueError, OSError):
+                pass
+        out, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            kids = [p for p, pp in parent.items() if pp == pid]
+            out += kids
+            todo += kids
+        return out
+
+    def compiling(pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\\0")
+        except OSError:
+            return False
+        return os.path.basename(argv[0]) in (b"cc1", b"cc1plus") or b"-cc1" in argv
+
+    class KillInCompiler(subprocess.Popen):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            deadline = time.monotonic() + 60
+            while not any(compiling(p) for p in below(os.getpid())) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            pids.write_text(" ".join(map(str, below(os.getpid()))))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    pids = Path(sys.argv[1])
+    subprocess.Popen = KillInCompiler
+    if sys.argv[2] == "build":
+        from deploycc.runtime import native
+        native.build_cached(Path(sys.argv[3]).read_text(), "generic", False)
+    else:
+        from deploycc.cli import main
+        sys.argv = ["deploycc", *sys.argv[2:]]
+        main()
+""")
+
+
+def assert_all_ended(pids_file: Path, within: float = 2.0) -> None:
+    """Every process recorded in `pids_file` has ended (or is a zombie) within `within` seconds: nothing of the
+    compiler goes on writing after the compile was killed."""
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert pids, "no compiler process was running"
+
+    def alive(pid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [p for p in pids if alive(p)], [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in pids if alive(p)]
+
+
+def test_a_compile_killed_in_the_c_compiler_leaves_nothing_behind(model, tmp_path):
+    """The compiler's work directory lies inside the compile's staging directory and its temporary files too
+    (TMPDIR): nothing lands in /tmp, nothing of the compiler outlives the compile, and the next compile removes
+    what was left."""
+    require_cc()
+    out = tmp_path / "dist" / "pkg"
+    (tmp_path / "tmp").mkdir()
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_CC, str(tmp_path / "pids"), "compile", str(model), "--device",
+                             "cpu", "-o", str(out), "--json"], capture_output=True, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert killed.returncode == -9, killed.stderr
+    assert_all_ended(tmp_path / "pids")
+    assert list((tmp_path / "tmp").iterdir()) == []
+    [stale] = out.parent.iterdir()
+    assert stale.name.startswith(".pkg.deploycc-tmp-")
+    assert [w.name[:4] for w in (stale / "kernels").iterdir() if w.is_dir()] == [".cc-"]
+    r = compile_to(model, out, "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [q.name for q in out.parent.iterdir()] == ["pkg"]
+
+
+def test_a_killed_build_of_the_native_cache_is_cleaned_up_by_the_next(tmp_path, monkeypatch):
+    """The cpu device's build_cached (no staging directory): a marked work directory in the cache, which the
+    next build removes once its owner is gone (one whose owner lives is left alone)."""
+    require_cc()
+    from deploycc.runtime import native, scratch
+
+    source = "".join(f"double f{i}(const double *a, int n) {{ double s = 0; for (int j = 0; j < n; j++) "
+                     f"s += a[j] * {i} + a[n - j - 1]; return s; }}\n" for i in range(400))
+    (tmp_path / "module.c").write_text(source)
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    tmp.mkdir()
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_CC, str(tmp_path / "pids"), "build",
+                             str(tmp_path / "module.c")], capture_output=True, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp), "DEPLOYCC_HOME": str(home)})
+    assert killed.returncode == -9, killed.stderr
+    assert_all_ended(tmp_path / "pids")
+    assert list(tmp.iterdir()) == []
+    [stale] = (home / "native").iterdir()
+    assert stale.name.startswith(native.CC_WORK) and (stale / scratch.MARKER).is_file()
+    live = scratch.make(home / "native", native.CC_WORK)  # this process's: a build that still runs
+    monkeypatch.setenv("DEPLOYCC_HOME", str(home))
+    so = native.build_cached(source, "generic", False)
+    assert sorted(p.name for p in (home / "native").iterdir()) == sorted([so.name, live.name])
+
+
+def test_the_c_compiler_is_killed_with_its_group_on_a_timeout(tmp_path):
+    """A compiler that does not finish: its whole process group (a child it started included) ends with the
+    error."""
+    from deploycc.runtime import native
+
+    script = 'sleep 60 & echo $! > pids; echo $$ >> pids; wait'
+    with pytest.raises(native.NativeError, match="did not finish within 1 s"):
+        native._run_compiler(["sh", "-c", script], [], tmp_path, timeout=1)
+    assert_all_ended(tmp_path / "pids", within=0.5)
