@@ -3,6 +3,9 @@
 Every refused case asserts the one-line error and that the directory tree is byte-for-byte what it was
 (`tree_digest`), with no temporary directory left beside it. A compile of the tiny llama fixture (no
 tokenizer needed) on cpu-opencl takes a few seconds; the refusals happen before any model work.
+
+The writers of issue 24 race a real compile for cpu (it needs a C compiler): the command line runs paused at a
+named point (PAUSING) while another process writes or compiles, so each interleaving happens every time.
 """
 from __future__ import annotations
 
