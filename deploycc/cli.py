@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -733,7 +734,12 @@ def _print_memory(report: dict, where: str) -> None:
 
 # ---- entry point -------------------------------------------------------------------------------
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: a compile's staging directory is removed on the way out
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminated)  # `serve` installs its own while it serves
     try:
         rv = cli.main(standalone_mode=False)
     except ERRORS as e:

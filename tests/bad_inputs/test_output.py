@@ -195,6 +195,23 @@ KILL_AFTER_WEIGHTS = textwrap.dedent("""
 """)
 
 
+def test_a_terminated_compile_removes_its_staging(model, tmp_path):
+    """SIGTERM (a service manager, `timeout`, a CI runner) unwinds the compile like Ctrl-C: exit 143, no package,
+    no staging directory left (it used to die at once and leave it for the next compile to remove)."""
+    require_cc()
+    out = tmp_path / "dist" / "pkg"
+    p = subprocess.Popen([sys.executable, "-m", "deploycc", "compile", str(model), "--device", "cpu", "-o", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (out.parent.is_dir() and any(out.parent.glob(".pkg.deploycc-tmp-*"))):  # writing the package now
+        assert p.poll() is None and time.time() < deadline, p.stderr.read()[-2000:]
+        time.sleep(0.01)
+    p.terminate()
+    assert p.wait(timeout=60) == 143
+    assert "Traceback" not in p.stderr.read()
+    assert list(out.parent.iterdir()) == []
+
+
 def test_a_killed_compile_is_cleaned_up_by_the_next(model, tmp_path):
     require_device("opencl")
     out = tmp_path / "dist" / "pkg"
