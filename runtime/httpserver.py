@@ -7,9 +7,11 @@ model work, and how it starts and stops.
   IP literal (a rebinding attack needs a name); --allowed-hosts replaces the list, `*` allows any. The same
   defence as Jupyter's and as llama-server-style local servers'.
 - Bodies: JSON only (`Content-Type: application/json`, so a cross-site form or `text/plain` post is refused
-  before the browser's CORS check would even apply), at most `max_body_bytes` (413 from Content-Length before
-  reading, or as soon as a chunked body passes it), read within `body_timeout` seconds (408), nested at most
-  MAX_JSON_DEPTH deep.
+  before the browser's CORS check would even apply), at most `max_body_bytes` (413 from Content-Length, or as
+  soon as a chunked body passes it), read within `body_timeout` seconds (408), nested at most MAX_JSON_DEPTH
+  deep. An oversized body of up to DRAIN_FACTOR times the limit is read and dropped before the 413, so that a
+  client still sending it gets the answer rather than a reset connection (nginx's lingering close); a larger one
+  is refused at once.
 - Slow clients: a connection that has not sent a whole request head within `header_timeout` seconds is closed,
   quietly (uvicorn only times out idle keep-alive connections, after a first response).
 - Signals: the first SIGTERM or SIGINT stops accepting connections and gives the requests in flight
@@ -27,6 +29,7 @@ import socket
 import sys
 
 MAX_JSON_DEPTH = 64
+DRAIN_FACTOR = 4
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -97,18 +100,25 @@ async def read_json(request, max_bytes: int, timeout: float) -> object:
         raise HTTPError(415, f"the request body must be JSON with 'Content-Type: application/json', got "
                              f"{ctype or 'no Content-Type'!r}", "unsupported_media_type")
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > max_bytes):
-        raise HTTPError(413, f"the request body is {length} bytes; this server takes at most {max_bytes} "
-                             f"(--max-body-bytes)", "request_too_large")
+    too_large = HTTPError(413, f"the request body is {length or 'over ' + str(max_bytes)} bytes; this server takes "
+                               f"at most {max_bytes} (--max-body-bytes)", "request_too_large")
+    if length is not None and not length.isdigit():
+        raise HTTPError(400, f"Content-Length {length!r} is not a number of bytes", "invalid_request")
 
     async def read() -> bytes:
         parts, size = [], 0
+        drain = length is not None and int(length) > max_bytes
+        if drain and int(length) > DRAIN_FACTOR * max_bytes:
+            raise too_large
         async for part in request.stream():
             size += len(part)
-            if size > max_bytes:
-                raise HTTPError(413, f"the request body is over {max_bytes} bytes, the most this server takes "
-                                     f"(--max-body-bytes)", "request_too_large")
-            parts.append(part)
+            if size > DRAIN_FACTOR * max_bytes:
+                raise too_large
+            drain = drain or size > max_bytes
+            if not drain:
+                parts.append(part)
+        if drain:
+            raise too_large
         return b"".join(parts)
 
     try:
