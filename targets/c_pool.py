@@ -5,19 +5,29 @@ One pool per loaded module: `dcc_init(n)` starts n - 1 workers once; `dcc_parall
 f(ctx, tid, n) on every thread, the caller being worker 0, and returns when all are done.
 `dcc_barrier()` inside such a task is a spinning sense-counting barrier (a few hundred ns): a whole
 decode step is one task with a barrier between dependent kernels. Idle workers spin for
-DCC_SPIN pause instructions (tens of microseconds: enough to catch the next kernel launch of a
-launch-by-launch run) and then sleep on a condition variable, so nothing spins while Python
-samples the next token for long; waking costs a few microseconds once per step.
+DCC_SPIN rounds (pauses, then yields of the core: about 6 ms; enough to catch the next kernel launch
+of a launch-by-launch run or the next step of a decode) and then sleep on a condition variable, so
+nothing spins while Python waits for long (a chat waiting for its user); waking costs a few
+microseconds. Every wait yields its core after a short spin: with more threads than free cores, a pure
+spin-wait starves the thread it waits for (two decoding processes on two cores ran 350x slower).
 """
 
 POOL_SOURCE = r"""
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #define DCC_EXPORT __attribute__((visibility("default")))
 #define DCC_MAX_THREADS 256
 #ifndef DCC_SPIN
 #define DCC_SPIN 20000
+#endif
+/* Pauses a thread waiting at a barrier (or for the last worker) spins before it yields its core each time round:
+   with more threads than free cores (two packages, or a test runner beside one), a waiter that only spins keeps
+   the core from the very thread it waits for, for a whole time slice (two decoding processes on two cores ran
+   350 times slower). A few microseconds, far longer than a barrier's wait when every thread has a core. */
+#ifndef DCC_YIELD_AFTER
+#define DCC_YIELD_AFTER 2000
 #endif
 typedef void (*dcc_task)(void* ctx, int tid, int nt);
 typedef struct { void* const* b; const int* s; int groups; } dcc_launch;
@@ -42,6 +52,12 @@ static inline void dcc_pause(void) {
 #endif
 }
 
+/* One round of a wait: spin at first, then yield the core (see DCC_YIELD_AFTER). */
+static inline void dcc_wait(unsigned* spins) {
+  if (++*spins < DCC_YIELD_AFTER) dcc_pause();
+  else sched_yield();
+}
+
 /* The groups lo (which 0) or hi (which 1) of thread tid of nt: contiguous, balanced shares. */
 static inline int dcc_share(int groups, int tid, int nt, int which) {
   return (int)(((int64_t)groups * (tid + which)) / nt);
@@ -54,7 +70,8 @@ __attribute__((unused)) static void dcc_barrier(void) {
     atomic_store_explicit(&dcc_bar_count, 0, memory_order_relaxed);
     atomic_fetch_add_explicit(&dcc_bar_gen, 1, memory_order_release);
   } else {
-    while (atomic_load_explicit(&dcc_bar_gen, memory_order_acquire) == g) dcc_pause();
+    unsigned spins = 0;
+    while (atomic_load_explicit(&dcc_bar_gen, memory_order_acquire) == g) dcc_wait(&spins);
   }
 }
 
@@ -63,9 +80,9 @@ static void* dcc_worker(void* arg) {
   unsigned seen = 0;  /* the generation before any job: dcc_init runs before the first dcc_parallel */
   for (;;) {
     unsigned g;
-    long spins = 0;
+    unsigned spins = 0;
     while ((g = atomic_load_explicit(&dcc_gen, memory_order_acquire)) == seen) {
-      if (++spins < DCC_SPIN) { dcc_pause(); continue; }
+      if (spins < DCC_SPIN) { dcc_wait(&spins); continue; }
       pthread_mutex_lock(&dcc_mu);
       atomic_fetch_add(&dcc_sleepers, 1);
       while (atomic_load(&dcc_gen) == seen) pthread_cond_wait(&dcc_cv, &dcc_mu);
@@ -109,7 +126,8 @@ __attribute__((unused)) static void dcc_parallel(dcc_task f, void* ctx) {
   if (atomic_load(&dcc_sleepers)) pthread_cond_broadcast(&dcc_cv);
   pthread_mutex_unlock(&dcc_mu);
   f(ctx, 0, dcc_nt);
-  while (atomic_load_explicit(&dcc_done, memory_order_acquire) != dcc_nt - 1) dcc_pause();
+  unsigned spins = 0;
+  while (atomic_load_explicit(&dcc_done, memory_order_acquire) != dcc_nt - 1) dcc_wait(&spins);
   pthread_mutex_unlock(&dcc_run_mu);
 }
 
