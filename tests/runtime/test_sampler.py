@@ -1,11 +1,12 @@
-"""The sampler: greedy, seeded reproducibility, top-k / top-p filtering, repetition penalty, argument checks."""
+"""The sampler: greedy, seeded reproducibility, top-k / top-p / min-p filtering, repetition penalty, argument checks;
+and the settings run, chat and serve sample with: the user's, else generation_config.json's, else a fallback."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import require_module
 
-from deploycc.runtime.sampler import Sampler
+from deploycc.runtime.sampler import LLAMA_CLI, OPENAI, Sampler, generation_config_sampling, resolve_sampling
 
 
 def logits(seed: int = 0, vocab: int = 1000) -> np.ndarray:
@@ -80,6 +81,42 @@ def test_repetition_penalty_effect():
     assert Sampler(repetition_penalty=0.5).sample(np.array([1.0, 1.5]), [0]) == 0  # < 1 rewards repeats
 
 
+def min_p_reference(x: np.ndarray, temperature: float, min_p: float, top_p: float = 1.0) -> np.ndarray:
+    """The distribution sampled from, in numpy: softmax of x / temperature, top-p's smallest head reaching top_p,
+    then the tokens at least min_p times as likely as the most likely one, renormalized."""
+    p = np.exp((x - x.max()) / temperature)
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    head = order[:int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1] if top_p < 1 else order
+    q = np.zeros_like(p)
+    q[head] = p[head]
+    q[q < min_p * p.max()] = 0
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("temperature, min_p, top_p", [(1.0, 0.1, 1.0), (0.7, 0.05, 1.0), (1.3, 0.2, 1.0),
+                                                       (1.0, 0.02, 0.8)])
+def test_min_p_follows_numpy(temperature, min_p, top_p):
+    x = logits(6, 60) / 2
+    want = min_p_reference(x, temperature, min_p, top_p)
+    assert 3 < np.count_nonzero(want) < 50  # the case filters something, and keeps several tokens
+    n = 8000
+    got = np.bincount(draws(Sampler(temperature=temperature, min_p=min_p, top_p=top_p, seed=1), x, n),
+                      minlength=x.size) / n
+    assert set(np.flatnonzero(got)) <= set(np.flatnonzero(want))  # nothing below the threshold is ever drawn
+    np.testing.assert_allclose(got, want, atol=0.02)
+
+
+def test_min_p_as_in_transformers():
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    x = logits(7, 80) / 2
+    scaled = transformers.TemperatureLogitsWarper(0.8)(None, torch.tensor(x[None], dtype=torch.float64))
+    kept = torch.isfinite(transformers.MinPLogitsWarper(0.05)(None, scaled)).numpy()[0]
+    drawn = set(draws(Sampler(temperature=0.8, min_p=0.05, seed=2), x, 5000))
+    assert drawn == set(np.flatnonzero(kept).tolist())
+
+
 def test_input_not_modified_and_float32_ok():
     x = logits(5)
     before = x.copy()
@@ -105,6 +142,8 @@ def test_masked_logits():
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(top_k=-1), "top_k must be an integer >= 0"),
     (dict(top_k=2.5), "top_k must be an integer >= 0"),
+    (dict(min_p=-0.1), r"min_p must be in \[0, 1\]"),
+    (dict(min_p=1.5), r"min_p must be in \[0, 1\]"),
     (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
     (dict(repetition_penalty=float("inf")), "repetition_penalty must be"),
     (dict(seed=-1), "seed must be an integer >= 0"),
@@ -119,3 +158,64 @@ def test_bad_arguments(kwargs, message):
 def test_numpy_scalars_accepted():
     s = Sampler(temperature=np.float32(0.5), top_p=np.float64(0.9), top_k=np.int64(4), seed=np.int32(1))
     assert (s.temperature, s.top_k) == (0.5, 4)
+
+
+# ---- which settings --------------------------------------------------------------------------------
+
+NOT_GIVEN = dict(temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None)
+MODEL = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.05, "eos_token_id": 2}
+
+
+def test_the_model_settings_are_the_default():
+    s = resolve_sampling(NOT_GIVEN, generation_config_sampling(MODEL), LLAMA_CLI)
+    assert s.options() == dict(temperature=0.7, top_p=0.9, top_k=50, min_p=0.0, repetition_penalty=1.05)
+    assert s.describe() == "temperature 0.7, top_p 0.9, top_k 50, min_p 0, repetition_penalty 1.05 " \
+                           "(from generation_config.json)"
+
+
+def test_given_settings_win():
+    s = resolve_sampling({**NOT_GIVEN, "temperature": 1.2, "top_k": 5}, generation_config_sampling(MODEL), LLAMA_CLI)
+    assert s.options() == dict(temperature=1.2, top_p=0.9, top_k=5, min_p=0.0, repetition_penalty=1.05)
+    assert s.describe().endswith("(temperature, top_k from the command line; top_p, min_p, repetition_penalty from "
+                                 "generation_config.json)")
+
+
+def test_given_temperature_zero_is_plain_greedy():
+    s = resolve_sampling({**NOT_GIVEN, "temperature": 0.0}, generation_config_sampling(MODEL), LLAMA_CLI)
+    assert (s.temperature, s.repetition_penalty) == (0.0, 1.0)  # the model's penalty does not apply
+    assert s.describe() == "greedy, temperature 0, repetition_penalty 1 (from the command line)"
+    s = resolve_sampling({"temperature": 0.0, "repetition_penalty": 1.3}, generation_config_sampling(MODEL), OPENAI)
+    assert (s.temperature, s.repetition_penalty) == (0.0, 1.3)  # unless it is given too
+
+
+def test_do_sample_false_is_greedy_with_the_model_penalty():
+    model = generation_config_sampling({**MODEL, "do_sample": False})
+    s = resolve_sampling(NOT_GIVEN, model, LLAMA_CLI)
+    assert (s.temperature, s.repetition_penalty) == (0.0, 1.05)  # as transformers' greedy search
+    assert s.describe() == "greedy, temperature 0, repetition_penalty 1.05 (from generation_config.json)"
+    # sampling asked for on the command line takes the model's other settings
+    assert resolve_sampling({"temperature": 0.5}, model, LLAMA_CLI).top_p == 0.9
+    assert resolve_sampling(NOT_GIVEN, generation_config_sampling({"do_sample": False}), OPENAI).temperature == 0.0
+
+
+def test_without_model_settings_the_fallback():
+    for config in ({}, {"eos_token_id": 2, "bos_token_id": 1}, {"do_sample": True}, {"temperature": None}):
+        assert generation_config_sampling(config) is None
+        s = resolve_sampling(NOT_GIVEN, generation_config_sampling(config), LLAMA_CLI)
+        assert s.options() == dict(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, repetition_penalty=1.0)
+        assert s.describe().endswith("(from llama.cpp's defaults)")
+        assert resolve_sampling({}, None, OPENAI).options() == dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
+                                                                    repetition_penalty=1.0)
+
+
+def test_a_partial_model_config_leaves_the_rest_off():
+    s = resolve_sampling(NOT_GIVEN, generation_config_sampling({"top_p": 0.8}), LLAMA_CLI)
+    assert s.options() == dict(temperature=1.0, top_p=0.8, top_k=0, min_p=0.0, repetition_penalty=1.0)
+
+
+@pytest.mark.parametrize("config, message", [({"temperature": -1}, "temperature must be"),
+                                             ({"top_k": "many"}, "top_k must be"),
+                                             ({"do_sample": "yes"}, "do_sample should be true or false")])
+def test_bad_model_settings(config, message):
+    with pytest.raises(ValueError, match=message):
+        generation_config_sampling(config)
