@@ -5,12 +5,23 @@ The shapes are chosen to catch indexing mistakes: GQA ratios 1, 2, 3 and 4 (and 
 differ from heads * head_dim (explicit head_dim), odd vocabularies, tied and untied heads,
 rope scaling (linear, Llama 3, YaRN, LongRoPE), partial rotary, sliding windows shorter than the
 prompts, QK-norm, soft-capping, 2-4 layers.
+
+Magnitudes are those of a trained model, not of transformers' initialisation (std 0.02 everywhere: attention
+nearly uniform, logits of a tenth of a unit, so that a model without its soft-cap or window still matched
+transformers at 1e-4). After the initialisation, `sharpen` makes every linear map preserve variance, gives the
+norms before each linear two outlier channels (LLM.int8's "outlier features": inputs of 10 and 20 times the
+others, residual-stream activations of about 100), and scales q and k layer by layer until the attention
+scores of each row have a standard deviation of SCORE_STD (peaked attention), then the final norm until the
+logits have one of LOGIT_STD.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 TINY = {
     # name: (architecture, config kwargs)
@@ -111,8 +122,13 @@ SHAPES = {
 }
 
 
+# In the cache directory's name: a change of what make_tiny writes for a name and seed bumps it, so that no
+# checkpoint of an earlier version is reused (2: sharpen).
+VERSION = 2
+
+
 def fixture_home() -> Path:
-    return Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc")) / "test-fixtures"
+    return Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc")) / f"test-fixtures-v{VERSION}"
 
 
 def make_tiny(name: str, seed: int = 0) -> Path:
@@ -144,6 +160,7 @@ def make_tiny(name: str, seed: int = 0) -> Path:
         for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+    sharpen(model, plus_one=arch in ("gemma2", "gemma3"), seed=seed)
     # Parallel test workers may race to write the same fixture: write privately, then rename.
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
@@ -158,3 +175,115 @@ def load_hf(path: Path):
     import transformers as tf
 
     return tf.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+SCORE_STD = 3.0  # attention scores: each row's standard deviation (softmax far from uniform)
+LOGIT_STD = 3.0  # logits: each position's standard deviation over the vocabulary
+OUTLIERS = (10.0, 20.0)  # factors of the outlier channels of the norms before each linear
+
+
+def sharpen(model, plus_one: bool, seed: int) -> None:
+    """Give a freshly initialised transformers model the magnitudes of a trained one (module docstring), in place.
+    plus_one: the norms multiply by 1 + w (Gemma), so w becomes f * (1 + w) - 1 where the scale is f."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        done = set()  # a tied head shares the embedding's weight: scaled once, as an embedding
+        for m in model.modules():
+            w = getattr(m, "weight", None)
+            if w is None or id(w) in done:
+                continue
+            done.add(id(w))
+            if isinstance(m, torch.nn.Embedding):
+                w.mul_(1 / w.std())
+            elif isinstance(m, (torch.nn.Linear, Conv1D)):  # Conv1D (GPT-2) stores [in, out]
+                w.mul_(1 / (w.std() * math.sqrt(w.shape[1 if isinstance(m, torch.nn.Linear) else 0])))
+        channels = torch.randperm(model.config.hidden_size, generator=gen)[: len(OUTLIERS)].tolist()
+        for layer in _layers(model):
+            for name, m in layer.named_children():
+                if "norm" in name or name.startswith("ln_"):
+                    for c, f in zip(channels, OUTLIERS):
+                        _scale_norm(m.weight, f, plus_one, c)
+        ids = torch.randint(0, model.config.vocab_size, (1, 32), generator=gen)
+        # Layer by layer: a layer's scores depend on the layers before it only.
+        for i, layer in enumerate(_layers(model)):
+            with _attention_scores(model) as stds:
+                model(ids)
+            _scale_qk(layer.attn if hasattr(layer, "attn") else layer.self_attn, math.sqrt(SCORE_STD / stds[i]),
+                      plus_one)
+        with _attention_scores(model):  # the final soft-cap off
+            logits = model(ids).logits
+        f = LOGIT_STD / float(logits.std(-1).pow(2).mean().sqrt())
+        norm = model.transformer.ln_f if hasattr(model, "transformer") else model.model.norm
+        _scale_norm(norm.weight, f, plus_one)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias.mul_(f)
+
+
+def _layers(model):
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+@contextmanager
+def _attention_scores(model):
+    """Within: the model's soft-caps are off, and each softmax (eager attention's, one a layer) appends to the
+    list yielded the standard deviation of its input's rows, over the positions the mask leaves."""
+    import torch
+
+    softmax, stds = torch.nn.functional.softmax, []
+    capped = [a for a in model.modules() if getattr(a, "attn_logit_softcapping", None) is not None]
+    final = getattr(model.config, "final_logit_softcapping", None)
+    attn = model.config._attn_implementation
+
+    def record(x, *args, **kwargs):
+        s = x.detach().double()
+        valid = s > -1e30  # masked: the dtype's minimum added
+        n = valid.sum(-1)
+        mean = torch.where(valid, s, 0).sum(-1) / n
+        var = torch.where(valid, (s - mean[..., None]) ** 2, 0).sum(-1) / n
+        stds.append(float(var[n > 1].mean().sqrt()))
+        return softmax(x, *args, **kwargs)
+
+    caps = [a.attn_logit_softcapping for a in capped]
+    for a in capped:
+        a.attn_logit_softcapping = None
+    model.config.final_logit_softcapping = None
+    model.set_attn_implementation("eager")
+    try:
+        with mock.patch.object(torch.nn.functional, "softmax", record):
+            yield stds
+    finally:
+        for a, cap in zip(capped, caps):
+            a.attn_logit_softcapping = cap
+        model.config.final_logit_softcapping = final
+        model.set_attn_implementation(attn)
+
+
+def _scale_norm(w, f: float, plus_one: bool, index=slice(None)) -> None:
+    if plus_one:
+        w[index] = f * (1 + w[index]) - 1
+    else:
+        w[index] *= f
+
+
+def _scale_qk(attn, f: float, plus_one: bool) -> None:
+    """Scale one layer's queries and keys by f each (its scores by f squared)."""
+    if hasattr(attn, "q_norm"):  # QK-norm undoes a scale of the projections
+        _scale_norm(attn.q_norm.weight, f, plus_one)
+        _scale_norm(attn.k_norm.weight, f, plus_one)
+        return
+    if hasattr(attn, "q_proj"):
+        parts = [(attn.q_proj, slice(None)), (attn.k_proj, slice(None))]
+    elif hasattr(attn, "qkv_proj"):  # Phi-3: q and k are the first rows
+        cfg = attn.config
+        parts = [(attn.qkv_proj, slice(0, (cfg.num_attention_heads + cfg.num_key_value_heads) * attn.head_dim))]
+    else:  # GPT-2's c_attn: Conv1D [in, 3 * hidden], q and k the first two thirds of the columns
+        attn.c_attn.weight[:, : 2 * attn.embed_dim] *= f
+        attn.c_attn.bias[: 2 * attn.embed_dim] *= f
+        return
+    for linear, rows in parts:
+        linear.weight[rows] *= f
+        if linear.bias is not None:
+            linear.bias[rows] *= f

@@ -1,8 +1,14 @@
 """Reference logits of every tiny architecture equal transformers' (float32, eager attention).
 
-Tolerance: max |diff| <= 1e-4 on every logit, for prompts of length 1, 7 and 33 and for each of
-8 decode steps after them, at graph level (op references) and after legalization (tensor programs
-run by the loop-level interpreter).
+Tolerance: max |diff| <= REL_TOL * max |logit| (transformers', at least 1) on every logit, for prompts of
+length 1, 7 and 33 and for each of 8 decode steps after them, at graph level (op references) and after
+legalization (tensor programs run by the loop-level interpreter).
+
+Relative because float32 rounding grows with the magnitudes: on the fixtures' realistic ones (logits of
+std 3 and up to 17, residual activations of about 100; tests/fixtures.py) transformers in float32 itself
+differs from transformers in float64 by up to 3e-4 (Gemma 2), and we differ from float32 transformers by up to
+1.8e-5 * max |logit| (2.3e-4 at 12.4, llama-gqa1). The earlier 1e-4, on the logits of transformers'
+initialisation (max |logit| 0.36 to 1.35), was 7e-5 to 3e-4 of them.
 """
 import numpy as np
 import pytest
@@ -12,7 +18,7 @@ import deploycc
 from deploycc.ir.checker import check
 from fixtures import SHAPES, load_hf, make_tiny
 
-TOL = 1e-4
+REL_TOL = 5e-5
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,13 @@ def check_logits(hf, model, stage, prompt_len):
     got = np.concatenate(ours)
     assert got.shape == (prompt_len + 8, vocab)
     diff = np.abs(got - ref[: prompt_len + 8]).max(axis=-1)
-    assert diff.max() <= TOL, f"max |diff| per position: {np.round(diff, 7).tolist()}"
+    tol = tolerance(ref)
+    assert diff.max() <= tol, f"tolerance {tol:.2e}; max |diff| per position: {np.round(diff, 7).tolist()}"
+
+
+def tolerance(ref: np.ndarray) -> float:
+    """Of a comparison with transformers' logits `ref` (module docstring)."""
+    return REL_TOL * max(1.0, float(np.abs(ref).max()))
 
 
 def test_last_logits_only(hf_and_model):
