@@ -10,7 +10,7 @@ Magnitudes are those of a trained model, not of transformers' initialisation (st
 nearly uniform, logits of a tenth of a unit, so that a model without its soft-cap or window still matched
 transformers at 1e-4). After the initialisation, `sharpen` makes every linear map preserve variance, gives the
 norms before each linear two outlier channels (LLM.int8's "outlier features": inputs of 10 and 20 times the
-others, residual-stream activations of about 100), and scales q and k layer by layer until the attention
+others; residual activations up to about 150), and scales q and k layer by layer until the attention
 scores of each row have a standard deviation of SCORE_STD (peaked attention), then the final norm until the
 logits have one of LOGIT_STD.
 """
@@ -66,14 +66,17 @@ TINY = {
     "gemma3-gqa4-local-global": ("gemma3", dict(vocab_size=89, hidden_size=24, intermediate_size=40,
                                                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
                                                 head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
-                                                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                                layer_types=["sliding_attention", "sliding_attention",
+                                                             "full_attention"],
                                                 rope_parameters={
-                                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                    "sliding_attention": {"rope_type": "default",
+                                                                          "rope_theta": 10000.0},
                                                     "full_attention": {"rope_type": "linear", "factor": 8.0,
                                                                        "rope_theta": 1000000.0}})),
     "phi3-longrope-partial-window": ("phi3", dict(vocab_size=83, hidden_size=32, intermediate_size=56,
                                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                                  partial_rotary_factor=0.5, sliding_window=6, pad_token_id=0, eos_token_id=1,
+                                                  partial_rotary_factor=0.5, sliding_window=6, pad_token_id=0,
+                                                  eos_token_id=1,
                                                   original_max_position_embeddings=128,
                                                   rope_scaling={"type": "longrope", "short_factor": [1.0, 1.7],
                                                                 "long_factor": [3.0, 5.0], "attention_factor": 1.2})),
