@@ -41,7 +41,7 @@ class Engine:
             device.check_limits(requires)
         t0 = time.perf_counter()
         self.f16: str | None = None  # WebGPU: "native" (shader-f16), "packed" (f16 read from u32 words) or "none"
-        kernels = self._build_kernels()
+        kernels = self._build_kernels(bytecode)
         self.build_seconds = time.perf_counter() - t0
         storages = [device.alloc(max(int(s["bytes"]), 4)) for s in manifest["storages"]]
         kv = manifest["kv_cache"]
@@ -102,7 +102,7 @@ class Engine:
             raise DeviceError(f"no {kind} runtime on this machine ({msg}){hint}") from None
         return cls(path, manifest, bytecode, dev, params, native_steps, paged)
 
-    def _build_kernels(self) -> dict:
+    def _build_kernels(self, bytecode: dict) -> dict:
         entries = self.manifest["kernels"]["entries"]
         if self.manifest["target"]["kind"] == "cpu":  # one shared object, compiled with the package
             from . import native
@@ -113,6 +113,8 @@ class Engine:
                                        self.manifest["target"].get("num_threads", 0),
                                        tuple(f["symbol"] for f in nat["functions"].values())
                                        + tuple(f"{e['entry']}__launch" for e in entries.values()))
+                digest = native.lowered_digest(bytecode, entries)
+                native.check_lowered_from(self.lib, self.path / nat["library"], digest)
             except native.NativeError as e:
                 raise PackageError(str(e)) from None
             built = self.device.kernels_of(self.lib, sorted({e["entry"] for e in entries.values()}))

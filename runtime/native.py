@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -78,6 +79,31 @@ def step_split(spec: dict) -> tuple[int, list[int]]:
         out.add(defs[r])
         todo += [a["r"] for a in x.get("args", []) if isinstance(a, dict) and "r" in a]
     return k, sorted(out)
+
+
+# The step functions are the bytecode and the kernels' argument tables compiled in: the loader's checks (the
+# schema, the dry run of every launch against those tables) hold for the native code only if it was compiled
+# from exactly these documents. So the module records a digest of them, and the loader compares it with the
+# package's own: an edit of bytecode.json or of a kernel's argument table (which states the constant shapes
+# its C reads, e.g. a weight's rows) is refused, instead of a step reading past a buffer.
+LOWERED_FROM = "dcc_lowered_from"
+
+
+def lowered_digest(bytecode, entries) -> str:
+    """sha256 of bytecode.json's functions and manifest kernels.entries as JSON gives them (sorted keys)."""
+    text = json.dumps({"bytecode": bytecode, "entries": entries}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_lowered_from(lib: ctypes.CDLL, path: Path, digest: str) -> None:
+    try:
+        recorded = (ctypes.c_char * 64).in_dll(lib, LOWERED_FROM).raw.decode("ascii", "replace")
+    except ValueError:  # no such symbol
+        raise NativeError(f"{path.name} does not record the bytecode it was compiled from (an older deploycc "
+                          f"built it); recompile the package") from None
+    if recorded != digest:
+        raise NativeError(f"{path.name} was compiled from another bytecode.json or other kernel argument tables "
+                          f"than this package's (edited after the compile?); recompile the package")
 
 
 class NativeError(RuntimeError):

@@ -203,8 +203,8 @@ def check_manifest(m) -> None:
     storages = need_list(m["storages"], f"{M} storages")
     for i, s in enumerate(storages):
         need_int(need_dict(s, f"{M} storages[{i}]", ("bytes",))["bytes"], f"{M} storages[{i}].bytes", 0, MAX_BYTES)
+    _check_params(m)  # before the kernels: a cpu package's native weight table names params
     _check_kernels(m)
-    _check_params(m)
     _check_memory(m)
 
 

@@ -16,7 +16,9 @@ or the input ids.
 """
 from __future__ import annotations
 
-from ..runtime.native import HEAP, NativeError, step_split, step_weights
+import json
+
+from ..runtime.native import HEAP, LOWERED_FROM, NativeError, lowered_digest, step_split, step_weights
 from ..runtime.validate import KV_META
 from ..targets.cstyle import _ident
 
@@ -34,11 +36,15 @@ def lower_native(bytecode: dict, entries: dict) -> tuple[str, dict]:
         text, info = _function(fname, spec, entries, weights)
         funcs.append(text)
         spec_out[fname] = info
+    # the documents as bytecode.json and manifest.json give them to the loader (int keys become strings)
+    digest = lowered_digest(json.loads(json.dumps(bytecode)), json.loads(json.dumps(entries)))
     head = ["/* What a step reads: weights, planned storages, KV-cache layers (k0, v0, k1, ...), the input ids, the",
             "   shape heap and a batched step's metadata (pos, seq, slot, pages, last). The engine fills one per loaded",
             "   package, so two engines never share pointers. */",
             "typedef struct { void* const* w; void* const* st; void* const* kv; void* in; const int* h;",
-            "                 void* const* meta; } dcc_ctx;", ""]
+            "                 void* const* meta; } dcc_ctx;",
+            "/* The bytecode and kernel argument tables these steps were compiled from (runtime/native.py). */",
+            f'DCC_EXPORT const char {LOWERED_FROM}[64] = "{digest}";', ""]
     return "\n".join(head + funcs), {"weights": weights, "functions": spec_out}
 
 

@@ -67,6 +67,19 @@ def reseal(pkg: Path) -> None:
     seal_manifest(pkg)
 
 
+def launches_with(bytecode: dict, weight: str) -> set[tuple[str, int]]:
+    """(kernel, buffer argument index) of every vm.launch of bytecode.json that passes the weight `weight`: the
+    argument tables an editor who reshapes a weight changes too, so the dry run agrees."""
+    out = set()
+    for spec in bytecode["functions"].values():
+        regs = {r for r, name in enumerate(spec["params"]) if name == weight} | \
+            {r for name, r in spec["constants"] if name == weight}
+        for ins in spec["instructions"]:
+            if ins.get("fn") == "vm.launch":
+                out |= {(ins["args"][0]["k"], j) for j, a in enumerate(ins["args"][3:]) if a.get("r") in regs}
+    return out
+
+
 def seal_manifest(pkg: Path) -> None:
     """Only manifest.sha256 (sha256sum's format) made to agree with manifest.json as it is now."""
     digest = hashlib.sha256((pkg / "manifest.json").read_bytes()).hexdigest()

@@ -21,11 +21,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import require_cc
 from tiny_package import compile_tiny_package
 
-from bad_inputs.common import assert_one_line_error, cli, reseal, run_package
+from bad_inputs.common import assert_one_line_error, cli, launches_with, reseal, run_package
 from fixtures import make_tiny
 
 LONG = "x" * 50  # over 16 tokens with the template: prefilled in chunks of 16
@@ -104,6 +105,51 @@ def _set(key, value):
     return lambda n: n.__setitem__(key, value)
 
 
+# Found by the cpu package fuzzer (tests/fuzz/test_fuzz_package.py: test_fuzz_cpu_package).
+
+def _unnamed_param(pkg: Path) -> None:
+    """A param without its name: the native weight table's check read the names before the params were checked
+    (a KeyError traceback)."""
+    m = json.loads((pkg / "manifest.json").read_text())
+    del m["params"][-1]["name"]
+    (pkg / "manifest.json").write_text(json.dumps(m))
+
+
+def _head_cut_with_its_tables(pkg: Path) -> None:
+    """lm_head's 4-bit weights cut to one row of the vocabulary's, and everything JSON says about it made to agree:
+    the params file, the argument tables of the kernels launched with it, the memory summary. The schema and the
+    dry run pass; the compiled head kernel still reads every row (past the end of the buffer: garbage logits, or
+    a crash where the page ends)."""
+    from safetensors.numpy import load_file, save_file
+
+    m = json.loads((pkg / "manifest.json").read_text())
+    bc = json.loads((pkg / "bytecode.json").read_text())
+    p = next(p for p in m["params"] if p["name"] == "lm_head.q_weight")
+    tensors = load_file(str(pkg / p["file"]))
+    tensors[p["name"]] = np.ascontiguousarray(tensors[p["name"]][:1])
+    save_file(tensors, str(pkg / p["file"]))
+    cut = [1, *p["shape"][1:]]
+    m["memory"]["weights_bytes"] -= (p["shape"][0] - 1) * tensors[p["name"]].nbytes
+    p["shape"] = cut
+    for kernel, j in launches_with(bc, p["name"]):
+        m["kernels"]["entries"][kernel]["args"]["buffers"][j]["shape"] = cut
+    (pkg / "manifest.json").write_text(json.dumps(m))
+
+
+def _decode_launch_twice(pkg: Path) -> None:
+    """decode's first kernel launched twice in bytecode.json, the native section's epilogue moved to agree: a
+    valid bytecode, but not the one kernels.so's decode step was compiled from."""
+    m = json.loads((pkg / "manifest.json").read_text())
+    bc = json.loads((pkg / "bytecode.json").read_text())
+    code = bc["functions"]["decode"]["instructions"]
+    first = next(i for i, ins in enumerate(code) if ins.get("fn") == "vm.launch")
+    code.insert(first, code[first])
+    fn = m["kernels"]["native"]["functions"]["decode"]
+    fn["epilogue"] = [i + 1 for i in fn["epilogue"]]
+    (pkg / "bytecode.json").write_text(json.dumps(bc))
+    (pkg / "manifest.json").write_text(json.dumps(m))
+
+
 # (id, edit, fragments of the error, prompt)
 CASES = [
     ("CPU flag this CPU lacks", native(_add_flag),
@@ -122,6 +168,11 @@ CASES = [
      (f"{NATIVE}.functions.decode.prologue", "; recompile"), "x"),
     ("decode epilogue emptied", native(lambda n: n["functions"]["decode"].__setitem__("epilogue", [])),
      (f"{NATIVE}.functions.decode.epilogue", "; recompile"), "x"),
+    ("param without a name", _unnamed_param, ("manifest.json: params[", "lacks 'name'", "; recompile"), "x"),
+    ("head weight cut, its argument tables too", _head_cut_with_its_tables,
+     ("kernels.so was compiled from another bytecode.json or other kernel argument tables", "; recompile"), "x"),
+    ("decode launch repeated, epilogue moved", _decode_launch_twice,
+     ("kernels.so was compiled from another bytecode.json", "; recompile"), "x"),
 ]
 
 
