@@ -14,15 +14,17 @@ class Worker:
     """`ask(line, timeout)` -> the worker's JSON answer, {"kind": "hang"} past `timeout` seconds (the worker is
     killed and restarted on the next request), or {"kind": "crash", "code": exit status} if it died."""
 
-    def __init__(self, script: Path):
+    def __init__(self, script: Path, *args: str):
         self.script = script
+        self.args = args
         self.proc = None
 
     def ask(self, line: str, timeout: float) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-            self.proc = subprocess.Popen([sys.executable, str(self.script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, text=True, bufsize=1, env=env)
+            self.proc = subprocess.Popen([sys.executable, str(self.script), *self.args], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+                                         env=env)
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
