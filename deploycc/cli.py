@@ -37,12 +37,15 @@ def _generation_options(max_tokens: int):
     """The sampling options shared by run and chat (a decorator)."""
     options = [
         click.option("--max-tokens", type=click.IntRange(min=1), default=max_tokens, show_default=True),
-        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-                     help="0 is greedy."),
-        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 means off."),
-        click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0,
-                     show_default=True),
+        click.option("--temperature", type=click.FloatRange(min=0), default=None,
+                     help="0 is greedy (argmax). Default: the model's generation_config.json, else llama.cpp's 0.8; "
+                          "the same for the sampling options below."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
+                     help="1 means off. Default: 0.95."),
+        click.option("--top-k", type=click.IntRange(min=0), default=None, help="0 means off. Default: 40."),
+        click.option("--min-p", type=click.FloatRange(0, 1), default=None, help="0 means off. Default: 0.05."),
+        click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="1 means off. Default: 1."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
         click.option("--device", default=None,
                      help="Preset name or YAML path: compile an uncompiled MODEL for it (cached) and run the package. "
@@ -321,21 +324,22 @@ def _session(model, device, context_window, revision, quiet, prompt: str | None 
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (prompt, prompt_ids, generated ids, text, timings) instead of streaming.")
 @_generation_options(max_tokens=64)
-def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, repetition_penalty, seed, device,
-        context_window, revision):
+def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed,
+        device, context_window, revision):
     """Generate a reply to PROMPT, streaming to stdout.
 
     MODEL is a compiled package directory (run on its device), or a checkpoint / Hub id: with --device
     it is compiled for that preset first (cached under ~/.cache/deploycc/packages); without --device
     it runs on the numpy reference interpreter, which is exact but slow."""
-    from .runtime.cli import run_prompt, sampling_options
+    from .runtime.cli import run_prompt, sampling_options, with_model_sampling
     from .runtime.tokenizer import clean_text
 
-    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed)
+    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
     prompt = clean_text(prompt)  # undecodable bytes of argv arrive as lone surrogates: U+FFFD, as chat clients show
     session, tok, info = _session(model, device, context_window, revision, as_json, prompt, not no_chat)
     try:
-        run_prompt(session, tok, prompt, chat=not no_chat, as_json=as_json, info=info, **options)
+        run_prompt(session, tok, prompt, chat=not no_chat, as_json=as_json, info=info,
+                   **with_model_sampling(options, tok))
     except ERRORS:
         raise
     except ValueError as e:  # an empty prompt, and the like
@@ -346,20 +350,20 @@ def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, 
 @click.argument("model")
 @click.option("--system", default=None, help="System prompt (change it in the chat with /system TEXT).")
 @_generation_options(max_tokens=256)
-def chat(model, system, max_tokens, temperature, top_p, top_k, repetition_penalty, seed, device, context_window,
-         revision):
+def chat(model, system, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, device,
+         context_window, revision):
     """Chat with MODEL: streaming replies, multi-turn history, /reset, /stats, /system TEXT, /exit.
 
     Reads stdin when it is not a terminal (one message per line, replies only). MODEL is a package, or
     a checkpoint compiled for --device first (cached), or without --device the numpy reference."""
-    from .runtime.cli import chat_repl, sampling_options
+    from .runtime.cli import chat_repl, sampling_options, with_model_sampling
 
-    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed)
+    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
     session, tok, info = _session(model, device, context_window, revision, False)
     if info.get("device") == "reference" and sys.stdin.isatty():
         click.echo("(no --device: the numpy reference interpreter runs this model; exact but slow)", err=True)
     name = Path(info.get("package") or model).name if "model" not in info else model
-    return chat_repl(session, tok, name=name, system=system, errors=ERRORS, **options)
+    return chat_repl(session, tok, name=name, system=system, errors=ERRORS, **with_model_sampling(options, tok))
 
 
 # ---- serve -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from .kvcache import ContextWindowFull
 from .package import PackageError
 from .procstat import peak_rss_bytes
 from .safetensors_io import SafetensorsError
-from .sampler import Sampler
+from .sampler import LLAMA_CLI, SAMPLING_FIELDS, Sampler, SamplingDefaults, resolve_sampling
 from .server import ServeError, ServeOptions, allowed_hosts
 from .symexpr import SymExprError
 from .tokenizer import TokenizerError, clean_text
@@ -43,24 +43,35 @@ CHAT_HELP = """commands:
   /reset         forget the conversation (the system prompt stays); a conversation that outgrows the
                  context window drops its oldest turns by itself, and says so
   /stats         prefill and decode speed of the last reply (prefill counts the new tokens only: the
-                 earlier turns stay in the KV cache)
+                 earlier turns stay in the KV cache), and the sampler settings with where they come from
   /help          this list
   Ctrl-C         stop a reply; what was shown of it stays in the conversation (a reply stopped
                  before any text is dropped, with its message)
   /exit          leave (Ctrl-D too)"""
 
 
-def sampling_options(max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                     repetition_penalty: float = 1.0, seed: int = 0) -> dict:
-    """Checked generation keyword arguments (a bad value is a UsageError before any model work)."""
+def sampling_options(max_tokens: int = 64, temperature: float | None = None, top_p: float | None = None,
+                     top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0,
+                     min_p: float | None = None) -> dict:
+    """Checked generation options (a bad value is a UsageError before any model work). A sampling setting left
+    None was not given: with_model_sampling fills it in once the model is loaded."""
+    given = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty)
     try:
-        Sampler(temperature, top_p, top_k, repetition_penalty, seed)
+        Sampler(**{k: v for k, v in given.items() if v is not None}, seed=seed)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
-    return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                repetition_penalty=repetition_penalty, seed=seed)
+    return dict(max_tokens=max_tokens, seed=seed, **given)
+
+
+def with_model_sampling(options: dict, tokenizer, fallback: SamplingDefaults = LLAMA_CLI) -> dict:
+    """generate's keyword arguments for run and chat: sampling_options' settings, those not given taken from
+    the model's generation_config.json, else from `fallback` (runtime/sampler.py: resolve_sampling); `sampling`
+    holds the resolution, for /stats and run --json."""
+    sampling = resolve_sampling(options, tokenizer.generation_sampling, fallback)
+    rest = {k: v for k, v in options.items() if k not in SAMPLING_FIELDS}
+    return {**rest, **sampling.options(), "sampling": sampling}
 
 
 def timings(stats: dict) -> dict:
@@ -73,10 +84,10 @@ def timings(stats: dict) -> dict:
 # ---- run ---------------------------------------------------------------------------------------
 
 def run_prompt(session, tokenizer, prompt: str, *, chat: bool = True, as_json: bool = False, out=None, err=None,
-               info: dict | None = None, **options) -> dict | None:
+               info: dict | None = None, sampling=None, **options) -> dict | None:
     """Generate one reply: stream it to `out` and a timings line to `err`, or print one JSON object (with
-    the timings) with `as_json`. Returns the object; None when `out` was closed by its reader (`| head`),
-    which ends the run quietly."""
+    the timings, and `sampling`'s settings as "sampler") with `as_json`. Returns the object; None when `out` was
+    closed by its reader (`| head`), which ends the run quietly."""
     out, err = out or sys.stdout, err or sys.stderr
     prompt = clean_text(prompt)
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
@@ -94,6 +105,7 @@ def run_prompt(session, tokenizer, prompt: str, *, chat: bool = True, as_json: b
         result = {**(info or {}), "prompt": prompt, "prompt_ids": [int(i) for i in prompt_ids],
                   "generated": [int(i) for i in stats.get("generated", [])], "text": "".join(pieces),
                   "finish_reason": stats.get("finish_reason"), "prompt_tokens": stats.get("prompt_tokens"),
+                  **({"sampler": {**sampling.to_json(), "seed": options.get("seed", 0)}} if sampling else {}),
                   "timings": {**timings(stats), "total_seconds": round(time.perf_counter() - t0, 6)}}
         out.write(json.dumps(result) + "\n" if as_json else "\n")
         out.flush()
@@ -184,9 +196,10 @@ def stats_line(stats: dict | None) -> str:
 
 
 def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = None, stdin=None, out=None, err=None,
-              interactive: bool | None = None, errors: tuple = USER_ERRORS, **options) -> int:
+              interactive: bool | None = None, errors: tuple = USER_ERRORS, sampling=None, **options) -> int:
     """Read-eval-print loop. With a terminal: a banner, a `>>> ` prompt and line editing; with piped
-    input: the replies alone, one per line. Errors of one turn are reported and the session goes on."""
+    input: the replies alone, one per line. Errors of one turn are reported and the session goes on.
+    `sampling` (with_model_sampling) is what /stats names as the sampler."""
     require_chat_template(tokenizer, name)
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
     if hasattr(stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD (input() follows stdin's errors too)
@@ -225,6 +238,8 @@ def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = N
                 out.write("(conversation reset)\n")
             elif cmd == "/stats":
                 out.write(stats_line(conv.last) + "\n")
+                if sampling is not None:
+                    out.write(f"sampler: {sampling.describe()}\n")
             elif cmd == "/system":
                 conv.system = arg.strip() or None
                 out.write("(system prompt set)\n" if conv.system else "(system prompt removed)\n")
@@ -478,10 +493,13 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
 
     def generation(sp, max_tokens: int):
         sp.add_argument("--max-tokens", type=int, default=max_tokens, help=f"(default {max_tokens})")
-        sp.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
-        sp.add_argument("--top-p", type=float, default=1.0, help="(default 1.0)")
-        sp.add_argument("--top-k", type=int, default=0, help="0 means off (default 0)")
-        sp.add_argument("--repetition-penalty", type=float, default=1.0, help="(default 1.0)")
+        sp.add_argument("--temperature", type=float, default=None,
+                        help="0 is greedy (default: the model's generation_config.json, else llama.cpp's 0.8; the "
+                             "same for the options below)")
+        sp.add_argument("--top-p", type=float, default=None, help="1 means off (default 0.95)")
+        sp.add_argument("--top-k", type=int, default=None, help="0 means off (default 40)")
+        sp.add_argument("--min-p", type=float, default=None, help="0 means off (default 0.05)")
+        sp.add_argument("--repetition-penalty", type=float, default=None, help="1 means off (default 1.0)")
         sp.add_argument("--seed", type=int, default=0, help="(default 0)")
 
     run = sub.add_parser("run", help="one prompt, streamed to stdout")
@@ -538,7 +556,8 @@ def _counts(text: str) -> list[int]:
 
 
 def _gen_options(args) -> dict:
-    return sampling_options(args.max_tokens, args.temperature, args.top_p, args.top_k, args.repetition_penalty, args.seed)
+    return sampling_options(args.max_tokens, args.temperature, args.top_p, args.top_k, args.repetition_penalty,
+                            args.seed, args.min_p)
 
 
 def _command(package_dir: str, args) -> int:
@@ -549,12 +568,13 @@ def _command(package_dir: str, args) -> int:
         options = _gen_options(args)
         engine = Engine.load(package_dir, paged="auto")
         run_prompt(session_of(engine), engine.tokenizer, args.prompt, chat=not args.no_chat, as_json=args.json,
-                   info={"package": str(package_dir), **({"f16": engine.f16} if engine.f16 else {})}, **options)
+                   info={"package": str(package_dir), **({"f16": engine.f16} if engine.f16 else {})},
+                   **with_model_sampling(options, engine.tokenizer))
     elif args.command == "chat":
         options = _gen_options(args)
         engine = Engine.load(package_dir, paged="auto")
         return chat_repl(session_of(engine), engine.tokenizer, name=Path(package_dir).name, system=args.system,
-                         **options)
+                         **with_model_sampling(options, engine.tokenizer))
     elif args.command == "serve":
         from .server import serve
 

@@ -118,7 +118,7 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[dict], max_tokens: int = 64,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
              seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None,
-             reuse_cache: bool = False, ids: Sequence[int] | None = None) -> Iterator[str]:
+             reuse_cache: bool = False, ids: Sequence[int] | None = None, min_p: float = 0.0) -> Iterator[str]:
     """Stream the model's reply as text pieces.
 
     Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
@@ -131,7 +131,7 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
     kept as far as it holds the start of this prompt (PrefixCache: chat turns); otherwise it is reset.
     `ids`: the prompt as encode_prompt encoded it already (the server, which measured it).
     """
-    sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed)
+    sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed, min_p)
     stops = _stops(stop)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import secrets
 
+from .sampler import OPENAI, SamplingDefaults, resolve_sampling
+
 # field -> the values at which an unimplemented OpenAI field changes nothing (accepted; compared with their
 # type, so that true is not 1), or the type of a field that changes nothing at any value (None too)
 NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
@@ -58,8 +60,11 @@ def message(i: int, m) -> dict:
     return {"role": role, "content": content}
 
 
-def parse(body, kind: str, model_name: str) -> tuple[object, dict, bool, bool]:
-    """(prompt, generate options, stream, include_usage) of a request body for `model_name`, every field checked."""
+def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | None = None
+          ) -> tuple[object, dict, bool, bool]:
+    """(prompt, generate options, stream, include_usage) of a request body for `model_name`, every field checked.
+    The sampler settings a request does not give come from `model_sampling` (the model's generation_config.json),
+    else OpenAI's defaults: temperature 1, top_p 1 (runtime/sampler.py: resolve_sampling)."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     for key, value in body.items():
@@ -94,7 +99,7 @@ def parse(body, kind: str, model_name: str) -> tuple[object, dict, bool, bool]:
     max_tokens = 256 if max_tokens is None else max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise RequestError(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
-    options = {"max_tokens": max_tokens, "temperature": 1.0}  # OpenAI's default temperature
+    given = {}
     for key, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
         v = body.get(key)
         if v is None:
@@ -102,7 +107,8 @@ def parse(body, kind: str, model_name: str) -> tuple[object, dict, bool, bool]:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or (key == "top_p" and v == 0):
             raise RequestError(400, f"{key} must be a number in {'(' if key == 'top_p' else '['}{lo}, {hi}], "
                                     f"got {v!r}", key)
-        options[key] = float(v)
+        given[key] = float(v)
+    options = {"max_tokens": max_tokens, **resolve_sampling(given, model_sampling, OPENAI, "the request").options()}
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -1 <= seed < 1 << 64):
         raise RequestError(400, f"seed must be an integer from 0 to 2**64-1 (or -1: a random one), got {seed!r}",

@@ -4,7 +4,9 @@ Starlette (served by uvicorn) answers:
 
 - POST /v1/chat/completions and POST /v1/completions: streamed as server-sent events ending in
   `data: [DONE]`, or whole. Fields: model, messages / prompt, max_tokens (max_completion_tokens), temperature,
-  top_p, seed (none or -1: a random one), stop, n = 1, stream, stream_options.include_usage. Fields the OpenAI
+  top_p, seed (none or -1: a random one), stop, n = 1, stream, stream_options.include_usage. Without temperature
+  or top_p, a request samples with the model's generation_config.json settings, else OpenAI's defaults (temperature
+  1, top_p 1); top_k, min_p and the repetition penalty come from generation_config.json alone. Fields the OpenAI
   API defines that this server does not implement are accepted only at their no-op value (presence_penalty 0,
   logprobs false, ...), anything else is a 400 naming the field, never silently ignored
   (runtime/openai_request.py).
@@ -43,6 +45,7 @@ from .batch import Batcher
 from .generate import encode_prompt, generate
 from .httpserver import HostCheck, HTTPError, read_json, release_heap
 from .openai_request import RequestError, parse, shutting_down
+from .sampler import OPENAI, resolve_sampling
 from .tokenizer import TokenizerError
 
 
@@ -371,7 +374,8 @@ class Server:
             async def handle(request):
                 self.check_key(request)
                 body = await read_json(request, self.options.max_body_bytes, self.options.body_timeout)
-                prompt, options, stream, include_usage = parse(body, kind, self.name)
+                prompt, options, stream, include_usage = parse(body, kind, self.name,
+                                                               self.tokenizer.generation_sampling)
                 ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, prompt, kind)
                 job = self.submit(kind, prompt, ids, options, stream)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -549,6 +553,8 @@ def serve(engine, model_name: str, options: ServeOptions = ServeOptions()) -> No
     server = Server(engine, model_name, options)
     print(f"serving {model_name} on http://{host}:{port}/v1 (OpenAI API; /health, /metrics), up to "
           f"{server.batcher.max_num_sequences} sequences at once", flush=True)
+    default = resolve_sampling({}, engine.tokenizer.generation_sampling, OPENAI)
+    print(f"a request that sets no temperature or top_p samples with {default.describe()}", flush=True)
     from .httpserver import run
 
     try:

@@ -3,8 +3,8 @@
 Everything here reads JSON and jinja text only: `tokenizer.json` through the `tokenizers` library,
 `tokenizer_config.json` (special tokens, chat template), `chat_template.jinja` / `chat_template.json`
 (where transformers >= 4.43 writes the template), `special_tokens_map.json` and
-`generation_config.json` (the eos ids generation stops at). Chat templates run in jinja2's immutable
-sandbox with the helpers transformers gives them, so a template renders here exactly as
+`generation_config.json` (the eos ids generation stops at, and the model's sampler settings). Chat templates
+run in jinja2's immutable sandbox with the helpers transformers gives them, so a template renders here exactly as
 `AutoTokenizer.apply_chat_template` renders it, a hostile template cannot reach Python objects, and
 a runaway one stops at its limits (runtime/chat_template.py). Every file problem, template failure
 and limit is a TokenizerError with a one-line message.
@@ -22,6 +22,7 @@ import jinja2
 from tokenizers import Tokenizer as Backend
 
 from .chat_template import LimitedEnvironment, TemplateLimits
+from .sampler import SamplingDefaults, generation_config_sampling
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -167,11 +168,14 @@ def _processor_ids(spec) -> list[int]:
 
 
 class Tokenizer:
-    """Text <-> token ids, plus what generation needs: eos ids and the chat template."""
+    """Text <-> token ids, plus what generation needs: eos ids, the chat template, and the sampler settings of
+    the model's generation_config.json (`generation_sampling`, runtime/sampler.py: generation_config_sampling)."""
 
     def __init__(self, backend, config: dict | None = None, chat_template: str | None = None,
-                 eos_token_ids: Sequence[int] = (), limits: TemplateLimits | None = None):
+                 eos_token_ids: Sequence[int] = (), limits: TemplateLimits | None = None,
+                 generation_sampling: SamplingDefaults | None = None):
         self.backend = backend  # a tokenizers.Tokenizer
+        self.generation_sampling = generation_sampling
         self.config = dict(config or {})
         self.chat_template = chat_template
         self.limits = limits or TemplateLimits()
@@ -204,7 +208,12 @@ class Tokenizer:
             ct = path / "chat_template.json"
             template = _pick_template(_read_json(ct).get("chat_template"), ct)
         gc = path / "generation_config.json"
-        tok = cls(backend, config, template, _eos_ids(_read_json(gc).get("eos_token_id"), gc), limits)
+        generation = _read_json(gc)
+        try:
+            sampling = generation_config_sampling(generation)
+        except ValueError as e:
+            raise TokenizerError(f"{gc}: {e}") from None
+        tok = cls(backend, config, template, _eos_ids(generation.get("eos_token_id"), gc), limits, sampling)
         if vocab_size is not None:
             tok.check_vocab(int(vocab_size), str(tj))
         return tok

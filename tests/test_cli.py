@@ -51,7 +51,8 @@ def test_run_prompt_longer_than_context(smollm2_path):
 def test_run_json(smollm2_path):
     import json
 
-    r = cli("run", smollm2_path, "--prompt", "What is the capital of France?", "--max-tokens", "12", "--json")
+    r = cli("run", smollm2_path, "--prompt", "What is the capital of France?", "--max-tokens", "12", "--temperature", "0",
+            "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "Paris" in out["text"] and len(out["generated"]) <= 12

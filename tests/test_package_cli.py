@@ -187,7 +187,7 @@ def test_compile_head_quantization(model_dir, tmp_path):
 # ---- run ---------------------------------------------------------------------------------------
 
 def test_run_json_matches_reference(package, model_dir):
-    args = ("--prompt", PROMPT, "--max-tokens", "12", "--json")
+    args = ("--prompt", PROMPT, "--max-tokens", "12", "--temperature", "0", "--json")
     pkg, ref = cli("run", package, *args), cli("run", model_dir, *args)
     assert pkg.returncode == 0 and ref.returncode == 0, pkg.stderr + ref.stderr
     a, b = json.loads(pkg.stdout), json.loads(ref.stdout)
@@ -197,9 +197,9 @@ def test_run_json_matches_reference(package, model_dir):
     assert a["text"] == b["text"]
     t = a["timings"]
     assert t["prefill_tok_s"] > 0 and t["prefill_seconds"] > 0 and set(t) >= {"decode_tok_s", "decode_seconds"}
-    streamed = cli("run", package, "--prompt", PROMPT, "--max-tokens", "12")
+    streamed = cli("run", package, "--prompt", PROMPT, "--max-tokens", "12", "--temperature", "0")
     assert streamed.returncode == 0 and streamed.stdout == a["text"] + "\n"
-    itself = run_package(package, "run", "--prompt", PROMPT, "--max-tokens", "12")
+    itself = run_package(package, "run", "--prompt", PROMPT, "--max-tokens", "12", "--temperature", "0")
     assert itself.returncode == 0 and itself.stdout == a["text"] + "\n", itself.stderr
 
 
@@ -227,7 +227,7 @@ def test_run_model_with_device_compiles_once_into_the_cache(model_dir, tmp_path)
 
 # ---- chat --------------------------------------------------------------------------------------
 
-def chat(pkg: Path, *lines: str, args=("--max-tokens", "6")):
+def chat(pkg: Path, *lines: str, args=("--max-tokens", "6", "--temperature", "0")):
     return cli("chat", pkg, *args, input="".join(f"{x}\n" for x in lines))
 
 
@@ -236,16 +236,18 @@ def test_chat_piped(opencl_package):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert ">>>" not in r.stdout and "chatting with" not in r.stdout  # no decoration without a terminal
     lines = r.stdout.splitlines()
-    one = run_package(opencl_package, "run", "--prompt", "hi", "--max-tokens", "6").stdout.rstrip("\n")
+    one = run_package(opencl_package, "run", "--prompt", "hi", "--max-tokens", "6", "--temperature", "0").stdout
+    one = one.rstrip("\n")
     assert lines[0] == one  # the first turn is a plain chat-template prompt
     m = STATS.match(lines[1])
     assert m and int(m[1]) > 5 and 1 <= int(m[2]) <= 6, lines[1]
-    assert lines[2] == "(system prompt set)"
-    assert lines[4] == "(conversation reset)"
-    second = STATS.match(lines[5])  # /stats after /reset: still the last reply's numbers
+    assert lines[2] == lines[7] == "sampler: greedy, temperature 0, repetition_penalty 1 (from the command line)"
+    assert lines[3] == "(system prompt set)"
+    assert lines[5] == "(conversation reset)"
+    second = STATS.match(lines[6])  # /stats after /reset: still the last reply's numbers
     assert second and int(second[1]) > int(m[1]), "the second turn carries the first in its prompt"
     assert "/system TEXT" in r.stdout and "/exit" in lines[-1]  # /help; nothing after /exit is answered
-    assert len(lines) == 6 + len(r.stdout.split("commands:")[1].strip().splitlines()) + 1
+    assert len(lines) == 8 + len(r.stdout.split("commands:")[1].strip().splitlines()) + 1
 
 
 def test_chat_prompt_over_the_context_window_keeps_the_session(opencl_package):
@@ -263,7 +265,8 @@ def test_chat_drops_the_oldest_turns_when_the_history_fills_the_window(opencl_pa
     from deploycc.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(opencl_package)
-    reply = json.loads(cli("run", opencl_package, "--prompt", "hi", "--max-tokens", "6", "--json").stdout)["text"]
+    reply = json.loads(cli("run", opencl_package, "--prompt", "hi", "--max-tokens", "6", "--temperature", "0",
+                           "--json").stdout)["text"]
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}]
 
     def length(messages, n):
@@ -280,7 +283,8 @@ def test_chat_drops_the_oldest_turns_when_the_history_fills_the_window(opencl_pa
 
 
 def test_package_chat_itself(opencl_package):
-    r = run_package(opencl_package, "chat", "--max-tokens", "6", input=f"hi\n{LONG}\nhi\n/stats\n")
+    r = run_package(opencl_package, "chat", "--max-tokens", "6", "--temperature", "0",
+                    input=f"hi\n{LONG}\nhi\n/stats\n")
     assert r.returncode == 0 and r.stderr.count("error: ") == 1 and "Traceback" not in r.stderr
     assert r.stdout.splitlines()[:2] == chat(opencl_package, "hi", "hi").stdout.splitlines()
 

@@ -40,16 +40,16 @@ def stats(child) -> tuple[int, int, str]:
 
 
 def fresh_run(package, text: str) -> dict:
-    r = subprocess.run([sys.executable, str(package), "run", "--prompt", text, "--max-tokens", "8", "--json"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(package), "run", "--prompt", text, "--max-tokens", "8", "--temperature", "0",
+                        "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
 def test_ctrl_c_during_a_long_prefill_then_the_next_turn(package):
     # A terminal wide enough that readline echoes the paste on one line (no wrapping in the text to match).
-    child = pexpect.spawn(sys.executable, [str(package), "chat", "--max-tokens", "8"], encoding="utf-8", timeout=120,
-                          dimensions=(50, 20000))
+    child = pexpect.spawn(sys.executable, [str(package), "chat", "--max-tokens", "8", "--temperature", "0"],
+                          encoding="utf-8", timeout=120, dimensions=(50, 20000))
     child.expect(">>> ")
     # The interrupt must land after some chunks were prefilled and before the first token: its delay after Enter
     # depends on this machine's speed, so try a few until one does (every try checks that the REPL goes on). Each

@@ -95,7 +95,8 @@ def test_invalid_utf8_chat_line_keeps_the_repl(package, how):
          else package_cmd(package, "chat", "--max-tokens", "4", input=lines))
     assert r.returncode == 0 and r.stderr == b"", r.stderr
     out = r.stdout.decode()
-    assert len(out.splitlines()) == 4 and out.splitlines()[2].startswith("prefill "), out
+    assert len(out.splitlines()) == 5 and out.splitlines()[2].startswith("prefill "), out
+    assert out.splitlines()[3].startswith("sampler: "), out
 
 
 def test_perplexity_of_a_binary_file(package):
@@ -144,6 +145,17 @@ def test_chat_template_file_that_is_not_utf8(model, tmp_path):
 def test_eos_token_id_that_is_not_an_id(model, tmp_path):
     src = variant(model, tmp_path / "m", files={"generation_config.json": '{"eos_token_id": "abc"}'})
     assert_one_line_error(cli("run", src, "--prompt", "hi", timeout=T), "eos_token_id should be a token id")
+
+
+@pytest.mark.parametrize("config, fragment", [('{"temperature": -1}', "temperature must be a finite number >= 0"),
+                                              ('{"top_p": 0}', "top_p must be in (0, 1]"),
+                                              ('{"do_sample": "yes"}', "do_sample should be true or false")])
+def test_generation_config_sampling_that_the_sampler_refuses(model, tmp_path, config, fragment):
+    """A sampling setting of generation_config.json that the sampler cannot use fails the compile and a run in one
+    line naming the file, even where the command line would override it."""
+    src = variant(model, tmp_path / "m", files={"generation_config.json": config})
+    assert_one_line_error(cli("compile", src, "-o", tmp_path / "pkg", timeout=T), "generation_config.json: ", fragment)
+    assert_one_line_error(cli("run", src, "--prompt", "hi", "--temperature", "0", timeout=T), fragment)
 
 
 def test_tampered_package_tokenizer(package, tmp_path):

@@ -95,7 +95,7 @@ def min_p_reference(x: np.ndarray, temperature: float, min_p: float, top_p: floa
 
 
 @pytest.mark.parametrize("temperature, min_p, top_p", [(1.0, 0.1, 1.0), (0.7, 0.05, 1.0), (1.3, 0.2, 1.0),
-                                                       (1.0, 0.02, 0.8)])
+                                                       (1.0, 0.1, 0.9)])
 def test_min_p_follows_numpy(temperature, min_p, top_p):
     x = logits(6, 60) / 2
     want = min_p_reference(x, temperature, min_p, top_p)

@@ -57,7 +57,8 @@ def client(server):
 
 
 def run_alone(package: Path, prompt: str, max_tokens: int, chat: bool = True) -> str:
-    args = [sys.executable, str(package), "run", "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+    args = [sys.executable, str(package), "run", "--prompt", prompt, "--max-tokens", str(max_tokens), "--json",
+            "--temperature", "0"]
     r = subprocess.run(args + ([] if chat else ["--no-chat"]), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)["text"]
@@ -292,7 +293,7 @@ def test_smollm2_chat_equals_deploycc_run(smollm2_path, tmp_path):
     pkg = compile_model(smollm2_path, "cpu", out=str(tmp_path / "smollm2"), context_window=512)
     question = "What is the capital of France?"
     r = subprocess.run([sys.executable, "-m", "deploycc", "run", str(pkg), "--prompt", question, "--max-tokens", "24",
-                        "--json"], capture_output=True, text=True, timeout=300)
+                        "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     want = json.loads(r.stdout)["text"]
     port = free_port()
