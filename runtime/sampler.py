@@ -23,6 +23,13 @@ def _real(v) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool)
 
 
+def _finite(v) -> bool:
+    try:
+        return _real(v) and math.isfinite(v)
+    except OverflowError:  # an int beyond a float's range (a JSON file may hold one)
+        return False
+
+
 def _integer(v) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 
@@ -30,7 +37,7 @@ def _integer(v) -> bool:
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  repetition_penalty: float = 1.0, seed: int = 0, min_p: float = 0.0):
-        if not (_real(temperature) and math.isfinite(temperature) and temperature >= 0):
+        if not (_finite(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}")
         if not (_real(top_p) and 0 < top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
@@ -38,8 +45,7 @@ class Sampler:
             raise ValueError(f"top_k must be an integer >= 0 (0 means no top-k filtering), got {top_k!r}")
         if not (_real(min_p) and 0 <= min_p <= 1):
             raise ValueError(f"min_p must be in [0, 1] (0 means no min-p filtering), got {min_p!r}")
-        if not (_real(repetition_penalty) and math.isfinite(repetition_penalty)
-                and repetition_penalty > 0):
+        if not (_finite(repetition_penalty) and repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1 means none), got {repetition_penalty!r}")
         if not _integer(seed) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")

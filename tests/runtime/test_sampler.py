@@ -146,6 +146,8 @@ def test_masked_logits():
     (dict(min_p=1.5), r"min_p must be in \[0, 1\]"),
     (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
     (dict(repetition_penalty=float("inf")), "repetition_penalty must be"),
+    (dict(temperature=10**400), "temperature must be a finite number"),  # JSON may hold ints beyond a float
+    (dict(repetition_penalty=10**400), "repetition_penalty must be a finite number"),
     (dict(seed=-1), "seed must be an integer >= 0"),
     (dict(seed=1.5), "seed must be an integer >= 0"),
 ])
