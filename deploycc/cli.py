@@ -322,7 +322,8 @@ def _session(model, device, context_window, revision, quiet, prompt: str | None 
 @click.option("--prompt", required=True, help="The user message (the chat template is applied).")
 @click.option("--no-chat", is_flag=True, help="Feed the prompt as raw text, without the chat template.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object (prompt, prompt_ids, generated ids, text, timings) instead of streaming.")
+              help="Print one JSON object (prompt, prompt_ids, generated ids, text, sampler, timings) instead of "
+                   "streaming.")
 @_generation_options(max_tokens=64)
 def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed,
         device, context_window, revision):
