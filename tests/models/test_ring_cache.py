@@ -4,8 +4,9 @@ all read position j from row j % rows.
 
 - Graph level: a module exported with rings (step = 4) runs in chunks of at most 4 tokens through the
   reference interpreter and as printed torch code, and gives the logits of the module without rings
-  (max |diff| <= 1e-5: the same arithmetic on the same values) for a 30-token prompt (the rings wrap several
-  times) and 6 decode steps.
+  (interpreter: max |diff| <= 1e-5, the same arithmetic on the same values, measured 0; torch: 1e-5 of the
+  largest logit, its float32 rounding against numpy's, measured 3.6e-6 of it) for a 30-token prompt (the rings
+  wrap several times) and 6 decode steps.
 - Packages (cpu-webgpu here: tests/models/test_architectures.py runs cpu and cpu-opencl): the manifest's
   kv_cache.rows, the smaller KV cache, and `verify --against transformers` across wraps; the engine refuses
   a step longer than the rings allow and a truncation whose positions the rings overwrote, and the prefix
@@ -78,7 +79,7 @@ def test_rings_equal_full_caches_in_the_graph_and_as_python(name):
     weights = torch_weights(model)
     printed = run_chunked(lambda fn, x: getattr(py, fn)(torch.tensor([x], dtype=torch.int32), cache, *weights)[0].numpy(),
                           ids, 6)
-    assert np.abs(printed - want).max() <= 1e-5
+    assert np.abs(printed - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
     assert len(params) == len(weights)
 
 
