@@ -113,8 +113,7 @@ class Engine:
                                        self.manifest["target"].get("num_threads", 0),
                                        tuple(f["symbol"] for f in nat["functions"].values())
                                        + tuple(f"{e['entry']}__launch" for e in entries.values()))
-                digest = native.lowered_digest(bytecode, entries)
-                native.check_lowered_from(self.lib, self.path / nat["library"], digest)
+                native.check_lowered_from(self.lib, self.path / nat["library"], bytecode, entries)
             except native.NativeError as e:
                 raise PackageError(str(e)) from None
             built = self.device.kernels_of(self.lib, sorted({e["entry"] for e in entries.values()}))

@@ -83,27 +83,37 @@ def step_split(spec: dict) -> tuple[int, list[int]]:
 
 # The step functions are the bytecode and the kernels' argument tables compiled in: the loader's checks (the
 # schema, the dry run of every launch against those tables) hold for the native code only if it was compiled
-# from exactly these documents. So the module records a digest of them, and the loader compares it with the
-# package's own: an edit of bytecode.json or of a kernel's argument table (which states the constant shapes
-# its C reads, e.g. a weight's rows) is refused, instead of a step reading past a buffer.
+# from exactly these documents. So the module records digests of them (the argument tables, and each bytecode
+# function), and the loader compares them with the package's own: an edit of a bytecode function or of a
+# kernel's argument table (which states the constant shapes its C reads, e.g. a weight's rows) is refused,
+# instead of a step reading past a buffer. A function the bytecode no longer has is not looked for.
 LOWERED_FROM = "dcc_lowered_from"
 
 
-def lowered_digest(bytecode, entries) -> str:
-    """sha256 of bytecode.json's functions and manifest kernels.entries as JSON gives them (sorted keys)."""
-    text = json.dumps({"bytecode": bytecode, "entries": entries}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+def lowered_digests(bytecode, entries) -> dict:
+    """{"kernels": sha256 of manifest kernels.entries, "functions": {name: sha256 of bytecode.json's function}},
+    of the documents as JSON gives them (sorted keys)."""
+    def digest(doc) -> str:
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return {"kernels": digest(entries), "functions": {n: digest(f) for n, f in bytecode["functions"].items()}}
 
 
-def check_lowered_from(lib: ctypes.CDLL, path: Path, digest: str) -> None:
+def check_lowered_from(lib: ctypes.CDLL, path: Path, bytecode: dict, entries: dict) -> None:
     try:
-        recorded = (ctypes.c_char * 64).in_dll(lib, LOWERED_FROM).raw.decode("ascii", "replace")
-    except ValueError:  # no such symbol
+        recorded = json.loads(ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, LOWERED_FROM))))
+    except ValueError:  # no such symbol (or not JSON)
+        recorded = None
+    if type(recorded) is not dict or type(recorded.get("functions")) is not dict:
         raise NativeError(f"{path.name} does not record the bytecode it was compiled from (an older deploycc "
-                          f"built it); recompile the package") from None
-    if recorded != digest:
-        raise NativeError(f"{path.name} was compiled from another bytecode.json or other kernel argument tables "
-                          f"than this package's (edited after the compile?); recompile the package")
+                          f"built it); recompile the package")
+    want = lowered_digests(bytecode, entries)
+    if recorded.get("kernels") != want["kernels"]:
+        raise NativeError(f"{path.name} was compiled for other kernel argument tables than manifest.json "
+                          f"kernels.entries (edited after the compile?); recompile the package")
+    for name, digest in want["functions"].items():
+        if recorded["functions"].get(name) != digest:
+            raise NativeError(f"{path.name} was compiled from another bytecode.json function {name} (edited after "
+                              f"the compile?); recompile the package")
 
 
 class NativeError(RuntimeError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from ..runtime.native import HEAP, LOWERED_FROM, NativeError, lowered_digest, step_split, step_weights
+from ..runtime.native import HEAP, LOWERED_FROM, NativeError, lowered_digests, step_split, step_weights
 from ..runtime.validate import KV_META
 from ..targets.cstyle import _ident
 
@@ -37,14 +37,14 @@ def lower_native(bytecode: dict, entries: dict) -> tuple[str, dict]:
         funcs.append(text)
         spec_out[fname] = info
     # the documents as bytecode.json and manifest.json give them to the loader (int keys become strings)
-    digest = lowered_digest(json.loads(json.dumps(bytecode)), json.loads(json.dumps(entries)))
+    digests = lowered_digests(json.loads(json.dumps(bytecode)), json.loads(json.dumps(entries)))
     head = ["/* What a step reads: weights, planned storages, KV-cache layers (k0, v0, k1, ...), the input ids, the",
             "   shape heap and a batched step's metadata (pos, seq, slot, pages, last). The engine fills one per loaded",
             "   package, so two engines never share pointers. */",
             "typedef struct { void* const* w; void* const* st; void* const* kv; void* in; const int* h;",
             "                 void* const* meta; } dcc_ctx;",
-            "/* The bytecode and kernel argument tables these steps were compiled from (runtime/native.py). */",
-            f'DCC_EXPORT const char {LOWERED_FROM}[64] = "{digest}";', ""]
+            "/* The kernel argument tables and bytecode functions the steps were compiled from (runtime/native.py) */",
+            f"DCC_EXPORT const char {LOWERED_FROM}[] = {json.dumps(json.dumps(digests, sort_keys=True))};", ""]
     return "\n".join(head + funcs), {"weights": weights, "functions": spec_out}
 
 

@@ -170,9 +170,10 @@ CASES = [
      (f"{NATIVE}.functions.decode.epilogue", "; recompile"), "x"),
     ("param without a name", _unnamed_param, ("manifest.json: params[", "lacks 'name'", "; recompile"), "x"),
     ("head weight cut, its argument tables too", _head_cut_with_its_tables,
-     ("kernels.so was compiled from another bytecode.json or other kernel argument tables", "; recompile"), "x"),
+     ("kernels.so was compiled for other kernel argument tables than manifest.json kernels.entries",
+      "; recompile"), "x"),
     ("decode launch repeated, epilogue moved", _decode_launch_twice,
-     ("kernels.so was compiled from another bytecode.json", "; recompile"), "x"),
+     ("kernels.so was compiled from another bytecode.json function decode", "; recompile"), "x"),
 ]
 
 
