@@ -6,7 +6,9 @@ these (its work-items of a group run in order, and an access past a buffer reads
 Each tiny architecture is compiled for `adreno` (an OpenCL GPU preset: work-groups of 128, local-memory
 tiles, barriers) with a 64-token window in chunks of 8, and run by oclgrind_worker.py under `oclgrind`,
 which replaces the OpenCL library of the process, so the only platform is the simulator: a prompt of
-10 tokens (a full chunk, then a partial one) and a decode step, within 1e-3 of the numpy reference.
+10 tokens (a full chunk, then a partial one) and a decode step, within 1e-3 of the numpy reference; for
+the architectures whose attention differs most (windows, soft-caps, local and global layers), also a
+batched step of two sequences over the page pool (the paged attention kernels).
 Oclgrind runs a process on about one core, so the cases run two at a time (the module's fixture starts
 the selected ones; each test waits for its own).
 The CUDA and WebGPU presets' schedules are rendered as OpenCL too (their preset with target.kind opencl:
@@ -45,6 +47,8 @@ TIMEOUT_S = 300
 CASES = ([("adreno", name, None) for name in sorted(TINY)]
          + [("h100", "mistral-gqa2", None), ("chrome-webgpu", "qwen2-gqa5-tied", None)])
 CONTROL = ("adreno", "llama-gqa1", "no-barrier")
+STEP = ("llama-gqa1", "mistral-gqa4-window", "gemma2-gqa2-softcap", "gemma3-gqa4-local-global",
+        "qwen3-gqa2-headdim-window", "phi3-longrope-partial-window")  # also run a batched step
 # pyopencl's probes, reported by --check-api on every run
 BENIGN = re.compile(r"Oclgrind - OpenCL runtime error detected\s+Function: (clGetDeviceInfo\s+Error:\s+"
                     r"CL_INVALID_VALUE\s+For argument 'param_name'|clCreateKernel\s+Error:\s+"
@@ -70,7 +74,9 @@ def runs(request, tmp_path_factory) -> dict:
     futures = {}
     for case in dict.fromkeys(selected):
         pkg = compile_case(case, root / case_id(case))
-        futures[case] = pool.submit(run_case, oclgrind, pkg, make_tiny(case[1]), root / case_id(case) / "oclgrind.log")
+        options = ("--step",) if case[0] == "adreno" and case[1] in STEP and not case[2] else ()
+        futures[case] = pool.submit(run_case, oclgrind, pkg, make_tiny(case[1]), root / case_id(case) / "oclgrind.log",
+                                    options)
     yield futures
     pool.shutdown(cancel_futures=True)
 
@@ -92,12 +98,12 @@ def compile_case(case: tuple, work: Path) -> Path:
     return pkg
 
 
-def run_case(oclgrind: str, pkg: Path, source: Path, log: Path) -> dict:
+def run_case(oclgrind: str, pkg: Path, source: Path, log: Path, options: tuple[str, ...]) -> dict:
     """The worker under Oclgrind: {"errors": Oclgrind's kernel errors and any API error but pyopencl's probes,
     "returncode", "stdout", "stderr"}."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     r = subprocess.run([oclgrind, "--data-races", "--check-api", "--max-errors", "20", "--log", str(log),
-                        sys.executable, str(WORKER), str(pkg), str(source)],
+                        sys.executable, str(WORKER), str(pkg), str(source), *options],
                        capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     api = "\n".join(line for line in BENIGN.sub("", r.stderr).splitlines() if "Oclgrind" in line or "CL_" in line)
     errors = ((log.read_text() if log.exists() else "") + api).strip()
