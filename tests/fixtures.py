@@ -126,8 +126,8 @@ SHAPES = {
 
 
 # In the cache directory's name: a change of what make_tiny writes for a name and seed bumps it, so that no
-# checkpoint of an earlier version is reused (2: sharpen).
-VERSION = 2
+# checkpoint of an earlier version is reused (2: sharpen; 3: no outliers in Gemma's post-norms).
+VERSION = 3
 
 
 def fixture_home() -> Path:
@@ -205,8 +205,11 @@ def sharpen(model, plus_one: bool, seed: int) -> None:
                 w.mul_(1 / (w.std() * math.sqrt(w.shape[1 if isinstance(m, torch.nn.Linear) else 0])))
         channels = torch.randperm(model.config.hidden_size, generator=gen)[: len(OUTLIERS)].tolist()
         for layer in _layers(model):
+            # Gemma's post-norms scale a block's output instead: outliers there made residual channels of large
+            # terms that cancel, whose float32 rounding the next norm's outlier multiplied into 1e-3 of a logit.
+            post_norms = hasattr(layer, "pre_feedforward_layernorm")
             for name, m in layer.named_children():
-                if "norm" in name or name.startswith("ln_"):
+                if ("norm" in name or name.startswith("ln_")) and not (post_norms and name.startswith("post_")):
                     for c, f in zip(channels, OUTLIERS):
                         _scale_norm(m.weight, f, plus_one, c)
         ids = torch.randint(0, model.config.vocab_size, (1, 32), generator=gen)
