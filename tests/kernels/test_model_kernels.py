@@ -6,8 +6,10 @@ the kernels match the reference logits.
 Each call_tir runs twice: the tensor program in the loop-level interpreter (the oracle) and the
 scheduled kernels on the device. Symbolic sizes: seq_len 1, 5 and 64 (56 for GPT-2, whose positions end at 64) in prefill, then
 decode steps until total_len reaches the context-window bound (72; GPT-2 64). Tolerances: every kernel output within
-atol 1e-4 + rtol 1e-4 of the interpreter's; logits within max |diff| 1e-4 of the graph-level
-reference session.
+atol 1e-4 + rtol 1e-4 of the interpreter's; logits within max |diff| LOGIT_TOL * max |logit| (at least 1) of the
+graph-level reference session: float32 rounding in another summation order, which grows with the fixtures'
+realistic magnitudes (measured up to 1.4e-5 of the largest logit: 1.6e-4 at 12, qwen3-gqa2-headdim-window on PoCL;
+the earlier 1e-4 was 7e-5 to 3e-4 of the logits of transformers' initialisation).
 """
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from deploycc.session import export
 from deploycc.transform.merge_matmuls import function_params
 
 CONTEXT = 72
+LOGIT_TOL = 5e-5
 PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cpu": "cpu"}
 
 
@@ -53,6 +56,10 @@ class CheckedRunner:
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=f"kernel(s) of {prog.name}")
 
 
+def tol(logits: np.ndarray) -> float:
+    return LOGIT_TOL * max(1.0, float(np.abs(logits).max()))
+
+
 def test_kernels_and_logits(tiny_path, backend):
     kind, device, target = backend
     model = deploycc.load_model(str(tiny_path))
@@ -72,17 +79,17 @@ def test_kernels_and_logits(tiny_path, backend):
         ids = [int(t) for t in rng.integers(0, cfg.vocab_size, seq_len)]
         got = interp.run("prefill_all", np.array([ids], np.int32), cache, *params)[0]
         want = ref.prefill(ids, all_logits=True)
-        assert np.abs(got - want).max() <= 1e-4, f"prefill of {seq_len}: max |diff| {np.abs(got - want).max()}"
+        assert np.abs(got - want).max() <= tol(want), f"prefill of {seq_len}: max |diff| {np.abs(got - want).max()}"
         cache.reset()
         ref.reset()
         got_last = interp.run("prefill", np.array([ids], np.int32), cache, *params)[0, -1]
         want_last = ref.prefill(ids)
-        assert np.abs(got_last - want_last).max() <= 1e-4, f"last-position prefill of {seq_len}"
+        assert np.abs(got_last - want_last).max() <= tol(want_last), f"last-position prefill of {seq_len}"
         token = int(np.argmax(want[-1]))
         for _ in range(decode_steps):
             got = interp.run("decode", np.array([[token]], np.int32), cache, *params)[0, -1]
             want = ref.decode(token)
-            assert np.abs(got - want).max() <= 1e-4, f"decode at total_len {cache.length}"
+            assert np.abs(got - want).max() <= tol(want), f"decode at total_len {cache.length}"
             token = int(np.argmax(want))
         if decode_steps == 8:
             assert cache.length == context  # decode reached the bound
