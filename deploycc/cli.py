@@ -535,15 +535,20 @@ def _render_verify(report) -> None:
 
     from .verify import summary
 
-    limit = report.criterion.limit
+    c = report.criterion
+    limit = c.limit
     t = Table(title=f"{report.package} against {report.reference}")
     for col in ("prompt", "step", "max |diff|", "rel RMS", "KL", "top-1"):
         t.add_column(col, justify="right")
     for s in report.steps:
-        diff = f"{s.max_abs_diff:.3e}"
+        diff, rel = f"{s.max_abs_diff:.3e}", f"{s.rel_rms:.2e}"
+        if c.metric == "max_abs_diff" and s.max_abs_diff > limit:
+            diff = f"[red]{diff}[/red]"
+        elif c.metric == "rel_rms" and s.rel_rms > limit:
+            rel = f"[red]{rel}[/red]"
         top1 = f"{s.top1_agree}/{s.positions}" if s.positions > 1 else ("same" if s.argmax_match else "differs")
-        t.add_row(str(s.prompt_len), str(s.step), f"[red]{diff}[/red]" if s.max_abs_diff > limit else diff,
-                  f"{s.rel_rms:.2e}", f"{s.kl:.2e}", top1 if s.argmax_match else f"[yellow]{top1}[/yellow]")
+        t.add_row(str(s.prompt_len), str(s.step), diff, rel, f"{s.kl:.2e}",
+                  top1 if s.argmax_match else f"[yellow]{top1}[/yellow]")
     Console().print(t)
     if report.float_steps:
         f = summary(report.float_steps)
@@ -551,9 +556,7 @@ def _render_verify(report) -> None:
                    f"{f['rel_rms']:.3g}, KL {f['kl']:.3g} nats, top-1 agreement {f['top1_agreement']:.1%} "
                    f"(what {report.quantization} costs; not checked)")
     if report.passed:
-        c = report.criterion
-        what = "relative RMS difference" if c.metric == "rel_rms" else "largest difference"
-        click.echo(f"ok: against {report.reference}: {what} {c.value(report.worst):.3e} <= tolerance {limit:g}")
+        click.echo(f"ok: against {report.reference}: {report.measured:.3e}, within {c.describe()}")
 
 
 # ---- devices -----------------------------------------------------------------------------------

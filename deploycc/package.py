@@ -31,6 +31,7 @@ from .ir.tir import Intrin, walk
 from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 from .session import PAGE_SIZE, Pool, export
+from .transform.absorb_rounding import rounded_linears
 from .vm import lower_vm
 from .vm.lower import kernel_args
 
@@ -157,7 +158,10 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     target = preset.target
     integer = target.kind == "cpu" and target.integer_matmuls
     interleave = integer and native_weight_interleave(target.isa)
-    model = quantize(load_model(source, revision), quant, head, interleave, groups=integer)
+    # every weight the integer kernels take multiplies activations rounded to 8 bits (the graph says so: the
+    # reference of a package is its own graph, op/linalg.py round_activations)
+    model = quantize(load_model(source, revision), quant, head, interleave, groups=integer,
+                     activations=8 if integer else None)
     from .limits import check_compile
 
     ctx, chunk = check_compile(model, preset, context_window)  # context window and device memory, before anything
@@ -192,7 +196,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             kernel_files["requires"] = webgpu_limits.check(list(lowered.kernels.values()), preset.target, buffers)
         if preset.target.kind == "cpu":
             step("native")
-            kernel_files["native"] = _write_native(tmp, lowered, kernel_files["entries"], preset)
+            kernel_files["native"] = _write_native(tmp, lowered, kernel_files["entries"], preset,
+                                                   rounded_linears(exported))
         step("weights")
         params_index = _write_params(tmp, model, lowered.constants, progress, lowered.merged_params,
                                      WEB_SHARD_BYTES if preset.web else SHARD_BYTES)
@@ -268,7 +273,7 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
     return {"language": {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl", "cpu": "c"}[kind], "entries": entries}
 
 
-def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> dict:
+def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset, activations: dict) -> dict:
     """cpu target: the step functions appended to kernels.c, and the whole module compiled into
     kernels/kernels.so for the preset's ISA (deploycc/vm/native.py, runtime/native.py)."""
     from .runtime import native
@@ -291,6 +296,8 @@ def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset) -> 
     layout = "interleaved16" if any("_x16" in n for n in intrins) else "plain"
     return {"library": "kernels/kernels.so", "isa": isa, "cpu_flags": native.isa_flags(isa),
             "compiler": " ".join(native.compiler()), "integer_activations": bool(intrins), "weight_layout": layout,
+            # the weights whose linears round their input, and to how many bits: what `verify` rounds alike
+            "activations": activations,
             **info}
 
 

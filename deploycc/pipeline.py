@@ -1,7 +1,8 @@
 """The compilation pipeline: one flat, named list of passes; the IR can be printed after any stage.
 
     exported    Model.export: graph functions of high-level op calls
-    legalized   legalize: op calls -> call_tir of tensor programs
+    legalized   absorb_rounding (integer cpu targets), merge_matmuls, legalize: op calls -> call_tir of tensor
+                programs
     fused       annotate_patterns, fuse_ops, fuse_tensor (+ dead code elimination)
     scheduled   schedule: each program -> kernels for the target (rules in deploycc.schedule)
 """
@@ -15,6 +16,7 @@ from .ir.kernel import scheduled
 from .ir.module import IRModule
 from .schedule import schedule
 from .transform import legalize
+from .transform.absorb_rounding import absorb_rounding
 from .transform.annotate_patterns import annotate_patterns
 from .transform.fuse_ops import fuse_ops
 from .transform.fuse_tensor import fuse_tensor
@@ -26,8 +28,16 @@ STAGES = ("exported", "legalized", "fused", "scheduled")
 def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IRModule]]]:
     """(stage reached, pass) in order; one list per target (the target is a parameter, not a global).
     fuse=False: neither the merge of parallel linears nor fusion (kernel_report's "before")."""
+    absorb = absorb_rounding if target is not None and target.kind == "cpu" and target.integer_matmuls else None
+    first = [absorb] if absorb else []
+    first += [merge_matmuls] if fuse else []
+
+    def legalized(m: IRModule) -> IRModule:
+        for p in first:
+            m = p(m)
+        return legalize(m)
     return [
-        ("legalized", (lambda m: legalize(merge_matmuls(m))) if fuse else legalize),
+        ("legalized", legalized),
         ("fused", lambda m: fuse_tensor(fuse_ops(annotate_patterns(m)))),
         ("scheduled", lambda m: schedule(m, target)),
     ]

@@ -70,14 +70,16 @@ def lower(mod: IRModule, stage: str, target=None) -> IRModule:
 
 
 class ReferenceSession:
-    def __init__(self, model: LoadedModel, stage: str = "exported", context_window: int | None = None):
+    def __init__(self, model: LoadedModel, stage: str = "exported", context_window: int | None = None,
+                 ops: dict | None = None):
+        """ops: op name -> numpy function run instead of the op's reference (Interpreter)."""
         self.model = model
         self.module = lower(export(model, context_window), stage)
         self.context_window = self.module.attrs["context_window"]
         dtypes = {n: p.dtype for n, p in model.build().named_parameters()}  # packed weights: uint32, float16
         typed = ((n, np.ascontiguousarray(a, dtype=dtypes[n])) for n, a in model.params())
         self.params = function_params(self.module, typed, "prefill")  # merged linears concatenated
-        self.interp = Interpreter(self.module)
+        self.interp = Interpreter(self.module, ops=ops, keep_weights=True)
         cfg = model.config
         self.cache = RefKVCache(cfg.num_hidden_layers, self.context_window, cfg.num_key_value_heads, cfg.head_dim)
 
@@ -108,11 +110,16 @@ class ReferenceSession:
 
 
 def reference_session(model: LoadedModel | str, stage: str = "exported", context_window: int | None = None,
-                      quantization: str | None = None, head_quantization: str | None = None) -> ReferenceSession:
+                      quantization: str | None = None, head_quantization: str | None = None,
+                      activations: int | dict | None = None, ops: dict | None = None) -> ReferenceSession:
+    """`activations`: the weights whose linears round their input (a package's manifest record, or bits for every
+    weight the integer kernels take), as quantization.quantize takes it. `ops`: see ReferenceSession."""
     if isinstance(model, str):
         from .hub import load_model
 
         model = load_model(model)
     from .quantization import quantize
 
-    return ReferenceSession(quantize(model, quantization, head_quantization), stage, context_window)
+    # a GGUF's Q4_0/Q4_1/Q8_0 blocks take integer activations in our group schemes (the same values)
+    quantized = quantize(model, quantization, head_quantization, groups=bool(activations), activations=activations)
+    return ReferenceSession(quantized, stage, context_window, ops)

@@ -80,6 +80,15 @@ def apply_rope_table(x, table):
     x1, x2 = x[..., : r // 2], x[..., r // 2: r]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], dim=-1)
 ''',
+    "round_activations": '''\
+def round_activations(x, bits):
+    """x rounded to `bits` per block of 32 along the last axis, as integer kernels round a linear's input:
+    scale max|x| / (2^(bits-1) - 1) per block, codes rounded half to even (deploycc/op/linalg.py)."""
+    b = x.reshape(-1, 32)
+    d = b.abs().amax(dim=1, keepdim=True) / float(2 ** (bits - 1) - 1)
+    inv = torch.where(d > 0, 1.0 / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    return (torch.round(b * inv) * d).reshape(x.shape)
+''',
     "causal_attention": '''\
 def causal_attention(q, k, v, scale, window=0, softcap=0.0, total=None):
     """q [seq_len, heads, head_dim], k and v [total_len, kv_heads, head_dim] (grouped-query heads):
@@ -574,6 +583,7 @@ OPS: dict[str, Callable[[_FunctionPrinter, Call], str]] = {
     "astype": lambda p, c: f"{_a(p, c)}.to({TORCH_DTYPES[c.attrs['dtype']]})",
     "take": lambda p, c: f"F.embedding({_a(p, c, 1)}, {_a(p, c)})",
     "linear": _fn("F.linear"),
+    "round_activations": lambda p, c: f"round_activations({_a(p, c)}, {c.attrs['bits']})",
     "matmul": _fn("torch.matmul"),
     "rms_norm": lambda p, c: f"F.rms_norm({_a(p, c)}, {_a(p, c, 1)}.shape, {_a(p, c, 1)}, eps={_float(c.attrs['eps'])})",
     "layer_norm": lambda p, c: (f"F.layer_norm({_a(p, c)}, {_a(p, c, 1)}.shape, {_a(p, c, 1)}, {_a(p, c, 2)}, "

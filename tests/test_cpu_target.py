@@ -136,17 +136,19 @@ def test_compile_writes_a_native_package_that_verifies(compiled, name):
     r = cli("verify", pkg, "--steps", "4", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     v = json.loads(r.stdout)
-    # float kernels: largest |logit difference| 1e-3; decode GEMVs on 8-bit activations (integer dot products,
-    # recorded as kernels.native.integer_activations): the relative RMS of the difference that deploycc/verify.py
-    # holds them to (0.25: a package of other weights is O(1) away); this tiny model measures 8.7e-3, held to 5e-2
+    # float kernels: largest |logit difference| 1e-3; integer kernels on 8-bit activations (recorded per weight as
+    # kernels.native.activations, which verify rounds alike in its reference): the 90th percentile of the
+    # positions' relative RMS difference, held to twice the reference's own spread when its rounding inputs move
+    # (deploycc/verify.py); this tiny model measures below 1e-6
     if nat.get("integer_activations"):
-        from deploycc.verify import INTEGER_REL_RMS
+        from deploycc.verify import FLOAT_FLOOR, NOISE_FACTOR, QUANTILE
 
-        assert INTEGER_REL_RMS <= 0.25 and v["rel_rms"] <= 5e-2
-        expected = ("rel_rms", INTEGER_REL_RMS)
+        assert nat["activations"] and set(nat["activations"].values()) == {8}
+        assert v["metric"] == QUANTILE and v["tolerance"] == NOISE_FACTOR * v["noise"] + FLOAT_FLOOR
+        assert v[QUANTILE] <= 1e-4
     else:
-        expected = ("max_abs_diff", 1e-3)
-    assert v["passed"] and v["backend"] == "cpu" and (v["metric"], v["tolerance"]) == expected, v["failure"]
+        assert (v["metric"], v["tolerance"]) == ("max_abs_diff", 1e-3)
+    assert v["passed"] and v["backend"] == "cpu", v["failure"]
     assert v[v["metric"]] <= v["tolerance"] and v["top1_agreement"] >= 0.9
 
 

@@ -55,6 +55,11 @@ def permute_dims(x, axes: Sequence[int]): return call("permute_dims", x, axes=tu
 
 
 def linear(x, weight, bias=None):
+    """x @ weight^T + bias. A quantized weight whose kernels take integer activations (quantization/base.py:
+    `activations` bits) has its input rounded as those kernels round it, first (op/linalg.py round_activations)."""
+    bits = getattr(weight, "activations", None)
+    if bits:
+        x = call("round_activations", x, bits=bits)
     return call("linear", x, weight) if bias is None else call("linear", x, weight, bias)
 
 

@@ -1,4 +1,5 @@
-"""Linear algebra: embedding lookup (take), linear (x @ W^T + b), batched matmul."""
+"""Linear algebra: embedding lookup (take), linear (x @ W^T + b), the rounding of a linear's input that integer
+kernels do (round_activations), batched matmul."""
 from __future__ import annotations
 
 import numpy as np
@@ -90,10 +91,50 @@ def _linear_legalize(call, module):
         its2 = tir.iters(" ".join(f"j{k}" for k in range(len(Y.shape))), Y.shape)
         idx2 = tuple(tir.v(it) for it in its2)
         body = Seq((mm, Block("bias_add", its2, Store(Y, idx2, Y[idx2] + B[idx2[-1]]))))
-    return emit_tir(module, "linear_bias" if has_bias else "linear", smap, ins, (Y,), body, call.args, call.ann)
+    # A linear that reads rounded activations (transform/absorb_rounding.py) says so: only an integer schedule,
+    # which rounds as round_activations does, may take it (schedule checks that one did).
+    attrs = {"activations": call.attrs["activations"]} if "activations" in call.attrs else None
+    return emit_tir(module, "linear_bias" if has_bias else "linear", smap, ins, (Y,), body, call.args, call.ann, attrs)
 
 
 register("linear", _linear_infer, _linear_ref, _linear_legalize)
+
+
+# ---- round_activations: x rounded to `bits` per block of 32 along the last axis --------------
+# What a linear whose kernel takes integer activations computes with: each block of 32 inputs gets the scale
+# d = max|x| / (2^(bits-1) - 1) and the codes rint(x * (1 / d)) (round half to even; an all-zero block stays 0),
+# as targets/c_intrin.py's quantize intrinsics do, so the reference of such a linear is
+# linear(round_activations(x), W) to float32 summation order. Quantized linears emit it when their kernels
+# round (quantization/base.py: activations); the cpu target's integer schedules absorb it into the linear that
+# reads it (transform/absorb_rounding.py), and no other target has a kernel for it.
+
+ACTIVATION_BLOCK = 32
+
+
+def round_activations_np(x: np.ndarray, bits: int) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    b = x.reshape(-1, ACTIVATION_BLOCK)
+    d = np.abs(b).max(axis=1, keepdims=True) / np.float32((1 << (bits - 1)) - 1)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return (np.rint(b * inv) * d).astype(np.float32).reshape(x.shape)
+
+
+def _round_infer(args, attrs):
+    x = tensor(args[0], "round_activations", "x")
+    if attrs.get("bits") not in (8, 16):
+        raise OpError(f"round_activations: bits must be 8 or 16, got {attrs.get('bits')!r}")
+    if x.dtype != "float32" or x.shape is None or not x.shape[-1].is_const or x.shape[-1].value % ACTIVATION_BLOCK:
+        raise OpError(f"round_activations: x must be float32 with a last dimension that is a multiple of "
+                      f"{ACTIVATION_BLOCK}")
+    return args[0].ann
+
+
+def _round_legalize(call, module):
+    raise OpError("round_activations has no kernel of its own: only the cpu target's integer linears implement it "
+                  "(absorbed into the linear that reads it, transform/absorb_rounding.py)")
+
+
+register("round_activations", _round_infer, lambda x, bits: round_activations_np(x, bits), _round_legalize)
 
 
 # ---- matmul: [..., n, k] x [..., k, m] -> [..., n, m] (same batch dims) ---------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import DeployError
-from .base import QuantizedEmbedding, QuantizedLinear, Scheme, swap_modules
+from .base import Scheme, mark_activations, quantized_modules, swap_modules
 from .gguf_blocks import BLOCK_SCHEMES, GGUFBlockScheme, GGUFModel, keep_blocks
 from .group import GroupScheme, InterleavedScheme
 from .none import NoQuantize, StoreHalf
@@ -65,6 +65,7 @@ class QuantizedModel:
     scheme: Scheme
     head: Scheme | None = None  # embeddings and the output head (None: `scheme`)
     interleave: bool = False  # linears whose shapes allow it in INTERLEAVED's layout
+    activations: int | dict | None = None  # rounded activations (base.mark_activations)
     _module: object = field(default=None, repr=False)
 
     def __getattr__(self, name):
@@ -76,11 +77,12 @@ class QuantizedModel:
         if self._module is None:
             wide = INTERLEAVED.get(self.scheme.name) if self.interleave else None
             self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head, wide)
+            mark_activations(self._module, self.activations)
         return self._module
 
     def quantized_names(self) -> dict[str, Scheme]:
         """Our names of the float weights the swap replaced (`<module>.weight`), with their schemes."""
-        return {f"{name}.weight": mod.scheme for name, mod in _quantized_modules(self.build())}
+        return {f"{name}.weight": mod.scheme for name, mod in quantized_modules(self.build())}
 
     def params(self) -> Iterator[tuple[str, np.ndarray]]:
         names = self.quantized_names()
@@ -93,23 +95,16 @@ class QuantizedModel:
                 yield name, arr
 
 
-def _quantized_modules(module, prefix: str = ""):
-    from .. import nn
-
-    for name, value in vars(module).items():
-        if isinstance(value, (QuantizedLinear, QuantizedEmbedding)):
-            yield f"{prefix}{name}", value
-        elif isinstance(value, nn.Module):
-            yield from _quantized_modules(value, f"{prefix}{name}.")
-
-
-def quantize(model, name: str | None, head: str | None = None, interleave: bool = False, groups: bool = False):
+def quantize(model, name: str | None, head: str | None = None, interleave: bool = False, groups: bool = False,
+             activations: int | dict | None = None):
     """`model` (a LoadedModel) under scheme `name`, its embeddings and output head under `head`
     (None: the same scheme); q0f32 (or None) with no other head returns the model itself. interleave:
     the linears, and the embeddings unless `head` names their scheme, in the cpu target's interleaved layout
     where the scheme has one. groups:
     a GGUF kept as stored ("gguf") has its Q4_0/Q4_1/Q8_0 tensors moved, value for value, into
-    q4f16_1/q4f16_2/q8f16_0 (what the cpu target's integer kernels read)."""
+    q4f16_1/q4f16_2/q8f16_0 (what the cpu target's integer kernels read). activations: the weights whose linears
+    round their input, and to how many bits (base.mark_activations: every one the integer kernels take, or a
+    package's record)."""
     head_scheme = get(head) if head else None
     if (name is None or name == "q0f32") and head_scheme is None:
         get(name or "q0f32")
@@ -118,8 +113,8 @@ def quantize(model, name: str | None, head: str | None = None, interleave: bool 
         if head_scheme is not None:
             raise DeployError("--head-quantization does not apply to a GGUF kept as stored; "
                               "give --quantization too to re-quantize it")
-        return keep_blocks(model, groups, interleave)
-    return QuantizedModel(model, get(name or "q0f32"), head_scheme, interleave)
+        return keep_blocks(model, groups, interleave, activations)
+    return QuantizedModel(model, get(name or "q0f32"), head_scheme, interleave, activations)
 
 
 __all__ = ["QUANTIZATION", "BLOCK_SCHEMES", "GGUFBlockScheme", "GGUFModel", "Scheme", "GroupScheme",

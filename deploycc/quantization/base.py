@@ -62,6 +62,11 @@ class Scheme:
     def swaps(self) -> bool:
         return True
 
+    def integer_activations(self, rows: int, cols: int) -> bool:
+        """Whether the cpu target's integer kernels (schedule/qgemv.py) take a [rows, cols] weight of this scheme
+        with rounded activations (op/linalg.py round_activations)."""
+        return False
+
 
 def call_program(prog: tir.TensorProgram, args: list[Tensor], out_shape, out_dtype: str = "float32") -> Tensor:
     """Emit `call_tir(prog, args)` into the function being traced (the program is added to the
@@ -75,12 +80,14 @@ def call_program(prog: tir.TensorProgram, args: list[Tensor], out_shape, out_dty
 class DequantizedWeight(Parameter):
     """Stands where model code reads `layer.weight` directly (a tied or untied output head):
     each read of `.tensor` emits a fresh dequantize, so every consumer gets its own producer
-    for fuse_ops to fold in (a shared producer with two consumers would stay unfused)."""
+    for fuse_ops to fold in (a shared producer with two consumers would stay unfused). A linear
+    of it rounds its input to `activations` bits first (nn.op.linear), as its kernels do."""
 
     def __init__(self, owner):
         self.owner = owner
         self.shape = owner.shape
         self.dtype = "float32"
+        self.activations = owner.activations
 
     @property
     def tensor(self) -> Tensor:
@@ -92,6 +99,8 @@ class DequantizedWeight(Parameter):
 
 
 class _Quantized(nn.Module):
+    activations: int | None = None  # bits the integer kernels round a linear's input to (mark_activations)
+
     def _init_params(self, scheme: Scheme, rows: int, cols: int):
         self.shape = (rows, cols)
         self.scheme = scheme
@@ -117,7 +126,7 @@ class QuantizedLinear(_Quantized):
         self.bias = linear.bias
 
     def forward(self, x: Tensor) -> Tensor:
-        return op.linear(x, self.dequantize(), self.bias)
+        return op.linear(x, self.weight, self.bias)
 
 
 class QuantizedEmbedding(_Quantized):
@@ -131,6 +140,35 @@ class QuantizedEmbedding(_Quantized):
 
 
 HEAD_LINEARS = ("lm_head",)
+
+
+def quantized_modules(module: nn.Module, prefix: str = ""):
+    """(name, module) of every quantized linear and embedding below `module`, in attribute order."""
+    for name, value in vars(module).items():
+        if isinstance(value, (QuantizedLinear, QuantizedEmbedding)):
+            yield f"{prefix}{name}", value
+        elif isinstance(value, nn.Module):
+            yield from quantized_modules(value, f"{prefix}{name}.")
+
+
+def mark_activations(module: nn.Module, activations: int | dict[str, int] | None) -> dict[str, int]:
+    """Say which quantized weights are multiplied with rounded activations, and to how many bits: `activations`
+    bits for every weight whose scheme and shape the integer kernels take, or exactly the {module name: bits} given
+    (a package's record: its manifest). An embedding's bits apply where it serves as a tied output head. Returns
+    what was marked: {module name: bits}."""
+    marked = {}
+    for name, m in quantized_modules(module):
+        eligible = m.scheme.integer_activations(*m.shape)
+        bits = activations.get(name) if isinstance(activations, dict) else activations if eligible else None
+        if bits and not eligible:
+            raise ValueError(f"{name}: integer kernels do not take a {m.scheme.name} weight of shape "
+                             f"{list(m.shape)}; it cannot have rounded activations")
+        m.activations = bits or None
+        if bits:
+            marked[name] = bits
+    if isinstance(activations, dict) and set(activations) - set(marked):
+        raise ValueError(f"no quantized weight named {sorted(set(activations) - set(marked))[0]}")
+    return marked
 
 
 def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None,

@@ -29,7 +29,7 @@ from .. import nn
 from ..errors import DeployError
 from ..hub import transformed
 from ..ir import tir
-from .base import QuantizedEmbedding, QuantizedLinear, Scheme
+from .base import QuantizedEmbedding, QuantizedLinear, Scheme, mark_activations
 from .group import InterleavedScheme, pack_codes
 
 BLOCK = 32
@@ -274,6 +274,7 @@ class GGUFModel:
     base: object
     groups: bool = False
     interleave: bool = False
+    activations: int | dict | None = None  # rounded activations (base.mark_activations)
     _module: object = field(default=None, repr=False)
     _schemes: dict = field(default=None, repr=False)
 
@@ -301,6 +302,7 @@ class GGUFModel:
         if self._module is None:
             self._schemes = {}
             self._module = self._swap(self.base.arch.Model(self.base.config), "")
+            mark_activations(self._module, self.activations)
         return self._module
 
     def _swap(self, module, prefix: str):
@@ -339,7 +341,7 @@ class GGUFModel:
                 yield name, transformed(arr, transform)
 
 
-def keep_blocks(model, groups: bool = False, interleave: bool = False) -> GGUFModel:
+def keep_blocks(model, groups: bool = False, interleave: bool = False, activations=None) -> GGUFModel:
     if not hasattr(model.weights, "raw"):
         raise DeployError("quantization 'gguf' keeps a GGUF file's block formats; the model was not loaded from a .gguf")
-    return GGUFModel(model, groups, interleave)
+    return GGUFModel(model, groups, interleave, activations)

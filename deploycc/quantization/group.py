@@ -51,6 +51,12 @@ class GroupScheme(Scheme):
     def offset(self) -> int:  # the code of 0 in the symmetric schemes
         return 1 << (self.bits - 1)
 
+    def integer_activations(self, rows: int, cols: int) -> bool:
+        """The formats of schedule/qgemv.py FORMATS: 4-bit, or 8-bit symmetric, groups of 32 with float16 scales,
+        whole groups, at most 65536 inputs."""
+        return (self.group_size == GROUP and self.scale_dtype == "float16" and (self.bits == 4 or self.symmetric)
+                and self.bits in (4, 8) and cols % GROUP == 0 and cols <= 1 << 16)
+
     def param_shapes(self, rows: int, cols: int):
         groups = _ceil(cols, self.group_size)
         shapes = {"q_weight": ((rows, groups * self.group_size // self.per_word), "uint32"),

@@ -17,6 +17,11 @@ def schedule_program(prog: TensorProgram, target, rules=RULES) -> TensorProgram:
     for r in rules:
         s = r(prog, target)
         if s is not None:
+            if "activations" in prog.attrs and not qgemv.is_integer(s):
+                # the program multiplies rounded activations (transform/absorb_rounding.py): a float kernel would
+                # compute something else than the graph says
+                raise ValueError(f"{prog.name} reads activations rounded to {prog.attrs['activations']} bits, but "
+                                 f"no integer schedule takes it (the {s.rule} rule did); this is a bug")
             return TensorProgram(prog.name, prog.params, prog.body, prog.sym_params, prog.num_outputs,
                                  {**prog.attrs, "schedule": s})
     raise ValueError(f"no schedule rule applies to {prog.name}")

@@ -8,7 +8,10 @@ row is a sum over blocks of scale_w * scale_x * (integer dot of codes) plus a pe
 intrinsic (`Intrin`) that targets/c_intrin.py writes per ISA: AVX-512 VNNI / AVX-VNNI `vpdpbusd`,
 AVX2 `vpmaddubsw` + `vpmaddwd`, and plain C elsewhere (the place for ARM `sdot`).
 
-Which weights qualify is not read from names or attributes: the rule takes the matmul's weight
+The rule takes only a program that says its activations are rounded to 8 bits (attrs activations=8: the
+graph's round_activations absorbed into the linear, transform/absorb_rounding.py), since that rounding is what
+the integer arithmetic computes; and every such program must be taken (schedule checks). Which weight formats
+qualify is not read from names or attributes: the rule takes the matmul's weight
 expression W(n, k) as the fused program computes it and checks it, by evaluating both on random
 codes, scales and minimums at random (n, k), against each known block format (Mirage's
 probabilistic equivalence check, for one expression): 4-bit symmetric (code - 8) * s, 4-bit
@@ -47,7 +50,7 @@ LANES = 16  # outputs per group of the interleaved formats (quantization/group.p
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
-    if target.kind != "cpu" or not target.integer_matmuls:
+    if target.kind != "cpu" or not target.integer_matmuls or prog.attrs.get("activations") != 8:
         return None
     found = split_matmul(prog)
     if found is None or found[2].op != "mul":
@@ -72,6 +75,11 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     for it in spatial[:-1]:
         rows = rows * it.extent
     return m.gemv() if rows.is_const and rows.value == 1 else m.gemm(rows)
+
+
+def is_integer(s: Schedule) -> bool:
+    """Whether a schedule is this rule's (integer dot products on rounded activations)."""
+    return s.rule.startswith(("qgemv-", "qgemm-"))
 
 
 @dataclass

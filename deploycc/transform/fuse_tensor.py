@@ -20,6 +20,9 @@ from .annotate_patterns import analyze
 from .dce import dead_code_elimination
 from .plan_memory import program_sym_map
 
+# A linear of rounded activations (transform/absorb_rounding.py): one per fused program, at most.
+KEPT_ATTRS = ("activations",)
+
 
 def fuse_tensor(mod: IRModule) -> IRModule:
     primitive = {n for n, f in mod.graph_functions().items() if f.attrs.get("primitive")}
@@ -63,9 +66,15 @@ def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
     stmts: list[Stmt] = []
     intermediates: list[Buffer] = []
     bindings = [b for blk in fn.body.blocks for b in blk.bindings]
+    kept = {}  # what a member's program says of its arithmetic that the fused program must keep saying
     for b in bindings:
         call: CallTIR = b.value
         prog: TensorProgram = mod[call.program]
+        for key in KEPT_ATTRS:
+            if key in prog.attrs:
+                if kept.setdefault(key, prog.attrs[key]) != prog.attrs[key]:
+                    raise ValueError(f"fuse_tensor: {fn.name} fuses programs of {key} {kept[key]} and "
+                                     f"{prog.attrs[key]}")
         arg_bufs = [bufs[a] for a in call.args]
         if b.var is result:
             dst = out_buf
@@ -86,7 +95,7 @@ def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
     name = fn.name.removeprefix("fused_")
     prog = TensorProgram("fused_" + name, params, body, sym_params, 1, {})
     return TensorProgram(prog.name, prog.params, prog.body, prog.sym_params, 1,
-                         {**prog.attrs, "pattern": analyze(prog).name})
+                         {**prog.attrs, **kept, "pattern": analyze(prog).name})
 
 
 def _touches(st, buf: Buffer) -> bool:

@@ -6,9 +6,10 @@
 One launch streams all the rows, and an input that the CPU kernels quantize to 8 bits is quantized
 once (MLC-LLM's fused QKV and gate-up projections; Relax's CombineParallelMatmul). A weight is a
 function parameter or a dequantize of parameters (quantization/base.py); the members of a group
-share the input, the weight kind (float dtype or quantization scheme), the input width and whether
-they have a bias. Every scheme groups along the input dimension, so the merged weight is the row
-concatenation of the members' parameters, done at conversion time: the module's
+share the input, the weight kind (float dtype or quantization scheme), the input width, whether
+they have a bias and how their input is rounded (transform/absorb_rounding.py). Every scheme groups
+along the input dimension, so the merged weight is the row concatenation of the members'
+parameters, done at conversion time: the module's
 `merged_params` attribute maps each new parameter to its parts (axis 0), and `module_params`
 turns a model's (name, array) stream into the functions' parameters.
 """
@@ -94,7 +95,7 @@ def _groups(fn: Function, mod: IRModule) -> dict[tuple, list[Binding]]:
             if w is None or (bias is not None and bias not in set(fn.params)):
                 continue
             kind, cols, _ = w
-            by_input.setdefault((v.args[0], kind, cols, bias is None), []).append(b)
+            by_input.setdefault((v.args[0], kind, cols, bias is None, v.attrs.get("activations")), []).append(b)
         for members in by_input.values():
             if len(members) > 1:
                 key = tuple(tuple(p.name for p in _parts(fn, defs, m, mod)) for m in members)

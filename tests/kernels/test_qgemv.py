@@ -22,6 +22,7 @@ from deploycc.ir.kernel import scheduled
 from deploycc.ir.tir import Intrin, walk
 from deploycc.ir.tir_interp import run_program
 from deploycc.op.attention import RefKVCache
+from deploycc.op.linalg import round_activations_np
 from deploycc.pipeline import run as run_pipeline
 from deploycc.quantization import quantize
 from deploycc.schedule import qgemv
@@ -30,15 +31,6 @@ from deploycc.transform.merge_matmuls import function_params
 from fixtures import make_tiny
 
 CONTEXT = 40
-
-
-def roundtrip_q8(x: np.ndarray) -> np.ndarray:
-    """x rounded to 8 bits per block of 32 consecutive elements (scale max|x| / 127, round half to even), as
-    the quantize intrinsics do, back in float32."""
-    b = np.asarray(x, np.float32).reshape(-1, 32)
-    d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    return (np.rint(b * inv) * d).astype(np.float32).reshape(np.shape(x))
 
 
 def activation_of(prog):
@@ -83,7 +75,8 @@ def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fi
     if not set(native.isa_flags(isa)) <= (native.cpu_flags() or set()):
         pytest.skip(f"this CPU cannot run {isa} code")
     target = replace(presets.load("cpu").target, isa=isa)
-    model = quantize(deploycc.load_model(str(make_tiny(fixture))), scheme, head, interleave)
+    # every weight the integer kernels take multiplies activations rounded to 8 bits (as compile marks them)
+    model = quantize(deploycc.load_model(str(make_tiny(fixture))), scheme, head, interleave, activations=8)
     compiled = run_pipeline(export(model, CONTEXT), target, "scheduled")
     rules = {scheduled(p).rule for p in compiled.programs().values()}
     fmt = {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[scheme] + ("_x16" if interleave else "")
@@ -99,7 +92,7 @@ def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fi
         integer = rule.startswith(("qgemv", "qgemm"))
         if integer:  # the interpreter on x rounded as the kernel rounds it: equal but for float summation order
             x = list(prog.params).index(activation_of(prog))
-            exact = [roundtrip_q8(a) if i == x else a if i < n_in else np.zeros_like(a) for i, a in enumerate(arrays)]
+            exact = [round_activations_np(a, 8) if i == x else a if i < n_in else np.zeros_like(a) for i, a in enumerate(arrays)]
             run_program(prog, exact, sym_args)
         runner(prog, arrays, sym_args)
         ran.add(rule)

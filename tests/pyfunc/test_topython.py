@@ -311,3 +311,23 @@ def test_module_source_and_constants(tiny_path):
         assert isinstance(py.const0, torch.Tensor) and py.const0.ndim == 1
     with pytest.raises(KeyError, match="not a graph function"):
         module_to_python(mod, ["nope"])
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_round_activations_prints_as_its_reference(bits):
+    """The rounding of integer kernels' inputs (op/linalg.py round_activations) as torch: bit for bit the numpy
+    reference, blocks of zeros, exact halves and large values included."""
+    n = sym.var("n")
+    bb = BlockBuilder()
+    x = Var("x", Tensor((n, 64)))
+    with bb.function("rounded", [x]):
+        bb.finish(bb.call("round_activations", x, bits=bits))
+    mod = bb.module
+    py = load_python(module_to_python(mod), mod, "host")
+    rng = np.random.default_rng(bits)
+    a = (rng.standard_normal((5, 64)) * rng.choice([1e-3, 1.0, 300.0], (5, 1))).astype(np.float32)
+    a[1, :32] = 0.0
+    a[2, :4] = [127.0, 0.5, 1.5, -2.5]  # scale 1 for bits 8: ties round to even
+    want = Interpreter(mod).run("rounded", a)
+    np.testing.assert_array_equal(py.rounded(torch.from_numpy(a)).numpy(), want)
+    assert not np.array_equal(want, a)
