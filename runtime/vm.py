@@ -27,9 +27,9 @@ class DTensor:
     dtype: str
 
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "uint8": 1}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "int16": 2, "uint8": 1}
 NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint32": np.uint32, "int8": np.int8,
-      "uint8": np.uint8}
+      "int16": np.int16, "uint8": np.uint8}
 
 BUILTINS = ("vm.match_shape", "vm.alloc", "vm.launch", "vm.tuple", "vm.get", "vm.move", "kv.begin", "kv.view",
             "kv.pages", "kv.meta")

@@ -293,6 +293,165 @@ static inline void dcc_dot_q8_sym_q8_tile(float* acc, const uint32_t* q, const h
 }
 
 
+/* 16-bit activations (the linears whose 8-bit rounding costs too much, chosen by calibration at compile time,
+   deploycc/calibrate.py): d = max|x| / 32767 and int16 codes, in the same pairs/linear orders as the 8-bit ones.
+   A block's dot is vpmaddwd on codes widened to int16 (AVX2), its second half through vpdpwssd where AVX-512
+   VNNI has it; the int32 sums stay below 2^31 (15 * 32767 * 32, and 128 * 32767 * 32 for centred 8-bit codes). */
+static inline void dcc_quantize_block16(const float* x, int16_t* q, float* d, float* dsum, int pairs) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) { float a = fabsf(x[i]); amax = a > amax ? a : amax; }
+  float dd = amax / 32767.0f, id = dd > 0.0f ? 1.0f / dd : 0.0f;
+  int32_t s = 0;
+  for (int i = 0; i < 32; ++i) {
+    int v = (int)lrintf(x[i] * id);
+    q[pairs ? ((i & 1) ? 16 + (i >> 1) : (i >> 1)) : i] = (int16_t)v;
+    s += v;
+  }
+  *d = dd;
+  *dsum = dd * (float)s;
+}
+static inline void dcc_quantize_q16_pairs(const float* x, int16_t* q, float* d, float* dsum, int off, int n, int row) {
+  const int64_t r = row, nb = n / 32;
+  for (int b = 0; b < nb; ++b)
+    dcc_quantize_block16(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, dsum + r * nb + b, 1);
+}
+static inline void dcc_quantize_q16_linear(const float* x, int16_t* q, float* d, float* dsum, int off, int n,
+                                           int row) {
+  const int64_t r = row, nb = n / 32;
+  for (int b = 0; b < nb; ++b)
+    dcc_quantize_block16(x + off + 32 * b, q + r * n + 32 * b, d + r * nb + b, dsum + r * nb + b, 0);
+}
+static inline void dcc_tile_rows16(const int16_t* xq, const float* xd, const float* xsd, int nb, int t0, int rows,
+                                   const int16_t** xr, const float** dr, const float** sr) {
+  for (int t = 0; t < DCC_TILE; ++t) {
+    const int64_t row = t0 + t < rows ? t0 + t : rows - 1;
+    xr[t] = xq + row * nb * 32;
+    dr[t] = xd + row * nb;
+    sr[t] = xsd + row * nb;
+  }
+}
+#if defined(__AVX2__)
+/* (lo . x[0:16]) + (hi . x[16:32]) in 8 int32 lanes, lo and hi 16 codes widened to int16 */
+static inline __m256i dcc_dot16(__m256i lo, __m256i hi, const int16_t* x) {
+  const __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i*)x));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(a, hi, _mm256_loadu_si256((const __m256i*)(x + 16)));
+#else
+  return _mm256_add_epi32(a, _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i*)(x + 16))));
+#endif
+}
+#endif
+
+/* R rows against one weight row of 4-bit codes (zero: the symmetric zero point, or 0 with minimums m) */
+static inline __attribute__((always_inline)) void dcc_dot_q4_rows16(
+    float* out, const uint32_t* q, const half* s, const half* m, const int16_t* xq, const float* xd, const float* xsd,
+    int nb, float zero, int t0, int rows, int R) {
+  const int16_t* xr[DCC_TILE];
+  const float* dr[DCC_TILE];
+  const float* sr[DCC_TILE];
+  dcc_tile_rows16(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
+  for (int t = 0; t < R; ++t) out[t] = dcc_correction(s, m, zero, sr[t], nb);
+#if defined(__AVX2__)
+  __m256 acc[DCC_TILE];
+  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();
+  const __m128i nib = _mm_set1_epi8(0x0F);
+  for (int b = 0; b < nb; ++b) {
+    const __m128i c = _mm_loadu_si128((const __m128i*)(q + 4 * b));
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(c, nib));
+    const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(c, 4), nib));
+    const float sw = (float)s[b];
+    for (int t = 0; t < R; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dcc_dot16(lo, hi, xr[t] + 32 * b)), _mm256_set1_ps(sw * dr[t][b]),
+                               acc[t]);
+  }
+  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(acc[t]);
+#else
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* c = (const uint8_t*)(q + 4 * b);
+    for (int t = 0; t < R; ++t) {
+      int32_t dot = 0;
+      for (int p = 0; p < 16; ++p) dot += (c[p] & 15) * xr[t][32 * b + p] + (c[p] >> 4) * xr[t][32 * b + 16 + p];
+      out[t] += (float)s[b] * dr[t][b] * (float)dot;
+    }
+  }
+#endif
+}
+
+/* R rows against one weight row of 8-bit codes, centred (code - 128) before the multiply: no correction term */
+static inline __attribute__((always_inline)) void dcc_dot_q8_rows16(
+    float* out, const uint32_t* q, const half* s, const int16_t* xq, const float* xd, const float* xsd, int nb, int t0,
+    int rows, int R) {
+  const int16_t* xr[DCC_TILE];
+  const float* dr[DCC_TILE];
+  const float* sr[DCC_TILE];
+  dcc_tile_rows16(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
+  (void)sr;
+#if defined(__AVX2__)
+  __m256 acc[DCC_TILE];
+  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();
+  const __m256i zero = _mm256_set1_epi16(128);
+  for (int b = 0; b < nb; ++b) {
+    const __m256i c = _mm256_loadu_si256((const __m256i*)(q + 8 * b));
+    const __m256i lo = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(c)), zero);
+    const __m256i hi = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1)), zero);
+    const float sw = (float)s[b];
+    for (int t = 0; t < R; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dcc_dot16(lo, hi, xr[t] + 32 * b)), _mm256_set1_ps(sw * dr[t][b]),
+                               acc[t]);
+  }
+  for (int t = 0; t < R; ++t) out[t] = dcc_hsum8(acc[t]);
+#else
+  for (int t = 0; t < R; ++t) {
+    float a = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* c = (const uint8_t*)(q + 8 * b);
+      int32_t dot = 0;
+      for (int p = 0; p < 32; ++p) dot += ((int)c[p] - 128) * xr[t][32 * b + p];
+      a += (float)s[b] * dr[t][b] * (float)dot;
+    }
+    out[t] = a;
+  }
+#endif
+}
+
+/* entry points, as the 8-bit ones: one row (decode) is the tile of one row */
+static inline void dcc_dot_q4_sym_q16(float* acc, const uint32_t* q, const half* s, const int16_t* xq,
+                                      const float* xd, const float* xsd, int r, int nb) {
+  dcc_dot_q4_rows16(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, 0, xq, xd, xsd, nb, 8.0f, 0, 1, 1);
+}
+static inline void dcc_dot_q4_asym_q16(float* acc, const uint32_t* q, const half* s, const half* m, const int16_t* xq,
+                                       const float* xd, const float* xsd, int r, int nb) {
+  dcc_dot_q4_rows16(acc, q + (int64_t)r * nb * 4, s + (int64_t)r * nb, m + (int64_t)r * nb, xq, xd, xsd, nb, 0.0f,
+                    0, 1, 1);
+}
+static inline void dcc_dot_q8_sym_q16(float* acc, const uint32_t* q, const half* s, const int16_t* xq,
+                                      const float* xd, const float* xsd, int r, int nb) {
+  dcc_dot_q8_rows16(acc, q + (int64_t)r * nb * 8, s + (int64_t)r * nb, xq, xd, xsd, nb, 0, 1, 1);
+}
+static inline void dcc_dot_q4_sym_q16_tile(float* acc, const uint32_t* q, const half* s, const int16_t* xq,
+                                           const float* xd, const float* xsd, int r, int nb, int t0, int rows) {
+  q += (int64_t)r * nb * 4, s += (int64_t)r * nb;
+#define DCC_ROWS(R) dcc_dot_q4_rows16(acc, q, s, 0, xq, xd, xsd, nb, 8.0f, t0, rows, R)
+  DCC_TILE_RESIDUE(DCC_ROWS)
+#undef DCC_ROWS
+}
+static inline void dcc_dot_q4_asym_q16_tile(float* acc, const uint32_t* q, const half* s, const half* m,
+                                            const int16_t* xq, const float* xd, const float* xsd, int r, int nb,
+                                            int t0, int rows) {
+  q += (int64_t)r * nb * 4, s += (int64_t)r * nb, m += (int64_t)r * nb;
+#define DCC_ROWS(R) dcc_dot_q4_rows16(acc, q, s, m, xq, xd, xsd, nb, 0.0f, t0, rows, R)
+  DCC_TILE_RESIDUE(DCC_ROWS)
+#undef DCC_ROWS
+}
+static inline void dcc_dot_q8_sym_q16_tile(float* acc, const uint32_t* q, const half* s, const int16_t* xq,
+                                           const float* xd, const float* xsd, int r, int nb, int t0, int rows) {
+  q += (int64_t)r * nb * 8, s += (int64_t)r * nb;
+#define DCC_ROWS(R) dcc_dot_q8_rows16(acc, q, s, xq, xd, xsd, nb, t0, rows, R)
+  DCC_TILE_RESIDUE(DCC_ROWS)
+#undef DCC_ROWS
+}
+
+
 /* interleaved 4-bit weights (quantization/group.py InterleavedScheme): R activation rows (activations in
    linear order) against the 16 outputs of one interleaved group, one output per lane: per block, 8
    vpdpbusd of 16 outputs' 4 codes by 4 activation bytes broadcast, then the block's scales as vectors;

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from . import sym
 from .sym import Expr, IntLike
 
-DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint32", "uint8", "int8", "bool")
+DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint32", "uint8", "int8", "int16", "bool")
 
 
 class Annotation:

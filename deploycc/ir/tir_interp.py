@@ -16,7 +16,8 @@ from . import sym
 from .tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Store, TensorProgram, V
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "int64": np.int64,
-             "uint32": np.uint32, "uint8": np.uint8, "int8": np.int8, "bool": np.bool_}
+             "uint32": np.uint32, "uint8": np.uint8, "int8": np.int8, "int16": np.int16,
+             "bool": np.bool_}
 
 _SYM_NP_OPS = {"floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "min": np.minimum, "max": np.maximum}
 

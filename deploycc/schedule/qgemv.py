@@ -8,9 +8,9 @@ row is a sum over blocks of scale_w * scale_x * (integer dot of codes) plus a pe
 intrinsic (`Intrin`) that targets/c_intrin.py writes per ISA: AVX-512 VNNI / AVX-VNNI `vpdpbusd`,
 AVX2 `vpmaddubsw` + `vpmaddwd`, and plain C elsewhere (the place for ARM `sdot`).
 
-The rule takes only a program that says its activations are rounded to 8 bits (attrs activations=8: the
+The rule takes only a program that says its activations are rounded to 8 or 16 bits (attrs activations: the
 graph's round_activations absorbed into the linear, transform/absorb_rounding.py), since that rounding is what
-the integer arithmetic computes; and every such program must be taken (schedule checks). Which weight formats
+the integer arithmetic computes (16 bits: int16 codes, `vpmaddwd` / `vpdpwssd`, plain layouts only); and every such program must be taken (schedule checks). Which weight formats
 qualify is not read from names or attributes: the rule takes the matmul's weight
 expression W(n, k) as the fused program computes it and checks it, by evaluating both on random
 codes, scales and minimums at random (n, k), against each known block format (Mirage's
@@ -46,11 +46,13 @@ OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values 
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128),
            "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0)}
+ACTIVATION_BITS = (8, 16)  # op/linalg.py round_activations; 16 where calibration says 8 costs too much
 LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
-    if target.kind != "cpu" or not target.integer_matmuls or prog.attrs.get("activations") != 8:
+    bits = prog.attrs.get("activations")
+    if target.kind != "cpu" or not target.integer_matmuls or bits not in ACTIVATION_BITS:
         return None
     found = split_matmul(prog)
     if found is None or found[2].op != "mul":
@@ -68,9 +70,9 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return None
     x_load, x_flat, w_expr = found
     fmt = _format(w_expr, n_it.var, k_it.var, N, K.value, prog)
-    if fmt is None:
+    if fmt is None or (bits == 16 and fmt[0].endswith("_x16")):  # interleaved layouts: 8-bit intrinsics only
         return None
-    m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, *fmt)
+    m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, *fmt, bits)
     rows = sym.as_expr(1)
     for it in spatial[:-1]:
         rows = rows * it.extent
@@ -101,6 +103,12 @@ class Matmul:
     q: Buffer
     s: Buffer
     mins: Buffer | None
+    bits: int = 8  # the activations' rounding (ACTIVATION_BITS)
+
+    @property
+    def codes(self) -> str:
+        """The activation codes' element type (int8 or int16)."""
+        return f"int{self.bits}"
 
     @property
     def nb(self) -> int:
@@ -118,7 +126,7 @@ class Matmul:
         """Activations of one row (the spatial iterators at `coords`) into row `row` of xq/xd/xs."""
         off = Substitute(syms={**coords, self.k: sym.as_expr(0)}, fresh=False).expr(self.x_flat)
         kind = "pairs" if FORMATS[self.fmt][0] == 4 and not self.interleaved else "linear"
-        return Intrin(f"quantize_q8_{kind}", (self.x, xq, xd, xs), (off, sym.as_expr(self.K), sym.as_expr(row)),
+        return Intrin(f"quantize_q{self.bits}_{kind}", (self.x, xq, xd, xs), (off, sym.as_expr(self.K), sym.as_expr(row)),
                       (xq, xd, xs))
 
     def tail(self, coords: dict, value: V, tag: str) -> Stmt:
@@ -155,14 +163,14 @@ class Matmul:
 
     def gemv(self) -> Schedule:
         """Decode: every worker quantizes x into its own stack arrays, then `width` outputs per group."""
-        xq = Buffer("xq", (self.K,), "int8", "local")
+        xq = Buffer("xq", (self.K,), self.codes, "local")
         xd = Buffer("xd", (self.nb,), "float32", "local")
         xs = Buffer("xsd", (self.nb,), "float32", "local")  # d * (sum of the block's codes)
         acc = Buffer("acc", (self.width,), "float32", "local")
         zero = {it.var: sym.as_expr(0) for it in self.spatial[:-1]}
 
         def group_of(g: sym.Expr):
-            dot = Intrin(f"dot_{self.fmt}_q8", (acc, *self.weights, xq, xd, xs), (g, sym.as_expr(self.nb)), (acc,))
+            dot = Intrin(f"dot_{self.fmt}_q{self.bits}", (acc, *self.weights, xq, xd, xs), (g, sym.as_expr(self.nb)), (acc,))
             return Alloc(acc, Seq((dot, self.stores(acc, lambda _i: zero, g, 1, lambda _i: None))))
 
         grid, groups = thread_grid(sym.floordiv(self.N, self.width), 1, group_of)
@@ -173,7 +181,7 @@ class Matmul:
         """Prefill: one kernel quantizes every row of x into workspace buffers (a group per row), a second
         computes TILE rows of `width` outputs per group, unpacking each weight block once for all of them
         (rows past the end repeat the last one and store nothing)."""
-        xq = Buffer("xq", (rows, self.K), "int8", "global")
+        xq = Buffer("xq", (rows, self.K), self.codes, "global")
         xd = Buffer("xd", (rows, self.nb), "float32", "global")
         xs = Buffer("xsd", (rows, self.nb), "float32", "global")
         order = list(self.prog.params) + [xq, xd, xs]
@@ -194,7 +202,7 @@ class Matmul:
             blk, rest = sym.floordiv(r, tiles * per), sym.mod(r, tiles * per)
             tile, g = sym.floordiv(rest, per), blk * per + sym.mod(rest, per)
             t0 = tile * TILE
-            dot = Intrin(f"dot_{self.fmt}_q8_tile", (acc, *self.weights, xq, xd, xs),
+            dot = Intrin(f"dot_{self.fmt}_q{self.bits}_tile", (acc, *self.weights, xq, xd, xs),
                          (g, sym.as_expr(self.nb), t0, rows), (acc,))
             inside = lambda i: tir.index(t0 + i).cmp("lt", tir.index(rows))  # noqa: E731
             return Alloc(acc, Seq((dot, self.stores(acc, lambda i: coords(t0 + i), g, TILE, inside))))

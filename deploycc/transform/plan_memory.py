@@ -41,7 +41,7 @@ from ..ir.kernel import scheduled
 from ..ir.module import IRModule
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint32": 4, "uint8": 1,
-            "int8": 1, "bool": 1}
+            "int8": 1, "int16": 2, "bool": 1}
 
 
 @dataclass

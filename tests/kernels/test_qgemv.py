@@ -6,7 +6,8 @@ of the intrinsic table, at prefill lengths below, equal to, one past and many ti
 rounded to 8 bits per block of 32, so each output is held to 3% of the output's largest magnitude (+1e-4)
 against the float interpreter (measured up to 1.2% with hidden size 32, one block per row), and to 1e-5 of it
 against the interpreter run on the activations rounded as the kernels round them (measured 1e-7 to 2e-7):
-that is the integer arithmetic exactly, but for float summation order. Float kernels of the same run to 1e-4."""
+that is the integer arithmetic exactly, but for float summation order. The same with 16-bit activations (int16
+codes) on the plain layouts. Float kernels of the same run to 1e-4."""
 import re
 from dataclasses import replace
 
@@ -63,11 +64,13 @@ ISAS = ("native", "x86-64-v4", "x86-64-v3", "generic")
 CASES = [(s, h, False, f) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))
          for f in ("llama-gqa1", "llama-wide")] + [("q4f16_1", None, True, "llama-wide"),
                                                     ("q4f16_2", "q8f16_0", True, "llama-wide")]
+# 16-bit activations (int16 codes: vpmaddwd, vpdpwssd on AVX-512 VNNI) in the plain layouts, 3 and 5 blocks per row
+CASES16 = [(s, h, False, "llama-wide", 16) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))]
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("scheme,head,interleave,fixture", CASES)
-def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fixture):
+@pytest.mark.parametrize("scheme,head,interleave,fixture,bits", [c + (8,) for c in CASES] + CASES16)
+def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fixture, bits):
     require_cc()
     device = require_device("cpu")
     from deploycc.runtime import native
@@ -75,8 +78,8 @@ def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fi
     if not set(native.isa_flags(isa)) <= (native.cpu_flags() or set()):
         pytest.skip(f"this CPU cannot run {isa} code")
     target = replace(presets.load("cpu").target, isa=isa)
-    # every weight the integer kernels take multiplies activations rounded to 8 bits (as compile marks them)
-    model = quantize(deploycc.load_model(str(make_tiny(fixture))), scheme, head, interleave, activations=8)
+    # every weight the integer kernels take multiplies activations rounded to `bits` (as compile marks them)
+    model = quantize(deploycc.load_model(str(make_tiny(fixture))), scheme, head, interleave, activations=bits)
     compiled = run_pipeline(export(model, CONTEXT), target, "scheduled")
     rules = {scheduled(p).rule for p in compiled.programs().values()}
     fmt = {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[scheme] + ("_x16" if interleave else "")
@@ -92,7 +95,7 @@ def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fi
         integer = rule.startswith(("qgemv", "qgemm"))
         if integer:  # the interpreter on x rounded as the kernel rounds it: equal but for float summation order
             x = list(prog.params).index(activation_of(prog))
-            exact = [round_activations_np(a, 8) if i == x else a if i < n_in else np.zeros_like(a) for i, a in enumerate(arrays)]
+            exact = [round_activations_np(a, bits) if i == x else a if i < n_in else np.zeros_like(a) for i, a in enumerate(arrays)]
             run_program(prog, exact, sym_args)
         runner(prog, arrays, sym_args)
         ran.add(rule)
@@ -102,7 +105,7 @@ def test_integer_matmuls_match_the_interpreter(scheme, head, interleave, isa, fi
         if integer:
             for got, want in zip(arrays[n_in:], exact[n_in:]):
                 np.testing.assert_allclose(got, want, atol=1e-5 * float(np.abs(want).max()) + 1e-6, rtol=1e-5,
-                                           err_msg=f"{prog.name} ({rule}) against the 8-bit activations")
+                                           err_msg=f"{prog.name} ({rule}) against the {bits}-bit activations")
 
     interp = Interpreter(compiled, run_program=checked)
     params = [np.ascontiguousarray(a) for a in function_params(compiled, model.params())]
