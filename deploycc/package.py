@@ -34,6 +34,7 @@ from .session import PAGE_SIZE, Pool, export
 from .transform.absorb_rounding import rounded_linears
 from .vm import lower_vm
 from .vm.lower import kernel_args
+from .vm.programs import write_programs
 
 # deploycc.quantization; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF sources)
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
@@ -189,6 +190,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
         except ValueError as e:  # a target limit the kernels cannot meet
             raise DeployError(f"{e}; choose a preset with larger limits") from None
+        kernel_files["programs"] = write_programs(tmp, lowered)  # what `verify --kernels` checks them against
         if preset.target.kind == "webgpu":  # what the adapter must allow, held to the target before the weights
             from .targets import webgpu_limits
 

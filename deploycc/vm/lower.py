@@ -85,6 +85,9 @@ class Lowered:
     kv_copy_paged: TensorProgram | None = None
     kv_rows: dict = field(default_factory=dict)  # layer -> rows of its ring (sliding-window layers that keep one)
     merged_params: dict = field(default_factory=dict)  # parameter -> its parts (transform/merge_matmuls.py)
+    # every program launched, and where: its variables in the step function's (deploycc/vm/programs.py)
+    programs: dict[str, TensorProgram] = field(default_factory=dict)
+    sites: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def kv_copy_program(ring: bool = False) -> TensorProgram:
@@ -246,6 +249,7 @@ class _FnLowering:
             for which, t in (("k", v.args[1]), ("v", v.args[2])):
                 env = {a.as_var: b for a, b in zip(src.shape, t.ann.shape)}
                 env[pool.shape[0].as_var] = sym.as_expr(self.pool_rows)
+                self.site(self.out.kv_copy_paged, env)
                 self.launch(k, [self.arg(t), self.arg(v.args[3]), {"kv": [cache["r"], which, layer]}], env)
             self.emit("vm.move", [cache], dst)
             return
@@ -261,8 +265,17 @@ class _FnLowering:
                    prog.params[0].shape[2].as_var: dim, prog.params[1].shape[0].as_var: sym.as_expr(rows or self.ctx),
                    prog.sym_params[0]: self.fn_total - n}
             bufs = [self.arg(t), {"kv": [cache["r"], which, layer]}]
+            self.site(prog, env)
             self.launch(k, bufs, env)
         self.emit("vm.move", [cache], dst)
+
+    def site(self, prog: TensorProgram, env: dict) -> None:
+        """Record that this function runs `prog` with its variables `env` (program var -> our expression)."""
+        self.out.programs[prog.name] = prog
+        where = {"function": self.fname, "vars": {v: sym_json(e, self.name) for v, e in env.items()}}
+        sites = self.out.sites.setdefault(prog.name, [])
+        if all(s["vars"] != where["vars"] for s in sites):
+            sites.append(where)
 
     def launch(self, k: Kernel, bufs: list, env: dict) -> None:
         groups = sym.substitute(k.groups, env)
@@ -292,6 +305,7 @@ class _FnLowering:
             r = self.reg((var, "ws", i))
             self.alloc(sid, wann, r)
             regs[w] = {"r": r}
+        self.site(prog, env)
         for k in sched.kernels:
             self.out.kernels[k.name] = k
             self.launch(k, [regs[b] for b in k.buffers], env)
@@ -320,7 +334,7 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
             out.storages[st.id]["bytes"] = max(out.storages[st.id]["bytes"], int(st.bound))
     for fname in functions:
         fl = _FnLowering(mod[fname], mod, out, plans[fname], bounds[fname])
-        fl.ctx = ctx
+        fl.ctx, fl.fname = ctx, fname
         fl.fn_total = _total_len(mod[fname])
         pool = mod.attrs.get("pool")
         fl.pool_rows = pool["pages"] * pool["page_size"] if pool else 0
