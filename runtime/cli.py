@@ -489,7 +489,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser(package_dir: str) -> argparse.ArgumentParser:
     p = _Parser(prog=f"python {package_dir}",
                                 description="Run this deploycc package (no deploycc installation needed).")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,chat,bench,serve}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,chat,bench,serve,verify}")
 
     def generation(sp, max_tokens: int):
         sp.add_argument("--max-tokens", type=int, default=max_tokens, help=f"(default {max_tokens})")
@@ -518,6 +518,12 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--sequences", type=_counts, default=None,
                    help="batched decode of this many sequences at once, e.g. 1,4,8 (the server's capacity)")
+    v = sub.add_parser("verify", help="every kernel against its loop-level program, on this package's device")
+    v.add_argument("--kernels", action="store_true", required=True,
+                   help="run each kernel on random inputs at the corners of its size bounds and compare it with the "
+                        "loop-level program it was compiled from (runtime/kernel_check.py)")
+    v.add_argument("--seed", type=int, default=0, help="(default 0)")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs starlette and uvicorn)")
     s.add_argument("--host", default="127.0.0.1", help="(default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="(default 8000)")
@@ -591,10 +597,16 @@ def _command(package_dir: str, args) -> int:
     return 0
 
 
+def _verify(package_dir: str, args) -> int:
+    from .kernel_check import verify_command
+
+    return verify_command(package_dir, args.json, args.seed)
+
+
 def main(package_dir: str, argv: list[str] | None = None) -> None:
     args = _parser(package_dir).parse_args(argv)
     try:
-        code = _command(package_dir, args)
+        code = _verify(package_dir, args) if args.command == "verify" else _command(package_dir, args)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -315,3 +315,23 @@ def report_text(report: KernelReport) -> str:
     verdict = "ok" if report.passed else "FAILED"
     return (f"{verdict}: {ok} of {n} kernel programs agree with their loop-level programs on {report.device} "
             f"({report.seconds:.1f}s)")
+
+
+def verify_command(package_dir, as_json: bool = False, seed: int = 0, out=None, err=None) -> int:
+    """`python PKG verify --kernels` and `deploycc verify PKG --kernels`: the table streamed as kernels finish (or
+    one JSON object), then on a failure one line naming the kernel on stderr and exit status 1."""
+    import sys
+
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def row(r: KernelResult) -> None:
+        print(result_line(r), file=out, flush=True)
+
+    if not as_json:
+        print(HEADER, file=out, flush=True)
+    report = check_kernels(package_dir, seed, None if as_json else row)
+    print(json.dumps(report.to_dict(), indent=2) if as_json else report_text(report), file=out, flush=True)
+    if not report.passed:
+        print(f"error: {report.failure}", file=err, flush=True)
+        return 1
+    return 0
