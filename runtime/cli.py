@@ -600,7 +600,10 @@ def _command(package_dir: str, args) -> int:
 def _verify(package_dir: str, args) -> int:
     from .kernel_check import verify_command
 
-    return verify_command(package_dir, args.json, args.seed)
+    report = verify_command(package_dir, args.json, args.seed)
+    if not report.passed:
+        print(f"error: {report.failure}", file=sys.stderr)
+    return 0 if report.passed else 1
 
 
 def main(package_dir: str, argv: list[str] | None = None) -> None:

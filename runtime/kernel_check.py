@@ -317,12 +317,12 @@ def report_text(report: KernelReport) -> str:
             f"({report.seconds:.1f}s)")
 
 
-def verify_command(package_dir, as_json: bool = False, seed: int = 0, out=None, err=None) -> int:
+def verify_command(package_dir, as_json: bool = False, seed: int = 0, out=None) -> KernelReport:
     """`python PKG verify --kernels` and `deploycc verify PKG --kernels`: the table streamed as kernels finish (or
-    one JSON object), then on a failure one line naming the kernel on stderr and exit status 1."""
+    one JSON object); the caller says report.failure in one line and exits 1 when it did not pass."""
     import sys
 
-    out, err = out or sys.stdout, err or sys.stderr
+    out = out or sys.stdout
 
     def row(r: KernelResult) -> None:
         print(result_line(r), file=out, flush=True)
@@ -331,7 +331,4 @@ def verify_command(package_dir, as_json: bool = False, seed: int = 0, out=None, 
         print(HEADER, file=out, flush=True)
     report = check_kernels(package_dir, seed, None if as_json else row)
     print(json.dumps(report.to_dict(), indent=2) if as_json else report_text(report), file=out, flush=True)
-    if not report.passed:
-        print(f"error: {report.failure}", file=err, flush=True)
-        return 1
-    return 0
+    return report
