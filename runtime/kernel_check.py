@@ -26,6 +26,7 @@ every target; 1e-4 leaves a factor of 50, and an off-by-one store index measures
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -272,19 +273,21 @@ def on_device(engine, prog: dict, ins: list[np.ndarray], env: dict) -> list[np.n
 
 def error(got: np.ndarray, want: np.ndarray, bit_for_bit: bool) -> float:
     """Bit for bit: the largest |difference| (0 when equal). Else relative to the output's largest |element|."""
-    if bit_for_bit or not np.issubdtype(want.dtype, np.floating):
-        if np.array_equal(got, want, equal_nan=np.issubdtype(want.dtype, np.floating)):
+    floating = np.issubdtype(want.dtype, np.floating)
+    if bit_for_bit or not floating:
+        if np.array_equal(got, want, equal_nan=floating):
             return 0.0
         d = np.abs(got.astype(np.float64) - want.astype(np.float64))
         return float(np.nanmax(d)) if np.isfinite(d).any() else float("inf")
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    if (np.isnan(g) != np.isnan(w)).any():
-        return float("inf")
-    ok = ~np.isnan(w)
-    if not ok.any():
-        return 0.0
-    scale = float(np.abs(w[ok]).max()) or 1.0
-    return float(np.abs(g[ok] - w[ok]).max()) / scale
+    g, w = got.astype(np.float32, copy=False), want.astype(np.float32, copy=False)
+    d = np.abs(g - w)
+    worst = float(d.max(initial=0.0))
+    scale = float(np.abs(w).max(initial=0.0))
+    if math.isnan(worst) or math.isnan(scale):  # NaN where the reference has none (or the reverse) fails
+        if (np.isnan(g) != np.isnan(w)).any():
+            return float("inf")
+        worst, scale = float(np.nanmax(d, initial=0.0)), float(np.nanmax(np.abs(w), initial=0.0))
+    return worst / (scale or 1.0)
 
 
 # ---- the report as text -----------------------------------------------------------------------------

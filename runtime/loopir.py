@@ -30,7 +30,8 @@ import string
 
 import numpy as np
 
-DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "int64": np.int64,
+DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "int64": np.int64, "int16": np.int16,
+          "uint16": np.uint16,
           "uint32": np.uint32, "uint8": np.uint8, "int8": np.int8, "bool": np.bool_}
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -196,7 +197,7 @@ class _Exec:
         return tuple(out)
 
     def load(self, buf: int, idx: list, env: dict) -> np.ndarray:
-        return self.bufs[buf][self.indices(buf, idx, env)]
+        return gather(self.bufs[buf], self.indices(buf, idx, env))
 
     # ---- statements -------------------------------------------------------------------------
     def stmt(self, st: list, env: dict) -> None:
@@ -230,11 +231,10 @@ class _Exec:
         _, buf, idx, value = st
         ix = self.indices(buf, idx, env)
         val = self.value(value, env)
-        arr = self.bufs[buf]
-        if shape is not None:
-            ix = tuple(np.broadcast_to(i, shape) for i in ix)
-            val = np.broadcast_to(val, shape)
-        arr[ix] = val.astype(arr.dtype, copy=False)
+        if shape is None:
+            self.bufs[buf][ix] = val
+        else:
+            place(self.bufs[buf], ix, val, shape)
 
     def block(self, blk: list, outer: dict) -> None:
         iters, body = blk[2], blk[3]
@@ -309,9 +309,63 @@ class _Exec:
         else:
             r = np.broadcast_to(self.value(rhs, genv), grid_shape)
             part = REDUCE[combine](r, axis=red_axes, keepdims=True)
-        idx = tuple(np.broadcast_to(i, spatial_shape) for i in self.indices(body[1], body[2], senv))
-        arr = self.bufs[body[1]]
-        arr[idx] = BINARY[combine](arr[idx], np.broadcast_to(part, spatial_shape)).astype(arr.dtype, copy=False)
+        place(self.bufs[body[1]], self.indices(body[1], body[2], senv), part, spatial_shape, BINARY[combine])
+
+
+def gather(arr: np.ndarray, ix: tuple) -> np.ndarray:
+    """arr[ix] (numpy's broadcasting index). Where each index varies along grid axes of its own (a paged KV cache's
+    k[row(i, j), h // 3, c]), as one take per buffer axis: whole rows copied instead of single elements."""
+    k = max((i.ndim for i in ix), default=0)
+    ix = [i.reshape((1,) * (k - i.ndim) + i.shape) for i in ix]
+    groups = [[g for g in range(k) if i.shape[g] > 1] for i in ix]
+    flat = [g for grp in groups for g in grp]
+    out_shape = tuple(max((i.shape[g] for i in ix), default=1) for g in range(k))
+    if len(ix) < 2 or len(flat) != len(set(flat)) or math.prod(out_shape) < 1 << 14:
+        return arr[tuple(ix)]
+    y = arr
+    for a, i in enumerate(ix):
+        v = i.reshape(-1)
+        if v.size != arr.shape[a] or not np.array_equal(v, np.arange(v.size)):  # not the whole axis in order
+            y = np.take(y, v, axis=a)
+    y = y.reshape([out_shape[g] for g in flat])  # per buffer axis, its grid axes in order
+    return y.transpose(np.argsort(flat)).reshape(out_shape)
+
+
+def place(arr: np.ndarray, ix: tuple, val: np.ndarray, shape: tuple, combine=None) -> None:
+    """arr[ix] = val, or combine(arr[ix], val), with ix and val broadcast to `shape`: through a view where every
+    index is a contiguous range along a grid axis of its own (out[i, j] = ...), else numpy's broadcasting index."""
+    sl = _slices(ix, shape)
+    if sl is None:
+        ix = tuple(np.broadcast_to(i, shape) for i in ix)
+        val = np.broadcast_to(val, shape)
+        arr[ix] = (val if combine is None else combine(arr[ix], val)).astype(arr.dtype, copy=False)
+        return
+    index, axes = sl
+    view = arr[index]
+    rest = [g for g in range(len(shape)) if g not in axes]  # all of size 1
+    val = np.broadcast_to(val, shape).transpose(axes + rest).reshape(view.shape)
+    arr[index] = (val if combine is None else combine(view, val)).astype(arr.dtype, copy=False)
+
+
+def _slices(ix: tuple, shape: tuple):
+    """(basic index, grid axis of each sliced buffer axis) when `place` may go through a view, else None."""
+    k = len(shape)
+    index, axes = [], []
+    for i in ix:
+        i = i.reshape((1,) * (k - i.ndim) + i.shape)
+        grid = [g for g in range(k) if i.shape[g] > 1]
+        v = i.reshape(-1)
+        if not grid:
+            index.append(int(v[0]))
+            continue
+        lo = int(v[0])
+        if len(grid) > 1 or grid[0] in axes or not np.array_equal(v, np.arange(lo, lo + v.size)):
+            return None
+        index.append(slice(lo, lo + v.size))
+        axes.append(grid[0])
+    if any(shape[g] > 1 and g not in axes for g in range(k)):
+        return None
+    return tuple(index), axes
 
 
 def _sum_of_products(a: np.ndarray, b: np.ndarray, grid: tuple, red_axes: tuple) -> np.ndarray:
@@ -326,8 +380,11 @@ def _sum_of_products(a: np.ndarray, b: np.ndarray, grid: tuple, red_axes: tuple)
         subs.append("".join(letters[ax] for ax in keep))
     out_axes = [ax for ax in range(k) if ax not in red_axes and grid[ax] > 1]
     mentioned = set(subs[0]) | set(subs[1])
-    res = np.einsum(f"{subs[0]},{subs[1]}->{''.join(letters[ax] for ax in out_axes if letters[ax] in mentioned)}",
-                    *ops, optimize=True)
+    out = "".join(letters[ax] for ax in out_axes if letters[ax] in mentioned)
+    # BLAS, unless a factor is as large as the product itself (a paged cache's gathered keys): BLAS would first copy
+    # it into its layout, where numpy's own loop reads it in place
+    macs = math.prod(grid[ax] for ax in range(k) if letters[ax] in mentioned)
+    res = np.einsum(f"{subs[0]},{subs[1]}->{out}", *ops, optimize=bool(16 * (a.size + b.size) <= macs))
     # a reduce axis neither factor mentions adds the same product once per point of it
     res = res * math.prod(grid[ax] for ax in red_axes if letters[ax] not in mentioned)
     shape = [grid[ax] if ax in out_axes and letters[ax] in mentioned else 1 for ax in range(k)]
