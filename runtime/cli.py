@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -540,6 +541,10 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     s.add_argument("--shutdown-timeout", type=float, default=ServeOptions.shutdown_timeout,
                    help=f"seconds the requests in flight get after SIGTERM or Ctrl-C; a second signal exits at "
                         f"once (default {ServeOptions.shutdown_timeout:g})")
+    for sp in (run, chat, b, s):  # runtime/trust.py: with a key, only a package it signed loads
+        sp.add_argument("--trust", action="append", default=[], metavar="KEY.pub",
+                        help="run only if signed by this public key (repeatable; also $DEPLOYCC_TRUSTED_KEYS, a "
+                             "path list)")
     return p
 
 
@@ -569,16 +574,19 @@ def _gen_options(args) -> dict:
 def _command(package_dir: str, args) -> int:
     from .batch import session_of
     from .engine import Engine
+    from .trust import ENV, make_policy
+
+    trust = make_policy(args.trust, os.environ.get(ENV))  # every key read (and cryptography found) before any work
 
     if args.command == "run":
         options = _gen_options(args)
-        engine = Engine.load(package_dir, paged="auto")
+        engine = Engine.load(package_dir, trust=trust, paged="auto")
         run_prompt(session_of(engine), engine.tokenizer, args.prompt, chat=not args.no_chat, as_json=args.json,
                    info={"package": str(package_dir), **({"f16": engine.f16} if engine.f16 else {})},
                    **with_model_sampling(options, engine.tokenizer))
     elif args.command == "chat":
         options = _gen_options(args)
-        engine = Engine.load(package_dir, paged="auto")
+        engine = Engine.load(package_dir, trust=trust, paged="auto")
         return chat_repl(session_of(engine), engine.tokenizer, name=Path(package_dir).name, system=args.system,
                          **with_model_sampling(options, engine.tokenizer))
     elif args.command == "serve":
@@ -586,12 +594,14 @@ def _command(package_dir: str, args) -> int:
 
         options = ServeOptions(args.host, args.port, args.api_key, args.max_queue, args.max_num_sequences,
                                args.shutdown_timeout, args.max_body_bytes, allowed_hosts(args.allowed_hosts))
-        serve(Engine.load(package_dir, paged=True), args.model_name or Path(package_dir).resolve().name, options)
+        engine = Engine.load(package_dir, trust=trust, paged=True)
+        serve(engine, args.model_name or Path(package_dir).resolve().name, options)
     elif args.sequences:
-        r = batch_bench(Engine.load(package_dir, paged=True), args.sequences, args.prompt_len, args.gen_len, args.seed)
+        engine = Engine.load(package_dir, trust=trust, paged=True)
+        r = batch_bench(engine, args.sequences, args.prompt_len, args.gen_len, args.seed)
         print(json.dumps(r) if args.json else "\n".join(batch_bench_lines(r)))
     else:
-        engine = Engine.load(package_dir)
+        engine = Engine.load(package_dir, trust=trust)
         r = bench(engine, args.prompt_len, args.gen_len, args.repeat, args.seed)
         print(json.dumps(r) if args.json else "\n".join(bench_lines(r)))
     return 0

@@ -80,13 +80,16 @@ class Engine:
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
     def load(cls, path, device: str | None = None, check_hashes: bool = True, native_steps: bool = True,
-             paged: bool | str = False) -> Engine:
-        """paged: True for the batched step over the page pool, "auto" for it where the package has one."""
+             paged: bool | str = False, trust=None) -> Engine:
+        """paged: True for the batched step over the page pool, "auto" for it where the package has one. trust: a
+        TrustPolicy (runtime/trust.py): the package must be signed by one of its keys; the signature and then every
+        file's sha256 are checked before anything is built or mapped (check_hashes cannot turn that off)."""
         path = Path(path)
-        manifest = read_manifest(path)
+        manifest = read_manifest(path, trust)
         if paged == "auto":
             paged = "pool" in manifest["kv_cache"]
-        bytecode = verify(path, manifest, check_hashes)  # the whole package, before any device is opened
+        # the whole package, before any device is opened; under a policy the hashes are what the signature covers
+        bytecode = verify(path, manifest, check_hashes or trust is not None)
         try:
             params = load_params(path, manifest)
         except SafetensorsError as e:

@@ -1,6 +1,8 @@
 """Loading and verifying a package: schema, format version, sha256 of every file, bytecode that
-refers only to known kernels and builtins, params that match their index. JSON and safetensors
-only; nothing in a package is executed."""
+refers only to known kernels and builtins, params that match their index; under a trust policy, first the
+signature (runtime/trust.py). Nothing here executes code from a package, but the engine then runs its kernels,
+and a `cpu` package's kernels.so is native code mapped with ctypes (its constructors run at load): the checks
+here prove a package whole, only a signature proves whose it is."""
 from __future__ import annotations
 
 import hashlib
@@ -31,9 +33,11 @@ def seal_text(manifest_bytes: bytes) -> str:
     return f"{hashlib.sha256(manifest_bytes).hexdigest()}  manifest.json\n"
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path, trust=None) -> dict:
     """The manifest, once its format marker, its version and its seal (manifest.sha256) are right. The format
-    is checked before the seal so that a package of a newer format says so instead of 'changed'."""
+    is checked before the seal so that a package of a newer format says so instead of 'changed'. With a trust
+    policy (runtime/trust.py: TrustPolicy), the signature of the very bytes read is checked before they are
+    parsed."""
     mf = path / "manifest.json"
     if not path.is_dir():
         raise PackageError(f"{path} is not a package directory (compile one with deploycc compile)")
@@ -41,8 +45,15 @@ def read_manifest(path: Path) -> dict:
         raise PackageError(f"{path} has no manifest.json; it is not a deploycc package (or an interrupted compile)")
     try:
         raw = mf.read_bytes()
+    except OSError as e:
+        raise PackageError(f"{mf} is unreadable ({_first_line(e)}); recompile the package") from None
+    if trust is not None:
+        from .trust import check_signature
+
+        check_signature(path, raw, trust)
+    try:
         manifest = json.loads(raw)
-    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
+    except (ValueError, RecursionError) as e:  # ValueError: bad JSON or UTF-8
         raise PackageError(f"{mf} is not valid JSON ({_first_line(e)}); recompile the package") from None
     if not isinstance(manifest, dict) or manifest.get("format") != "deploycc-package":
         raise PackageError(f"{mf} is not a deploycc package manifest")
@@ -97,12 +108,12 @@ def verify(path: Path, manifest: dict, check_hashes: bool = True) -> dict:
     return bytecode
 
 
-def load_manifest(path: Path) -> dict:
+def load_manifest(path: Path, trust=None) -> dict:
     """read_manifest, then every field the runtime reads checked (runtime/validate.py): for callers that use the
     manifest before Engine.load."""
     from .validate import check_manifest
 
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, trust)
     check_manifest(manifest)
     return manifest
 

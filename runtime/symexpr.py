@@ -1,7 +1,7 @@
 """Symbolic integer expressions from the bytecode, compiled to closures over the shape heap.
 
 The JSON form is int | "name" | [op, args...] with op in + * // % min max. Nothing is evaluated
-as Python source: packages never execute code from their files.
+as Python source: nothing in a package's JSON becomes code.
 """
 from __future__ import annotations
 
