@@ -91,15 +91,19 @@ def cli():
 @click.option("--force", is_flag=True,
               help="Replace OUTPUT when it holds a package deploycc wrote (never a directory with anything else in it).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
+@click.option("--verify-kernels", is_flag=True,
+              help="Before the package is written, run each kernel on this machine's device against its loop-level "
+                   "program (as `verify PKG --kernels`); a kernel that disagrees writes nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no progress display).")
 def compile_cmd(model, device, quantization, head_quantization, context_window, overrides, output, force, revision,
-                as_json):
+                verify_kernels, as_json):
     """Compile MODEL into a self-contained package directory for a device preset."""
     from .package import compile_model
 
     with _CompileProgress(enabled=not as_json) as progress:
         path = compile_model(_source(model), device, quantization, context_window, tuple(overrides), output, force,
-                             revision, progress=progress, head_quantization=head_quantization)
+                             revision, progress=progress, head_quantization=head_quantization,
+                             verify_kernels=verify_kernels)
     manifest = json.loads((path / "manifest.json").read_text())
     summary = _package_summary(path, manifest)
     if as_json:
@@ -513,11 +517,21 @@ def perplexity(package, text_file, window, stride, device, as_json):
 @click.option("--tolerance", type=click.FloatRange(min=0), default=None,
               help="Largest allowed |logit difference| (default: 1e-3, what a correct package meets on every backend).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@click.option("--kernels", is_flag=True,
+              help="Instead: run each kernel on this machine's device against its loop-level program, on random inputs at "
+                   "the corners of its size bounds (what `python PKG verify --kernels` runs); --seed and --json apply.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def verify(package, source, against, steps, tolerance, seed, as_json):
+def verify(package, source, against, steps, tolerance, seed, as_json, kernels):
     """Run PACKAGE and a reference side by side on random prompts (1, 7 and prefill_chunk+3 tokens, at most
     33) and greedy decode steps on the reference's path; report the difference per step; exit 1 when the
     package fails the tolerance."""
+    if kernels:
+        from .runtime.kernel_check import verify_command
+
+        report = verify_command(package, as_json, seed)
+        if not report.passed:
+            raise DeployError(report.failure)
+        return
     from .verify import verify_package
 
     report = verify_package(package, source, Against(against), steps, tolerance, seed)
