@@ -7,6 +7,10 @@
     deploycc verify PKG [--against numpy|transformers]       package logits against a reference
     deploycc devices                                         runtimes on this machine, presets they can run
     deploycc inspect MODEL [--stage S | --kernels | --memory]
+    deploycc keygen NAME / deploycc sign PKG --key NAME      Ed25519 keys and signed packages (cli_signing.py)
+
+run, chat, serve, bench, verify and perplexity take --trust KEY.pub (and $DEPLOYCC_TRUSTED_KEYS): then only a
+package signed by one of those keys loads (runtime/trust.py).
 
 An uncompiled MODEL given with --device is compiled once into $DEPLOYCC_HOME/packages (default
 ~/.cache/deploycc/packages), keyed by the source files, the preset, the quantization and the context
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import click
 
+from .cli_signing import keygen, sign, trust_option, trust_policy
 from .errors import DeployError
 from .pipeline import STAGES as PIPELINE_STAGES
 from .runtime.cli import USER_ERRORS
@@ -53,6 +58,7 @@ def _generation_options(max_tokens: int):
         click.option("--context-window", type=click.IntRange(min=1), default=None,
                      help="Upper bound of total_len for an uncompiled MODEL (default: from the config and preset)."),
         click.option("--revision", default=None, help="Hub revision when MODEL is a repo id."),
+        trust_option,
     ]
 
     def decorate(f):
@@ -91,19 +97,22 @@ def cli():
 @click.option("--force", is_flag=True,
               help="Replace OUTPUT when it holds a package deploycc wrote (never a directory with anything else in it).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
+@click.option("--sign", "sign_key", default=None, metavar="KEY",
+              help="Sign the package with this private key (deploycc keygen makes one): signature.json, checked by "
+                   "--trust.")
 @click.option("--verify-kernels", is_flag=True,
               help="Before the package is written, run each kernel on this machine's device against its loop-level "
                    "program (as `verify PKG --kernels`); a kernel that disagrees writes nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no progress display).")
 def compile_cmd(model, device, quantization, head_quantization, context_window, overrides, output, force, revision,
-                verify_kernels, as_json):
+                sign_key, verify_kernels, as_json):
     """Compile MODEL into a self-contained package directory for a device preset."""
     from .package import compile_model
 
     with _CompileProgress(enabled=not as_json) as progress:
         path = compile_model(_source(model), device, quantization, context_window, tuple(overrides), output, force,
                              revision, progress=progress, head_quantization=head_quantization,
-                             verify_kernels=verify_kernels)
+                             verify_kernels=verify_kernels, sign=sign_key)
     manifest = json.loads((path / "manifest.json").read_text())
     summary = _package_summary(path, manifest)
     if as_json:
@@ -242,16 +251,17 @@ def _compiler_modules():
 
 
 def _open_package(model: str, device: str | None, context_window: int | None, revision: str | None, quiet: bool,
-                  paged: bool | str = False):
+                  paged: bool | str = False, trust=None):
     """(engine, info) for a package directory, or for MODEL compiled for --device into the cache;
-    None when MODEL is an uncompiled checkpoint and no --device was given. paged: the engine of batched steps."""
+    None when MODEL is an uncompiled checkpoint and no --device was given. paged: the engine of batched steps.
+    trust: a TrustPolicy (runtime/trust.py); a package of the cache is unsigned, so under one it is refused."""
     from . import presets
     from .runtime.engine import Engine
     from .runtime.package import PackageError, load_manifest
 
     path = Path(model).expanduser()
     if _is_package(path):
-        manifest = load_manifest(path)  # checked: the fields below are read before Engine.load
+        manifest = load_manifest(path, trust)  # checked: the fields below are read before Engine.load
         if device is not None:
             preset = presets.load(device)
             if preset.target.to_dict() != manifest["target"] or preset.backend != manifest["preset"]["backend"]:
@@ -261,9 +271,13 @@ def _open_package(model: str, device: str | None, context_window: int | None, re
         if context_window is not None and context_window != ctx:
             raise DeployError(f"{model} was compiled with a context window of {ctx}; --context-window applies to an "
                               f"uncompiled MODEL (recompile with deploycc compile --context-window {context_window})")
-        return Engine.load(path, paged=paged), {"package": str(path), "device": manifest["preset"]["name"]}
+        return Engine.load(path, paged=paged, trust=trust), {"package": str(path), "device": manifest["preset"]["name"]}
     if device is None:
         return None
+    if trust is not None:
+        raise DeployError(f"a trust policy (--trust, DEPLOYCC_TRUSTED_KEYS) runs only signed packages, and {model} "
+                          f"compiled for --device would be an unsigned one; compile it with deploycc compile --sign KEY "
+                          f"and run that package")
     from .package import compile_model
 
     preset = presets.load(device)
@@ -302,7 +316,8 @@ def _checked_tokenizer(model: str, revision: str | None, prompt: str | None, cha
     return loaded, tok
 
 
-def _session(model, device, context_window, revision, quiet, prompt: str | None = None, chat: bool = True):
+def _session(model, device, context_window, revision, quiet, prompt: str | None = None, chat: bool = True,
+             trust=None):
     """(session, tokenizer, info) for run (`prompt`) and chat (no prompt): a package's engine, MODEL compiled
     for --device (cached), or MODEL on the numpy reference."""
     if not _is_package(Path(model).expanduser()):
@@ -313,7 +328,7 @@ def _session(model, device, context_window, revision, quiet, prompt: str | None 
             return reference_session(loaded, context_window=context_window), tok, {"model": model, "device": "reference"}
     from .runtime.batch import session_of
 
-    engine, info = _open_package(model, device, context_window, revision, quiet, paged="auto")
+    engine, info = _open_package(model, device, context_window, revision, quiet, paged="auto", trust=trust)
     if engine.f16:  # WebGPU: whether the kernels read f16 natively (shader-f16) or from packed words
         info = {**info, "f16": engine.f16}
     return session_of(engine), engine.tokenizer, info
@@ -330,7 +345,7 @@ def _session(model, device, context_window, revision, quiet, prompt: str | None 
                    "streaming.")
 @_generation_options(max_tokens=64)
 def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed,
-        device, context_window, revision):
+        device, context_window, revision, trust):
     """Generate a reply to PROMPT, streaming to stdout.
 
     MODEL is a compiled package directory (run on its device), or a checkpoint / Hub id: with --device
@@ -341,7 +356,8 @@ def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, 
 
     options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
     prompt = clean_text(prompt)  # undecodable bytes of argv arrive as lone surrogates: U+FFFD, as chat clients show
-    session, tok, info = _session(model, device, context_window, revision, as_json, prompt, not no_chat)
+    session, tok, info = _session(model, device, context_window, revision, as_json, prompt, not no_chat,
+                                  trust_policy(trust))
     try:
         run_prompt(session, tok, prompt, chat=not no_chat, as_json=as_json, info=info,
                    **with_model_sampling(options, tok))
@@ -356,7 +372,7 @@ def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, 
 @click.option("--system", default=None, help="System prompt (change it in the chat with /system TEXT).")
 @_generation_options(max_tokens=256)
 def chat(model, system, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, device,
-         context_window, revision):
+         context_window, revision, trust):
     """Chat with MODEL: streaming replies, multi-turn history, /reset, /stats, /system TEXT, /exit.
 
     Reads stdin when it is not a terminal (one message per line, replies only). MODEL is a package, or
@@ -364,7 +380,7 @@ def chat(model, system, max_tokens, temperature, top_p, top_k, min_p, repetition
     from .runtime.cli import chat_repl, sampling_options, with_model_sampling
 
     options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
-    session, tok, info = _session(model, device, context_window, revision, False)
+    session, tok, info = _session(model, device, context_window, revision, False, trust=trust_policy(trust))
     if info.get("device") == "reference" and sys.stdin.isatty():
         click.echo("(no --device: the numpy reference interpreter runs this model; exact but slow)", err=True)
     name = Path(info.get("package") or model).name if "model" not in info else model
@@ -395,8 +411,9 @@ def chat(model, system, max_tokens, temperature, top_p, top_k, min_p, repetition
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=ServeOptions.shutdown_timeout,
               show_default=True, help="Seconds the requests in flight get after SIGTERM or Ctrl-C; a second signal "
                                       "exits at once.")
+@trust_option
 def serve(model, device, context_window, revision, host, port, api_key, max_queue, model_name, max_num_sequences,
-          allowed_hosts, max_body_bytes, shutdown_timeout):
+          allowed_hosts, max_body_bytes, shutdown_timeout, trust):
     """Serve MODEL (a package, or a checkpoint compiled for --device) with OpenAI's API:
     POST /v1/chat/completions and /v1/completions (streamed as server-sent events or whole), GET /v1/models,
     /health and /metrics (Prometheus). Up to --max-num-sequences requests run at once with continuous batching
@@ -404,7 +421,7 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
     from .runtime.server import allowed_hosts as parse_hosts
     from .runtime.server import serve as run_server
 
-    opened = _open_package(model, device, context_window, revision, False, paged=True)
+    opened = _open_package(model, device, context_window, revision, False, paged=True, trust=trust_policy(trust))
     if opened is None:
         raise DeployError(f"{model} is not a package; give --device PRESET to compile it first (e.g. --device cpu)")
     engine, info = opened
@@ -427,7 +444,8 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--sequences", default=None, metavar="N,N,...",
               help="Batched decode of this many sequences at once (e.g. 1,4,8): the serving capacity of the batched step.")
-def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, sequences):
+@trust_option
+def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, sequences, trust):
     """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory; with
     --sequences, the aggregate decode tok/s of batched steps over that many sequences."""
     from .runtime.cli import batch_bench, batch_bench_lines, parse_counts, profile_decode
@@ -441,7 +459,7 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, 
             raise DeployError(str(e)) from None
         if profile:
             raise DeployError("--profile breaks down a single-sequence decode step; it does not combine with --sequences")
-    opened = _open_package(package, device, None, None, as_json, paged=counts is not None)
+    opened = _open_package(package, device, None, None, as_json, paged=counts is not None, trust=trust_policy(trust))
     if opened is None:
         raise DeployError(f"{package} is not a compiled package; compile it (deploycc compile {package} --device PRESET) "
                           f"or pass --device PRESET")
@@ -491,12 +509,14 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, 
               help="Tokens between window starts (each token is scored once).")
 @click.option("--device", default=None, help="Device kind to run on (default: the package's backend).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def perplexity(package, text_file, window, stride, device, as_json):
+@trust_option
+def perplexity(package, text_file, window, stride, device, as_json, trust):
     """exp(mean NLL) of every token of the text after the first, scored once, by PACKAGE."""
     from .perplexity import package_perplexity, read_text_file
 
+    policy = trust_policy(trust)
     text = read_text_file(text_file)
-    r = package_perplexity(package, text, window, stride, device)
+    r = package_perplexity(package, text, window, stride, device, policy)
     if as_json:
         click.echo(json.dumps({"package": str(package), "text": str(text_file), **r.to_dict()}, indent=2))
         return
@@ -521,20 +541,22 @@ def perplexity(package, text_file, window, stride, device, as_json):
               help="Instead: run each kernel on this machine's device against its loop-level program, on random inputs at "
                    "the corners of its size bounds (what `python PKG verify --kernels` runs); --seed and --json apply.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def verify(package, source, against, steps, tolerance, seed, as_json, kernels):
+@trust_option
+def verify(package, source, against, steps, tolerance, seed, as_json, kernels, trust):
     """Run PACKAGE and a reference side by side on random prompts (1, 7 and prefill_chunk+3 tokens, at most
     33) and greedy decode steps on the reference's path; report the difference per step; exit 1 when the
     package fails the tolerance."""
+    policy = trust_policy(trust)
     if kernels:
         from .runtime.kernel_check import verify_command
 
-        report = verify_command(package, as_json, seed)
+        report = verify_command(package, as_json, seed, trust=policy)
         if not report.passed:
             raise DeployError(report.failure)
         return
     from .verify import verify_package
 
-    report = verify_package(package, source, Against(against), steps, tolerance, seed)
+    report = verify_package(package, source, Against(against), steps, tolerance, seed, policy)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -752,6 +774,10 @@ def _print_memory(report: dict, where: str) -> None:
     console.print(table)
     console.print(f"weights {_size(report['weights_bytes'])}, KV cache {_size(report['kv_cache_bytes'])}, "
                   f"total at load {_size(report['total_bytes'])} (weights + KV cache + the largest prefill plan + decode)")
+
+
+cli.add_command(keygen)
+cli.add_command(sign)
 
 
 # ---- entry point -------------------------------------------------------------------------------

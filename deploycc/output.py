@@ -5,7 +5,8 @@ The rules (issue 12, "output safety"):
   onto DIR at the end, so an interrupted compile never leaves something that looks like a package.
 - Nothing is ever deleted unless it is proven to be a deploycc package: its manifest carries the format
   marker, its seal (manifest.sha256) matches, every other file is listed in the manifest with a matching
-  sha256, and nothing else is in the directory. A package is replaced only with --force.
+  sha256 (but signature.json, which signs the manifest), and nothing else is in the directory. A package is
+  replaced only with --force.
 - `/`, the home directory, the current directory and its parents are refused outright, as is any directory
   that holds anything else (a project with `.git`, a web app with its own manifest.json), --force or not.
 - Temporary directories of compiles that were killed (SIGKILL leaves no chance to clean up) are removed by
@@ -42,6 +43,7 @@ from .errors import DeployError
 from .runtime import scratch
 from .runtime.package import SEAL, seal_text, sha256_of
 from .runtime.scratch import MARKER
+from .runtime.trust import SIGNATURE, TrustError, read_signature
 
 TMP_TAG = ".deploycc-tmp-"
 OLD_TAG = ".deploycc-old-"
@@ -139,11 +141,20 @@ def foreign_content(path: Path) -> str | None:
             continue
         if rel in ("manifest.json", SEAL) or (p.parent.name == "__pycache__" and p.suffix == ".pyc"):
             continue
+        if rel == SIGNATURE and _is_signature(path):  # not listed: it signs the manifest (runtime/trust.py)
+            continue
         if rel not in files:
             return f"{rel} is not part of it"
         if sha256_of(p) != files[rel]:
             return f"{rel} was changed after compile"
     return None
+
+
+def _is_signature(path: Path) -> bool:
+    try:
+        return read_signature(path) is not None
+    except TrustError:
+        return False
 
 
 class Staging:

@@ -8,6 +8,7 @@
     OUT/tokenizer files    tokenizer.json, tokenizer_config.json, chat template, ...
     OUT/runtime/           a copy of the runtime (it imports nothing from the compiler)
     OUT/__main__.py        `python OUT run --prompt ...` / `python OUT chat`
+    OUT/signature.json     with --sign KEY: Ed25519 over manifest.json's bytes (runtime/trust.py)
 
 The package is written into a temporary directory beside OUT and renamed into place at the end,
 so an interrupted compile leaves nothing that looks like a package.
@@ -139,7 +140,8 @@ def default_device() -> str:
 def compile_model(source: str, device: str | None = None, quantization: str | None = None,
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
                   force: bool = False, revision: str | None = None, progress=None,
-                  head_quantization: str | None = None) -> Path:
+                  head_quantization: str | None = None, sign: str | None = None) -> Path:
+    """sign: a private key file (deploycc/signing.py): the package gets signature.json, over its sealed manifest."""
     preset = apply_overrides(presets.load(device or default_device()), list(overrides))
     from .gguf import is_gguf
 
@@ -152,6 +154,11 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
                           f"supported: {', '.join(QUANTIZATIONS[:-1])}")
     # before any model work: a refused output costs nothing
     out_dir = check_output(Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}"), force)
+    signer = None
+    if sign is not None:
+        from .signing import load_signing_key
+
+        signer = load_signing_key(Path(sign))
     from .quantization import quantize
     from .runtime.native import weight_interleave as native_weight_interleave
 
@@ -236,6 +243,10 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         manifest_bytes = json.dumps(manifest, indent=1).encode()
         (tmp / "manifest.json").write_bytes(manifest_bytes)
         (tmp / SEAL).write_text(seal_text(manifest_bytes))
+        if signer is not None:  # not listed in the manifest: it signs the manifest's bytes (runtime/trust.py)
+            from .signing import SIGNATURE, signature_of
+
+            (tmp / SIGNATURE).write_bytes(signature_of(signer, manifest_bytes))
         staging.commit()
     return out_dir
 

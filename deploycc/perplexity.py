@@ -36,11 +36,11 @@ def perplexity(session, ids: Sequence[int], window: int = 512, stride: int = 512
         raise DeployError(str(e)) from None
 
 
-def package_perplexity(package, text: str, window: int = 512, stride: int = 512, device: str | None = None
-                       ) -> Perplexity:
+def package_perplexity(package, text: str, window: int = 512, stride: int = 512, device: str | None = None,
+                       trust=None) -> Perplexity:
     """Tokenise `text` with the package's tokenizer (special tokens as the tokenizer adds them, as
     the recipe does) and measure perplexity with the package's engine."""
     from .runtime.engine import Engine
 
-    engine = Engine.load(package, device=device)
+    engine = Engine.load(package, device=device, trust=trust)  # trust: runtime/trust.py TrustPolicy
     return perplexity(engine, engine.tokenizer.encode(text), window, stride)

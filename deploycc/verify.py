@@ -423,13 +423,13 @@ def run_side_by_side(engine, ref, context_window: int, prefill_chunk: int, vocab
 
 
 def verify_package(package, source: str | None = None, against: Against = Against.NUMPY, steps: int = 8,
-                   tolerance: float | None = None, seed: int = 0) -> Report:
+                   tolerance: float | None = None, seed: int = 0, trust=None) -> Report:
     from .hub import load_model
     from .runtime.engine import Engine
 
     if against is Against.TRANSFORMERS:
         import_transformers()  # before any work: a missing dependency is the first thing to say
-    engine = Engine.load(package)
+    engine = Engine.load(package, trust=trust)  # trust: runtime/trust.py TrustPolicy, None for none
     m = engine.manifest
     source = source or m["model"]["source"]
     loaded = load_model(source)

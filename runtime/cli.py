@@ -541,7 +541,7 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
     s.add_argument("--shutdown-timeout", type=float, default=ServeOptions.shutdown_timeout,
                    help=f"seconds the requests in flight get after SIGTERM or Ctrl-C; a second signal exits at "
                         f"once (default {ServeOptions.shutdown_timeout:g})")
-    for sp in (run, chat, b, s):  # runtime/trust.py: with a key, only a package it signed loads
+    for sp in (run, chat, b, v, s):  # runtime/trust.py: with a key, only a package it signed loads
         sp.add_argument("--trust", action="append", default=[], metavar="KEY.pub",
                         help="run only if signed by this public key (repeatable; also $DEPLOYCC_TRUSTED_KEYS, a "
                              "path list)")
@@ -609,8 +609,10 @@ def _command(package_dir: str, args) -> int:
 
 def _verify(package_dir: str, args) -> int:
     from .kernel_check import verify_command
+    from .trust import ENV, make_policy
 
-    report = verify_command(package_dir, args.json, args.seed)
+    trust = make_policy(args.trust, os.environ.get(ENV))
+    report = verify_command(package_dir, args.json, args.seed, trust=trust)
     if not report.passed:
         print(f"error: {report.failure}", file=sys.stderr)
     return 0 if report.passed else 1

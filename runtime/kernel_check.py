@@ -85,14 +85,14 @@ class KernelReport:
 
 # ---- the check --------------------------------------------------------------------------------------
 
-def check_kernels(path, seed: int = 0, on_result=None) -> KernelReport:
-    """Load the package (every check Engine.load makes), then check each program; `on_result(KernelResult)` as
-    each finishes."""
+def check_kernels(path, seed: int = 0, on_result=None, trust=None) -> KernelReport:
+    """Load the package (every check Engine.load makes; trust: its TrustPolicy, runtime/trust.py), then check each
+    program; `on_result(KernelResult)` as each finishes."""
     from .engine import Engine
 
     t0 = time.perf_counter()
     path = Path(path)
-    engine = Engine.load(path, native_steps=False)
+    engine = Engine.load(path, native_steps=False, trust=trust)
     doc = read_programs(path, engine.manifest)
     ranges = Ranges(engine.manifest)
     rng = np.random.default_rng(seed)
@@ -320,7 +320,7 @@ def report_text(report: KernelReport) -> str:
             f"({report.seconds:.1f}s)")
 
 
-def verify_command(package_dir, as_json: bool = False, seed: int = 0, out=None) -> KernelReport:
+def verify_command(package_dir, as_json: bool = False, seed: int = 0, out=None, trust=None) -> KernelReport:
     """`python PKG verify --kernels` and `deploycc verify PKG --kernels`: the table streamed as kernels finish (or
     one JSON object); the caller says report.failure in one line and exits 1 when it did not pass."""
     import sys
@@ -332,6 +332,6 @@ def verify_command(package_dir, as_json: bool = False, seed: int = 0, out=None) 
 
     if not as_json:
         print(HEADER, file=out, flush=True)
-    report = check_kernels(package_dir, seed, None if as_json else row)
+    report = check_kernels(package_dir, seed, None if as_json else row, trust)
     print(json.dumps(report.to_dict(), indent=2) if as_json else report_text(report), file=out, flush=True)
     return report
