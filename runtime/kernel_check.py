@@ -50,7 +50,7 @@ class KernelResult:
     worst_error: float = 0.0
     tolerance: float = FLOAT_TOLERANCE  # 0: bit for bit
     seconds: float = 0.0
-    problem: str | None = None  # why it failed (or was not run), in one line
+    problem: str | None = None  # why it failed (or was not run): a predicate of the kernel, in one line
 
     @property
     def passed(self) -> bool:
@@ -73,10 +73,10 @@ class KernelReport:
         """The first failing kernel, in one line."""
         for r in self.results:
             if not r.passed:
-                what = r.problem or (f"error {r.worst_error:.3g} exceeds {r.tolerance:g}" if r.tolerance
-                                     else f"differs by {r.worst_error:.3g} where it must agree bit for bit")
+                if not r.kernels:  # not a kernel's fault: the document
+                    return r.problem
                 kernels = f" (kernels {', '.join(r.kernels)})" if r.kernels != [r.name] else ""
-                return f"kernel {r.name}{kernels} disagrees with its loop-level program: {what}"
+                return f"kernel {r.name}{kernels} {r.problem}"
         return None
 
     def to_dict(self) -> dict:
@@ -106,7 +106,7 @@ def check_kernels(path, seed: int = 0, on_result=None, trust=None) -> KernelRepo
         if on_result:
             on_result(r)
     for name in sorted(set(engine.manifest["kernels"]["entries"]) - covered):
-        results.append(KernelResult(name, [name], problem="no loop-level program in kernels/programs.json states it"))
+        results.append(KernelResult(name, [name], problem="is stated by no loop-level program in kernels/programs.json"))
         if on_result:
             on_result(results[-1])
     return KernelReport(str(path), engine.device.name, results, time.perf_counter() - t0)
@@ -129,12 +129,15 @@ def read_programs(path: Path, manifest: dict) -> dict:
 
 def check_program(engine, prog: dict, ranges: Ranges, rng) -> KernelResult:
     t0 = time.perf_counter()
+    if type(prog) is not dict or type(prog.get("name")) is not str:
+        return KernelResult("?", [], problem="kernels/programs.json holds a malformed entry; recompile the package")
     if "unchecked" in prog:
-        return KernelResult(prog["name"], list(prog.get("kernels", [])), problem=f"not checked: {prog['unchecked']}")
-    r = KernelResult(prog["name"], [k["name"] for k in prog["schedule"]["kernels"]])
-    bit_for_bit = exact(prog)
-    r.tolerance = 0.0 if bit_for_bit else FLOAT_TOLERANCE
+        return KernelResult(prog["name"], list(prog.get("kernels", [])), problem=f"was not checked: {prog['unchecked']}")
+    r = KernelResult(prog["name"], [])
     try:
+        r.kernels = [k["name"] for k in prog["schedule"]["kernels"]]
+        bit_for_bit = exact(prog)
+        r.tolerance = 0.0 if bit_for_bit else FLOAT_TOLERANCE
         for env in ranges.sizes(prog, rng):
             r.sizes.append(env)
             ins = make_inputs(prog, env, rng, ranges.context)
@@ -144,12 +147,14 @@ def check_program(engine, prog: dict, ranges: Ranges, rng) -> KernelResult:
                 r.worst_error = max(r.worst_error, error(g, w, bit_for_bit))
             if not r.passed:
                 sizes = " ".join(f"{k}={v}" for k, v in env.items())
-                r.problem = f"error {r.worst_error:.3g} exceeds {r.tolerance:g} at {sizes or 'its only size'}"
+                how = f"error {r.worst_error:.3g} exceeds {r.tolerance:g}" if r.tolerance else \
+                    f"differs by {r.worst_error:.3g} where it must agree bit for bit"
+                r.problem = f"disagrees with its loop-level program: {how} at {sizes or 'its only size'}"
                 break
     except DeviceError as e:  # a build or launch the device refused
-        r.problem = f"the device failed: {e}"
-    except (ProgramError, KeyError, IndexError, TypeError, ValueError) as e:  # a document the check cannot run
-        r.problem = f"the check could not run it: {type(e).__name__}: {e}"
+        r.problem = f"failed on the device: {e}"
+    except (ProgramError, KeyError, IndexError, TypeError, ValueError, RecursionError) as e:  # a malformed document
+        r.problem = f"could not be checked: {type(e).__name__}: {e}"
     r.seconds = time.perf_counter() - t0
     return r
 

@@ -194,3 +194,24 @@ def test_activations_are_rounded_as_the_compiler_rounds_them():
     x[1, :32] = 0  # an all-zero block stays zero
     for bits in (8, 16):
         assert np.array_equal(round_activations(x, bits), round_activations_np(x, bits))
+
+
+@pytest.mark.parametrize("content,says", [
+    ("[", "is unreadable"),  # not JSON
+    ('{"version": 1, "programs": [7, {"name": "x"}]}', "malformed entry"),
+    (None, "carries no loop-level programs"),  # a package from before verify --kernels
+])
+def test_a_broken_programs_file_is_one_line(package, tmp_path, content, says):
+    from bad_inputs.common import assert_one_line_error
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(package("cpu"), pkg)
+    m = json.loads((pkg / "manifest.json").read_text())
+    if content is None:
+        (pkg / m["kernels"].pop("programs")).unlink()
+        del m["files"]["kernels/programs.json"]
+        (pkg / "manifest.json").write_text(json.dumps(m))
+    else:
+        (pkg / m["kernels"]["programs"]).write_text(content)
+    reseal(pkg)
+    assert_one_line_error(run_package(pkg, "verify", "--kernels", "--json"), says)
