@@ -225,8 +225,8 @@ def write_programs(tmp, lowered) -> str:
     for name, prog in lowered.programs.items():
         try:
             programs.append(program_json(prog, lowered.sites[name]))
-        except (TypeError, ValueError) as e:
-            programs.append({"name": name, "unchecked": str(e),
+        except Exception as e:  # noqa: BLE001 - a program the form cannot state must not stop the compile
+            programs.append({"name": name, "unchecked": f"{type(e).__name__}: {e}",
                              "kernels": [k.name for k in scheduled(prog).kernels]})
     (tmp / FILE).write_text(json.dumps({"version": VERSION, "programs": programs}, separators=(",", ":")))
     return FILE
