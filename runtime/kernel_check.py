@@ -13,7 +13,7 @@ tile). Inputs: packed integer weights random bits, float inputs standard normal 
 scales), int32 inputs drawn where they are meaningful (deploycc/vm/programs.py int_domains), outputs filled
 with the same random values on both sides, so an element a kernel must leave alone (a KV cache's other rows)
 is compared too and an element neither side writes never differs. The input the cpu target's integer kernels
-round to 8 bits is rounded for the reference as they round it (round_activations).
+round to 8 or 16 bits is rounded for the reference as they round it (round_activations).
 
 Judgement, per output: a program that rounds no float (copies, gathers, integer arithmetic) must agree bit for
 bit; otherwise max |kernel - reference| / max |reference| <= FLOAT_TOLERANCE. Why that bound: both sides compute

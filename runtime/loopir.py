@@ -8,9 +8,11 @@ plain: blocks whose iterators are unbound run vectorised, each iterator a numpy 
 block reduces its right-hand side along the reduce axes; loops run one iteration at a time; every load
 and store is bounds-checked, so an out-of-range index is an error here, never a silent wrong answer.
 
-One difference, for speed only: a float sum of products (a matmul's `acc + a * b`) is reduced with einsum
-over each factor's own axes instead of materialising the whole grid (a 512-row lm_head is 14.5G grid
-points). Factors of few axes stay small, and only float32 summation order differs.
+Three shortcuts, for speed only (SmolLM2's largest sizes: a 512-row lm_head is 14.5G grid points, attention over
+a paged cache of 4096 keys 1.2G): a float sum of products (a matmul's `acc + a * b`) is reduced with einsum over
+each factor's own axes instead of materialising the whole grid, so only float32 summation order differs; a load
+whose indices vary along grid axes of their own is gathered row by row (`gather`), and a store of contiguous
+ranges goes through a view (`place`), both giving the values numpy's broadcasting index would.
 
 The JSON form (all names are unique within a program):
   sym       int | "name" | [op, sym...] with op in + * // % min max (runtime/symexpr.py's form)
