@@ -140,7 +140,7 @@ def default_device() -> str:
 def compile_model(source: str, device: str | None = None, quantization: str | None = None,
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
                   force: bool = False, revision: str | None = None, progress=None,
-                  head_quantization: str | None = None, sign: str | None = None) -> Path:
+                  head_quantization: str | None = None, sign: str | None = None, verify_kernels: bool = False) -> Path:
     """sign: a private key file (deploycc/signing.py): the package gets signature.json, over its sealed manifest."""
     preset = apply_overrides(presets.load(device or default_device()), list(overrides))
     from .gguf import is_gguf
@@ -247,8 +247,20 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             from .signing import SIGNATURE, signature_of
 
             (tmp / SIGNATURE).write_bytes(signature_of(signer, manifest_bytes))
+        if verify_kernels:  # each kernel against its loop-level program on this machine's device, before the rename
+            step("verify kernels")
+            _verify_kernels(tmp)
         staging.commit()
     return out_dir
+
+
+def _verify_kernels(pkg: Path) -> None:
+    """compile --verify-kernels: runtime/kernel_check.py on the staged package; a failure leaves no package."""
+    from .runtime.kernel_check import check_kernels
+
+    report = check_kernels(pkg)
+    if not report.passed:
+        raise DeployError(f"{report.failure}; no package was written")
 
 
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:
