@@ -100,19 +100,23 @@ def cli():
 @click.option("--sign", "sign_key", default=None, metavar="KEY",
               help="Sign the package with this private key (deploycc keygen makes one): signature.json, checked by "
                    "--trust.")
+@click.option("--activations", type=click.Choice(["auto", "8", "16"]), default="auto", show_default=True,
+              help="Integer targets (cpu): the bits a linear's input is rounded to. auto: 16 for the linears whose "
+                   "8-bit rounding costs most on a calibration text (deploycc/calibrate.py), 8 elsewhere.")
 @click.option("--verify-kernels", is_flag=True,
               help="Before the package is written, run each kernel on this machine's device against its loop-level "
                    "program (as `verify PKG --kernels`); a kernel that disagrees writes nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no progress display).")
 def compile_cmd(model, device, quantization, head_quantization, context_window, overrides, output, force, revision,
-                sign_key, verify_kernels, as_json):
+                sign_key, activations, verify_kernels, as_json):
     """Compile MODEL into a self-contained package directory for a device preset."""
     from .package import compile_model
 
     with _CompileProgress(enabled=not as_json) as progress:
         path = compile_model(_source(model), device, quantization, context_window, tuple(overrides), output, force,
                              revision, progress=progress, head_quantization=head_quantization,
-                             verify_kernels=verify_kernels, sign=sign_key)
+                             verify_kernels=verify_kernels, sign=sign_key,
+                             activations=activations)
     manifest = json.loads((path / "manifest.json").read_text())
     summary = _package_summary(path, manifest)
     if as_json:
@@ -157,7 +161,8 @@ class _CompileProgress:
     """compile_model's progress callback -> rich progress on stderr: one line per step, the weights
     counted tensor by tensor. Disabled, it is a no-op callback."""
 
-    LABELS = {"export": "export", "compile": "compile (passes, kernels, memory plan, bytecode)",
+    LABELS = {"calibrate": "calibrate (activation precision per linear)", "export": "export",
+              "compile": "compile (passes, kernels, memory plan, bytecode)",
               "native": "C compiler (kernels and steps into kernels.so)", "weights": "write weights"}
 
     def __init__(self, enabled: bool = True):
@@ -667,7 +672,8 @@ def _device_details(d: dict) -> str:
 def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python, functions, revision,
             context_window):
     """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
-    its VM bytecode, its kernel list (--kernels) or its memory plan (--memory)."""
+    its VM bytecode, its kernel list (--kernels) or its memory plan (--memory). MODEL may be a compiled package
+    with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to."""
     from . import pipeline, presets
     from .hub import load_model
     from .package import apply_overrides
@@ -675,6 +681,11 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
 
     if kernels and memory:
         raise DeployError("choose one of --kernels and --memory")
+    if kernels and (Path(model) / "manifest.json").is_file():
+        from .runtime.package import read_manifest
+
+        _print_package_kernels(read_manifest(Path(model)), as_json)
+        return
     if as_python and (kernels or memory or stage == "vm"):
         raise DeployError("--as-python prints graph functions; it does not combine with --kernels, --memory "
                           "or --stage vm")
@@ -755,6 +766,34 @@ def _print_kernels(report: dict, device: str) -> None:
     console.print(f"decode kernel launches per step: {report['decode_launches']} fused, "
                   f"{report['decode_launches_unfused']} unfused ({layers} layers: "
                   f"{report['decode_launches'] / layers:.1f} vs {report['decode_launches_unfused'] / layers:.1f} per layer)")
+
+
+def _print_package_kernels(manifest: dict, as_json: bool) -> None:
+    """A package's kernel entry points, and the activation precision per linear its manifest records
+    (kernels.native.activations: deploycc/calibrate.py chose them)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    entries = manifest["kernels"]["entries"]
+    bits = manifest["kernels"].get("native", {}).get("activations") or {}
+    if as_json:
+        click.echo(json.dumps({"kernels": sorted(entries), "activations": bits}, indent=2))
+        return
+    console = Console()
+    table = Table(title=f"kernels of the package ({manifest['kernels']['language']})")
+    table.add_column("kernel")
+    for name in sorted(entries):
+        table.add_row(name)
+    console.print(table)
+    if bits:
+        table = Table(title="activations of the integer linears (bits per block of 32)")
+        table.add_column("linear")
+        table.add_column("bits", justify="right")
+        for name, b in bits.items():
+            table.add_row(name, str(b))
+        console.print(table)
+        counts = {b: sum(v == b for v in bits.values()) for b in sorted(set(bits.values()))}
+        console.print("activations: " + ", ".join(f"{n} linears at {b} bits" for b, n in counts.items()))
 
 
 def _print_memory(report: dict, where: str) -> None:

@@ -140,7 +140,8 @@ def default_device() -> str:
 def compile_model(source: str, device: str | None = None, quantization: str | None = None,
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
                   force: bool = False, revision: str | None = None, progress=None,
-                  head_quantization: str | None = None, sign: str | None = None, verify_kernels: bool = False) -> Path:
+                  head_quantization: str | None = None, sign: str | None = None, activations: str | dict = "auto",
+                  verify_kernels: bool = False) -> Path:
     """sign: a private key file (deploycc/signing.py): the package gets signature.json, over its sealed manifest."""
     preset = apply_overrides(presets.load(device or default_device()), list(overrides))
     from .gguf import is_gguf
@@ -168,18 +169,27 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     interleave = integer and native_weight_interleave(target.isa)
     # every weight the integer kernels take multiplies activations rounded to 8 bits (the graph says so: the
     # reference of a package is its own graph, op/linalg.py round_activations)
-    model = quantize(load_model(source, revision), quant, head, interleave, groups=integer,
-                     activations=8 if integer else None)
+    loaded = load_model(source, revision)
+    # activations: "auto", "8", "16", or (the API) a {module name: bits} choice
+    bits = (activations if isinstance(activations, dict) else int(activations) if activations != "auto" else 8
+            ) if integer else None
+    model = quantize(loaded, quant, head, interleave, groups=integer, activations=bits)
     from .limits import check_compile
 
     ctx, chunk = check_compile(model, preset, context_window)  # context window and device memory, before anything
+    step = progress or (lambda *a, **k: None)
+    if integer and activations == "auto":  # 16 bits where 8 cost a linear too much on the calibration text
+        from .calibrate import activation_costs, choose
+
+        step("calibrate")
+        probe = quantize(loaded, quant, head, False, groups=True, activations=8)
+        model = quantize(loaded, quant, head, interleave, groups=True, activations=choose(activation_costs(probe)))
     if (model.path / "tokenizer.json").exists():  # a broken tokenizer fails the compile, not the first run
         from .runtime.tokenizer import Tokenizer, TokenizerError
         try:
             Tokenizer.from_dir(model.path, vocab_size=model.config.vocab_size)
         except TokenizerError as e:
             raise DeployError(str(e)) from None
-    step = progress or (lambda *a, **k: None)
 
     step("export")
     # Sliding-window layers keep rings sized for chunk-token steps; batched steps share a page pool.

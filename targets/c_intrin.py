@@ -296,7 +296,7 @@ static inline void dcc_dot_q8_sym_q8_tile(float* acc, const uint32_t* q, const h
 /* 16-bit activations (the linears whose 8-bit rounding costs too much, chosen by calibration at compile time,
    deploycc/calibrate.py): d = max|x| / 32767 and int16 codes, in the same pairs/linear orders as the 8-bit ones.
    A block's dot is vpmaddwd on codes widened to int16 (AVX2), its second half through vpdpwssd where AVX-512
-   VNNI has it; the int32 sums stay below 2^31 (15 * 32767 * 32, and 128 * 32767 * 32 for centred 8-bit codes). */
+   VNNI has it; the int32 sums stay below 2^31 (15 * 32767 * 32, and 255 * 32767 * 32 for 8-bit codes). */
 static inline void dcc_quantize_block16(const float* x, int16_t* q, float* d, float* dsum, int pairs) {
   float amax = 0.0f;
   for (int i = 0; i < 32; ++i) { float a = fabsf(x[i]); amax = a > amax ? a : amax; }
@@ -354,11 +354,10 @@ static inline __attribute__((always_inline)) void dcc_dot_q4_rows16(
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE];
   for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();
-  const __m128i nib = _mm_set1_epi8(0x0F);
-  for (int b = 0; b < nb; ++b) {
-    const __m128i c = _mm_loadu_si128((const __m128i*)(q + 4 * b));
-    const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(c, nib));
-    const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(c, 4), nib));
+  const __m256i nib = _mm256_set1_epi16(0x0F);
+  for (int b = 0; b < nb; ++b) {  /* the 16 code bytes widened once; nibbles split in the 16-bit lanes */
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(q + 4 * b)));
+    const __m256i lo = _mm256_and_si256(c, nib), hi = _mm256_srli_epi16(c, 4);
     const float sw = (float)s[b];
     for (int t = 0; t < R; ++t)
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dcc_dot16(lo, hi, xr[t] + 32 * b)), _mm256_set1_ps(sw * dr[t][b]),
@@ -377,7 +376,7 @@ static inline __attribute__((always_inline)) void dcc_dot_q4_rows16(
 #endif
 }
 
-/* R rows against one weight row of 8-bit codes, centred (code - 128) before the multiply: no correction term */
+/* R rows against one weight row of 8-bit codes (0..255; the zero point 128 goes through the correction term) */
 static inline __attribute__((always_inline)) void dcc_dot_q8_rows16(
     float* out, const uint32_t* q, const half* s, const int16_t* xq, const float* xd, const float* xsd, int nb, int t0,
     int rows, int R) {
@@ -385,22 +384,20 @@ static inline __attribute__((always_inline)) void dcc_dot_q8_rows16(
   const float* dr[DCC_TILE];
   const float* sr[DCC_TILE];
   dcc_tile_rows16(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
-  (void)sr;
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE];
   for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();
-  const __m256i zero = _mm256_set1_epi16(128);
   for (int b = 0; b < nb; ++b) {
-    const __m256i c = _mm256_loadu_si256((const __m256i*)(q + 8 * b));
-    const __m256i lo = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(c)), zero);
-    const __m256i hi = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1)), zero);
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(q + 8 * b)));
+    const __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(q + 8 * b + 4)));
     const float sw = (float)s[b];
     for (int t = 0; t < R; ++t)
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dcc_dot16(lo, hi, xr[t] + 32 * b)), _mm256_set1_ps(sw * dr[t][b]),
                                acc[t]);
   }
-  for (int t = 0; t < R; ++t) out[t] = dcc_hsum8(acc[t]);
+  for (int t = 0; t < R; ++t) out[t] = dcc_hsum8(acc[t]) + dcc_correction(s, 0, 128.0f, sr[t], nb);
 #else
+  (void)sr;
   for (int t = 0; t < R; ++t) {
     float a = 0.0f;
     for (int b = 0; b < nb; ++b) {

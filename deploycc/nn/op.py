@@ -59,7 +59,7 @@ def linear(x, weight, bias=None):
     `activations` bits) has its input rounded as those kernels round it, first (op/linalg.py round_activations)."""
     bits = getattr(weight, "activations", None)
     if bits:
-        x = call("round_activations", x, bits=bits)
+        x = call("round_activations", x, bits=bits, weight=getattr(weight, "site", ""))
     return call("linear", x, weight) if bias is None else call("linear", x, weight, bias)
 
 

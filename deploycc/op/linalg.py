@@ -134,7 +134,9 @@ def _round_legalize(call, module):
                   "(absorbed into the linear that reads it, transform/absorb_rounding.py)")
 
 
-register("round_activations", _round_infer, lambda x, bits: round_activations_np(x, bits), _round_legalize)
+# attrs: bits, and weight (the name of the module whose linear reads it; deploycc/calibrate.py measures by it)
+register("round_activations", _round_infer, lambda x, bits, weight="": round_activations_np(x, bits),
+         _round_legalize)
 
 
 # ---- matmul: [..., n, k] x [..., k, m] -> [..., n, m] (same batch dims) ---------------------

@@ -76,7 +76,8 @@ class QuantizedModel:
     def build(self):
         if self._module is None:
             wide = INTERLEAVED.get(self.scheme.name) if self.interleave else None
-            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head, wide)
+            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head, wide,
+                                        self.activations)
             mark_activations(self._module, self.activations)
         return self._module
 

@@ -29,7 +29,7 @@ from .. import nn
 from ..errors import DeployError
 from ..hub import transformed
 from ..ir import tir
-from .base import QuantizedEmbedding, QuantizedLinear, Scheme, mark_activations
+from .base import QuantizedEmbedding, QuantizedLinear, Scheme, mark_activations, plain_layout
 from .group import InterleavedScheme, pack_codes
 
 BLOCK = 32
@@ -294,7 +294,8 @@ class GGUFModel:
 
         name = block.group_scheme
         if (self.interleave and isinstance(module, nn.Linear) and name in INTERLEAVED
-                and INTERLEAVED[name].fits(module.out_features, module.in_features)):
+                and INTERLEAVED[name].fits(module.out_features, module.in_features)
+                and not plain_layout(self.activations, ours[: -len(".weight")])):
             return INTERLEAVED[name]
         return QUANTIZATION[name]
 
