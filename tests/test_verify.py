@@ -119,6 +119,7 @@ def test_rounded_transformers_equals_the_quantized_reference(name):
     record = rounded_linears(export(quantize(loaded, "q4f16_2", "q8f16_0", activations=8), 64))
     assert bool(record) == (name != "gpt2-odd")  # GPT-2's 36 inputs are not whole blocks of 32
     rounded, noise, _ = transformers_references(str(loaded.path), loaded, "q4f16_2", "q8f16_0", record)
+    assert noise is None or len(noise) == 3
     want8 = reference_session(loaded, quantization="q4f16_2", head_quantization="q8f16_0",
                               activations=record).prefill(ids, all_logits=True)
     got8 = rounded.prefill(ids, all_logits=True)
