@@ -215,3 +215,23 @@ def test_a_broken_programs_file_is_one_line(package, tmp_path, content, says):
         (pkg / m["kernels"]["programs"]).write_text(content)
     reseal(pkg)
     assert_one_line_error(run_package(pkg, "verify", "--kernels", "--json"), says)
+
+
+def test_gather_and_place_equal_numpy_indexing():
+    """loopir's row-wise gather and its stores through views give what numpy's broadcasting index gives (the
+    tiny programs are too small to take them; SmolLM2's paged attention and lm_head do)."""
+    from deploycc.runtime.loopir import gather, place
+
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((64, 3, 16)).astype(np.float32)
+    h, i, j, c = (np.arange(n).reshape([n if a == k else 1 for a in range(4)]) for k, n in enumerate((9, 5, 256, 16)))
+    rows = rng.integers(0, 64, (1, 5, 256, 1))  # a page table's rows: varies along i and j
+    for ix in ((rows, h // 3, c), (rows, np.asarray(2), c), (j % 4 + rows * 0, h % 3, c)):
+        assert np.array_equal(gather(cache, ix), cache[ix])
+    out, ref = np.zeros((5, 9, 16), np.float32), np.zeros((5, 9, 16), np.float32)
+    val = rng.standard_normal((9, 5, 1, 16)).astype(np.float32)
+    place(out, (i, h, c), val, (9, 5, 1, 16), np.add)
+    ref[np.broadcast_to(i, (9, 5, 1, 16)), np.broadcast_to(h, (9, 5, 1, 16)), np.broadcast_to(c, (9, 5, 1, 16))] += val
+    assert np.array_equal(out, ref)
+    place(out, (i[:, :, :, :1] * 0 + 4 - i, h, c), val, (9, 5, 1, 16))  # reversed rows: numpy's index
+    assert np.array_equal(out[::-1], np.transpose(val[:, :, 0], (1, 0, 2)))
