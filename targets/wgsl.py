@@ -102,6 +102,9 @@ class WGSLRenderer(CStyleRenderer):
             return f"{v.op}({self.value(v.src[0])}, {self.value(v.src[1])})"
         if v.op == "erf":
             raise NotImplementedError("WGSL has no erf; use gelu_tanh")
+        if v.op == "tanh":  # SwiftShader's tanh of a large argument is NaN (e^2x overflows in its quotient);
+            # tanh(10) rounds to 1 in f32, so the clamp changes no value (Gemma's GeGLU on an outlier channel)
+            return f"tanh(clamp({self.value(v.src[0])}, -10.0, 10.0))"
         return super().value(v)
 
     def local_decl(self, buf: Buffer) -> str:
