@@ -60,6 +60,9 @@ WORKER_TIMEOUT_S = 1800
 # (key, label, source, extra compile arguments); source "hf" = the checkpoint, "gguf" = the Q4_1 GGUF file.
 DEPLOYCC_FORMATS = [
     ("q4f16_2-q8head", "q4f16_2 + 8-bit head", "hf", ["--quantization", "q4f16_2", "--head-quantization", "q8f16_0"]),
+    # the same with 8-bit activations on every linear (the default before calibration chose 16 bits, issue 25)
+    ("q4f16_2-q8head-a8", "q4f16_2 + 8-bit head, 8-bit activations", "hf",
+     ["--quantization", "q4f16_2", "--head-quantization", "q8f16_0", "--activations", "8"]),
     ("q4f16_1", "q4f16_1", "hf", ["--quantization", "q4f16_1"]),
     ("gguf-q4_1", "GGUF Q4_1 as-is", "gguf", []),
     ("q0f32", "q0f32", "hf", ["--quantization", "q0f32"]),

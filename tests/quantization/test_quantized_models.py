@@ -80,8 +80,9 @@ def test_decode_has_no_standalone_dequantize(model, name):
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("name", ["q0f16", "q4f16_1", "q4f16_2", "q8f16_0"])
 def test_package_matches_quantized_reference(tmp_path, device, model, name):
-    """Within 5e-5 of the largest logit of the quantized reference (float32 summation order). The cpu target's
-    integer GEMVs round their activations to 8 bits per block of 32; the package records which linears do
+    """Within 5e-5 of the largest logit of the quantized reference (float32 summation order; 5e-4 with rounded
+    activations, see below). The cpu target's
+    integer GEMVs round their activations to 8 or 16 bits per block of 32; the package records which linears do
     (kernels.native.activations) and the reference rounds the same inputs the same way. Its decode must really
     use the integer kernels where the sizes allow them."""
     from deploycc.package import compile_model
@@ -103,8 +104,13 @@ def test_package_matches_quantized_reference(tmp_path, device, model, name):
         assert rounded  # sizes the integer kernels take
     ref = reference_session(deploycc.load_model(str(path)), quantization=name, activations=rounded)
     want = logits(ref)
-    atol = 5e-5 * float(np.abs(want).max())
+    # float32 summation order; where activations are rounded, a scaled input within that error of a rounding
+    # boundary may round the other way, and the flipped code moves what follows: 5e-4 (measured up to 1e-4)
+    atol = (5e-4 if rounded else 5e-5) * float(np.abs(want).max())
     np.testing.assert_allclose(logits(engine), want, atol=atol, rtol=0)
     if device == "cpu" and name in ("q4f16_1", "q4f16_2", "q8f16_0") and model.startswith("llama"):
         source = (out / "kernels" / "kernels.c").read_text()
-        assert "dcc_dot_" + {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[name] + "_q8(acc" in source
+        fmt = {"q4f16_1": "q4_sym", "q4f16_2": "q4_asym", "q8f16_0": "q8_sym"}[name]
+        # the bits calibration chose (deploycc/calibrate.py): each in use has its intrinsic in the source
+        assert all(f"dcc_dot_{fmt}_q{b}(acc" in source or f"dcc_dot_{fmt}_x16_q{b}(acc" in source
+                   for b in set(rounded.values()))
