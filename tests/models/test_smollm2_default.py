@@ -18,7 +18,7 @@ from conftest import require_cc
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]
-AGREEMENT = 0.80  # measured 0.85 (8-bit activations everywhere: 0.38); greedy near-ties move it a few points
+AGREEMENT = 0.90  # measured 0.99 (8-bit activations everywhere: 0.39); greedy near-ties move it a few points
 
 
 def cli(*args, timeout=900):
