@@ -21,20 +21,11 @@ NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "i
 
 _SYM_NP_OPS = {"floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "min": np.minimum, "max": np.maximum}
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-UNARY_NP = {
-    "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
-    "rsqrt": lambda x: (1 / np.sqrt(x)).astype(x.dtype), "sigmoid": lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype),
-    "sin": np.sin, "cos": np.cos, "abs": np.abs, "erf": lambda x: _erf(x).astype(x.dtype),
-}
-BINARY_NP = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-    "min": np.minimum, "pow": np.power, "shr": np.right_shift, "shl": np.left_shift, "bitand": np.bitwise_and,
-    "bitor": np.bitwise_or, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
-}
-REDUCE_NP = {"add": np.sum, "max": np.max, "min": np.min, "mul": np.prod}
+# the elementwise and reduction tables are the package's loop-level interpreter's (runtime/loopir.py, which
+# verify --kernels runs without the compiler): one definition of what each op computes
+from ..runtime.loopir import BINARY as BINARY_NP  # noqa: E402
+from ..runtime.loopir import REDUCE as REDUCE_NP  # noqa: E402
+from ..runtime.loopir import UNARY as UNARY_NP  # noqa: E402
 
 MAX_GRID = 1 << 23  # elements evaluated at once; larger block domains run in slices
 

@@ -10,8 +10,9 @@ AVX2 `vpmaddubsw` + `vpmaddwd`, and plain C elsewhere (the place for ARM `sdot`)
 
 The rule takes only a program that says its activations are rounded to 8 or 16 bits (attrs activations: the
 graph's round_activations absorbed into the linear, transform/absorb_rounding.py), since that rounding is what
-the integer arithmetic computes (16 bits: int16 codes, `vpmaddwd` / `vpdpwssd`, plain layouts only); and every such program must be taken (schedule checks). Which weight formats
-qualify is not read from names or attributes: the rule takes the matmul's weight
+the integer arithmetic computes (16 bits: int16 codes, `vpmaddwd` / `vpdpwssd`, plain layouts only); and
+every such program must be taken (schedule checks). Which weight formats qualify is not read from names or
+attributes: the rule takes the matmul's weight
 expression W(n, k) as the fused program computes it and checks it, by evaluating both on random
 codes, scales and minimums at random (n, k), against each known block format (Mirage's
 probabilistic equivalence check, for one expression): 4-bit symmetric (code - 8) * s, 4-bit

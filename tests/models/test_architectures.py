@@ -5,10 +5,10 @@ runs prompts of 1, 7 and 11 tokens and greedy decode steps beside transformers o
 fusion, scheduling, codegen and the runtime of each model.
 
 Tolerances are verify's own (deploycc/verify.py): float packages within 1e-3 of transformers' logits;
-cpu packages with 8-bit activations (integer dot products) against transformers rounding the same linear
-inputs the same way, within twice its own spread when those inputs move by 4 ulp + 1e-4 (90th percentile of
-the per-position relative RMS; these tiny models measure below 1e-6). The sliding windows (5 and 6) are shorter than the longest prompt plus its
-decode steps, so keys leave the window in both prefill and decode.
+cpu packages with 8/16-bit activations (integer dot products) against transformers rounding the same linear
+inputs the same way, within twice its largest spread when those inputs move by 4 ulp + 1e-4 (90th percentile
+of the per-position relative RMS; these tiny models measure below 1e-6). The sliding windows (5 and 6) are
+shorter than the longest prompt plus its decode steps, so keys leave the window in both prefill and decode.
 """
 import json
 import subprocess
