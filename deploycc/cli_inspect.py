@@ -1,0 +1,185 @@
+"""deploycc inspect: a model's IR after a pipeline stage, its VM bytecode, kernel list or memory plan, or a
+compiled package's kernels and activation precision (split from cli.py, which registers the command)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .errors import DeployError
+from .pipeline import STAGES as PIPELINE_STAGES
+
+
+def _size(n) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 100 * scale else f"{n / scale:.0f} {unit}"
+    return f"{n} B"
+
+
+@click.command(short_help="IR after a pipeline stage, VM bytecode, kernel list or memory plan.")
+@click.argument("model")
+@click.option("--stage", type=click.Choice((*PIPELINE_STAGES, "vm")), default="exported", show_default=True,
+              help="Pipeline stage whose IR to print; vm: the disassembled VM bytecode (needs --device).")
+@click.option("--device", "device", default=None,
+              help="Device preset name or YAML path (needed for scheduled, vm and kernels).")
+@click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE", help="Change a preset value, as in compile.")
+@click.option("--kernels", is_flag=True, help="List every kernel and the kernel launches per decode step.")
+@click.option("--memory", is_flag=True,
+              help="The memory plan: weights, KV cache, activations with and without planning (prefill 128/256/512, decode).")
+@click.option("--json", "as_json", is_flag=True, help="With --kernels or --memory: print one JSON object.")
+@click.option("--as-python", is_flag=True,
+              help="Print the graph functions at --stage as Python on torch (edit, then run with "
+                   "deploycc.topython.load_python).")
+@click.option("--function", "functions", multiple=True, metavar="NAME",
+              help="With --as-python: only these functions (prefill, prefill_all, decode).")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
+@click.option("--context-window", type=click.IntRange(min=1), default=None,
+              help="Upper bound of total_len (default: from the config, at most the preset's).")
+def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python, functions, revision,
+            context_window):
+    """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
+    its VM bytecode, its kernel list (--kernels) or its memory plan (--memory). MODEL may be a compiled package
+    with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to."""
+    from . import pipeline, presets
+    from .hub import load_model
+    from .package import apply_overrides
+    from .session import export
+
+    if kernels and memory:
+        raise DeployError("choose one of --kernels and --memory")
+    if kernels and (Path(model) / "manifest.json").is_file():
+        from .runtime.package import read_manifest
+
+        _print_package_kernels(read_manifest(Path(model)), as_json)
+        return
+    if as_python and (kernels or memory or stage == "vm"):
+        raise DeployError("--as-python prints graph functions; it does not combine with --kernels, --memory "
+                          "or --stage vm")
+    if overrides and not device:
+        raise DeployError("--override changes a device preset; give --device PRESET too")
+    preset = apply_overrides(presets.load(device), list(overrides)) if device else None
+    target = preset.target if preset else None
+    if (kernels or stage in ("scheduled", "vm")) and preset is None:
+        raise DeployError(f"{'--kernels' if kernels else f'--stage {stage}'} needs --device PRESET (e.g. cpu-opencl)")
+    loaded = load_model(model, revision)
+    ctx = context_window or (min(preset.context_window, loaded.config.context_window) if preset else None)
+    exported = export(loaded, ctx)
+    if kernels:
+        report = pipeline.kernel_report(exported, target)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+            return
+        _print_kernels(report, preset.name)
+        return
+    if memory:
+        from .transform.plan_memory import memory_report
+
+        mod = pipeline.run(exported, target, "scheduled" if preset else "fused")
+        cfg = loaded.config
+        report = memory_report(mod, cfg.num_key_value_heads, cfg.head_dim)
+        if preset and report["kv_cache_bytes"]:  # a package's sliding-window layers keep rings (limits.kv_rows)
+            from .limits import context_window as window_and_chunk
+            from .limits import footprint
+
+            ctx, chunk = window_and_chunk(loaded, preset, report["context_window"])
+            kv = footprint(cfg, 0, ctx, chunk).kv_cache
+            report["total_bytes"] += kv - report["kv_cache_bytes"]
+            report["kv_cache_bytes"] = kv
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+        else:
+            _print_memory(report, preset.name if preset else "fused, no target")
+        return
+    if stage == "vm":
+        click.echo(_bytecode_text(loaded, preset, ctx or exported.attrs["context_window"]), nl=False)
+        return
+    mod = pipeline.run(exported, target, stage)
+    if as_python:
+        from .topython import module_to_python
+
+        unknown = [f for f in functions if f not in mod.graph_functions()]
+        if unknown:
+            raise DeployError(f"no function {unknown[0]!r}; choose from {', '.join(mod.graph_functions())}")
+        click.echo(module_to_python(mod, list(functions) or None), nl=False)
+        return
+    click.echo(str(mod), nl=False)
+
+
+def _bytecode_text(loaded, preset, ctx: int) -> str:
+    """The bytecode exactly as compile_model exports and lowers it (rings and page pool included)."""
+    from .limits import context_window as window_and_chunk
+    from .package import lower_to_vm, pool_of
+    from .session import export
+    from .vm import disassemble
+
+    ctx, chunk = window_and_chunk(loaded, preset, ctx)
+    lowered, _ = lower_to_vm(export(loaded, ctx, chunk, pool_of(preset, ctx, chunk)), preset.target, chunk)
+    return disassemble(lowered.bytecode)
+
+
+def _print_kernels(report: dict, device: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kernels for {device}")
+    for col in ("kernel", "pattern", "rule", "launches / decode step"):
+        table.add_column(col)
+    for k in report["kernels"]:
+        table.add_row(k["name"], k["pattern"], k["rule"], str(k["launches_per_decode"]))
+    console = Console()
+    console.print(table)
+    layers = report.get("layers") or 1
+    console.print(f"decode kernel launches per step: {report['decode_launches']} fused, "
+                  f"{report['decode_launches_unfused']} unfused ({layers} layers: "
+                  f"{report['decode_launches'] / layers:.1f} vs {report['decode_launches_unfused'] / layers:.1f} per layer)")
+
+
+def _print_package_kernels(manifest: dict, as_json: bool) -> None:
+    """A package's kernel entry points, and the activation precision per linear its manifest records
+    (kernels.native.activations: deploycc/calibrate.py chose them)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    entries = manifest["kernels"]["entries"]
+    bits = manifest["kernels"].get("native", {}).get("activations") or {}
+    if as_json:
+        click.echo(json.dumps({"kernels": sorted(entries), "activations": bits}, indent=2))
+        return
+    console = Console()
+    table = Table(title=f"kernels of the package ({manifest['kernels']['language']})")
+    table.add_column("kernel")
+    for name in sorted(entries):
+        table.add_row(name)
+    console.print(table)
+    if bits:
+        table = Table(title="activations of the integer linears (bits per block of 32)")
+        table.add_column("linear")
+        table.add_column("bits", justify="right")
+        for name, b in bits.items():
+            table.add_row(name, str(b))
+        console.print(table)
+        counts = {b: sum(v == b for v in bits.values()) for b in sorted(set(bits.values()))}
+        console.print("activations: " + ", ".join(f"{n} linears at {b} bits" for b, n in counts.items()))
+
+
+def _print_memory(report: dict, where: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"memory plan of {report['model']} ({where}), context window {report['context_window']}")
+    for col in ("function", "seq_len bound", "tensors", "without planning", "planned", "storages", "saved"):
+        table.add_column(col, justify="right")
+    for r in report["activations"]:
+        n = str(r["seq_len"])
+        if r["effective_seq_len"] is not None and r["effective_seq_len"] != r["seq_len"]:
+            n += f" (≤ {r['effective_seq_len']})"
+        table.add_row(r["function"], n, str(r["tensors"]), _size(r["unplanned_bytes"]), _size(r["planned_bytes"]),
+                      str(r["storages"]), f"{100 * r['reduction']:.0f}%")
+    console = Console()
+    console.print(table)
+    console.print(f"weights {_size(report['weights_bytes'])}, KV cache {_size(report['kv_cache_bytes'])}, "
+                  f"total at load {_size(report['total_bytes'])} (weights + KV cache + the largest prefill plan + decode)")
