@@ -116,6 +116,14 @@ def test_mixed_precision_package_matches_its_reference(tmp_path):
     r = subprocess.run([sys.executable, "-m", "deploycc", "verify", str(out), "--steps", "2", "--json"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and json.loads(r.stdout)["passed"], r.stdout[-2000:] + r.stderr[-2000:]
+    # inspect PKG --kernels says the precision of each linear, as recorded
+    r = subprocess.run([sys.executable, "-m", "deploycc", "inspect", str(out), "--kernels", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["activations"] == manifest["kernels"]["native"]["activations"]
+    table = subprocess.run([sys.executable, "-m", "deploycc", "inspect", str(out), "--kernels"],
+                           capture_output=True, text=True, timeout=120)
+    counts = sorted(set(choice.values()))
+    assert table.returncode == 0 and all(f"linears at {b} bits" in table.stdout for b in counts), table.stdout[-500:]
 
 
 def test_auto_records_the_calibrated_choice(tmp_path):
