@@ -127,9 +127,21 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
     click.echo(f"{summary['preset']} ({summary['backend']}), {summary['quantization']}, context window "
                f"{summary['context_window']}: {summary['kernels']} kernels, weights {_size(mem['weights_bytes'])}, "
                f"KV cache {_size(mem['kv_cache_bytes'])}, activations {_size(mem['activation_bytes'])}")
+    by_type = manifest["model"].get("weights_by_type")
+    if by_type:
+        click.echo(weights_by_type_text(by_type))
     if summary["web"]:
         click.echo(f"web bundle: `python -m http.server -b 127.0.0.1 -d {path}`, then open http://127.0.0.1:8000/ "
                    f"(a browser with WebGPU)")
+
+
+def weights_by_type_text(rows: list[dict]) -> str:
+    """A GGUF source's weights per stored type, kept or converted, and the package's weight bytes against the file's."""
+    parts = [f"{r['type']}{'' if r['into'] == 'kept' else ' -> ' + r['into']} x{r['tensors']} {_size(r['package_bytes'])}"
+             for r in rows]
+    file, pkg = sum(r["file_bytes"] for r in rows), sum(r["package_bytes"] for r in rows)
+    return (f"weights by GGUF type: {', '.join(parts)}; package {_size(pkg)} against the file's tensors "
+            f"{_size(file)} ({pkg / max(file, 1):.2f}x)")
 
 
 def _source(model: str) -> str:
@@ -145,7 +157,8 @@ def _package_summary(path: Path, manifest: dict) -> dict:
             "head_quantization": manifest.get("head_quantization", manifest["quantization"]),
             "context_window": manifest["bounds"]["context_window"],
             "prefill_chunk": manifest["bounds"]["prefill_chunk"], "kernels": len(manifest["kernels"]["entries"]),
-            "memory": manifest.get("memory", {}), "web": "index.html" in manifest["files"]}
+            "memory": manifest.get("memory", {}), "web": "index.html" in manifest["files"],
+            **({"weights_by_type": manifest["model"]["weights_by_type"]} if "weights_by_type" in manifest["model"] else {})}
 
 
 class _CompileProgress:
@@ -179,6 +192,9 @@ class _CompileProgress:
             return
         if self.progress is None:
             self._start()
+        if step == "note":  # a line the compile must say (a GGUF type converted), above the progress display
+            self.progress.console.print(name, markup=False, highlight=False)
+            return
         if step == "weight":
             done = self.progress.tasks[self.task].completed + 1
             self.progress.update(self.task, completed=done, detail=f"{done} tensors  {name}")

@@ -160,7 +160,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         from .signing import load_signing_key
 
         signer = load_signing_key(Path(sign))
-    from .quantization import quantize
+    from .quantization import GGUFModel, quantize
     from .runtime.native import weight_interleave as native_weight_interleave
 
     head = None if head_quantization == quant else head_quantization
@@ -174,6 +174,10 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     bits = (activations if isinstance(activations, dict) else int(activations) if activations != "auto" else 8
             ) if integer else None
     model = quantize(loaded, quant, head, interleave, groups=integer, activations=bits)
+    by_type = model.weight_report() if isinstance(model, GGUFModel) else None
+    for row in by_type or ():  # a conversion rule is never silent
+        if row["into"] != "kept":
+            (progress or (lambda *a: None))("note", conversion_line(row))
     from .limits import check_compile
 
     ctx, chunk = check_compile(model, preset, context_window)  # context window and device memory, before anything
@@ -235,7 +239,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         (tmp / "bytecode.json").write_text(json.dumps(lowered.bytecode, indent=1))
         manifest = {
             "format": "deploycc-package", "format_version": FORMAT_VERSION,
-            "model": {"architecture": model.architecture, "source": str(source), "hf_config": model.hf_config},
+            "model": {"architecture": model.architecture, "source": str(source), "hf_config": model.hf_config,
+                      **({"weights_by_type": by_type} if by_type else {})},
             "quantization": quant,
             "head_quantization": head or quant,
             "preset": {"name": preset.name, "backend": preset.backend, "description": preset.description},
@@ -334,6 +339,13 @@ def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset, act
             # the weights whose linears round their input, and to how many bits: what `verify` rounds alike
             "activations": activations,
             **info}
+
+
+def conversion_line(row: dict) -> str:
+    """One line for a GGUF type that is not kept as stored (quantization/gguf_blocks.py's conversion rule)."""
+    why = ("bfloat16 has no kernels here" if row["type"] == "BF16" else f"deploycc has no kernels for {row['type']}")
+    return (f"converted {row['type']} -> {row['into']}: {row['tensors']} tensors, {row['file_bytes'] / 1e6:.1f} MB -> "
+            f"{row['package_bytes'] / 1e6:.1f} MB ({why})")
 
 
 def _write_params(tmp: Path, model, constants: dict, progress, merged: dict | None = None,

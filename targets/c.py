@@ -18,6 +18,7 @@ from deploycc.ir.tir import Barrier, For, Intrin, walk
 
 from .c_intrin import INTRINSICS
 from .c_pool import POOL_SOURCE
+from .c_stored import STORED_INTRINSICS
 from .cstyle import CStyleRenderer, _ident
 
 PREAMBLE = """#include <math.h>
@@ -149,7 +150,8 @@ class CRenderer(CStyleRenderer):
 
     def module(self, kernels) -> str:
         body = "\n".join(self.kernel(k) for k in kernels)
-        return self.preamble + INTRINSICS + POOL_SOURCE + body + "\n" + "\n".join(self.launcher(k) for k in kernels)
+        launchers = "\n".join(self.launcher(k) for k in kernels)
+        return self.preamble + INTRINSICS + STORED_INTRINSICS + POOL_SOURCE + body + "\n" + launchers
 
 
 def render(kernels, target=None) -> str:

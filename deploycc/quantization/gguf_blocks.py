@@ -1,4 +1,5 @@
-"""llama.cpp's block formats kept as stored (no re-quantization): Q4_0, Q4_1, Q8_0, Q4_K, Q6_K.
+"""llama.cpp's block formats kept as stored (no re-quantization): Q4_0, Q4_1, Q8_0 (below), and the formats of
+LAYOUTS (StoredScheme): Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS.
 
 Every block covers 32 consecutive values of a row (the input dimension), as our group schemes do:
 
@@ -137,9 +138,10 @@ class GGUFBlockScheme(Scheme):
         return d * code + tir.cast("float32", bufs[2][r, blk])
 
 
-# ---- K-quants: super-blocks of 256 values ------------------------------------------------------
+# ---- formats kept as their stored bytes: K-quants (super-blocks of 256), Q5_0/Q5_1, IQ4_NL/IQ4_XS --------
 
 QK_K = 256
+IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # IQ4_NL/IQ4_XS values
 
 
 def _byte(buf: tir.Buffer, r, i) -> tir.V:
@@ -151,117 +153,248 @@ def _u32(x) -> tir.V:
     return tir.cast("uint32", tir.index(x))
 
 
-def _words(b: np.ndarray, rows: int) -> np.ndarray:
-    return np.ascontiguousarray(b).view("<u4").astype(np.uint32).reshape(rows, -1)
+def _bits(v: tir.V, shift, mask) -> tir.V:
+    """(v >> shift) & mask, all uint32 (shift and mask may be index expressions)."""
+    return tir.bitwise("bitand", tir.bitwise("shr", v, _u32(shift)), mask if isinstance(mask, int) else _u32(mask))
+
+
+def _f(v: tir.V) -> tir.V:
+    return tir.cast("float32", v)
+
+
+def _grid(code: tir.V, lo: int = 0, hi: int = 16) -> tir.V:
+    """IQ4_GRID[code] for a uint32 code < 16, as a float32 (a select tree: no table buffer)."""
+    if hi - lo == 1:
+        return tir.const(float(IQ4_GRID[lo]))
+    mid = (lo + hi) // 2
+    return tir.select(code.cmp("lt", tir.const(mid, "uint32")), _grid(code, lo, mid), _grid(code, mid, hi))
+
+
+# type -> (values per block, block bytes, fields: (parameter, byte offset, bytes, "f16" | "bytes")); a bytes
+# field becomes uint32 words (little-endian, the last word zero-padded: only IQ4_XS's 6 scale bytes are padded)
+LAYOUTS = {
+    "Q5_0": (32, 22, (("q_scale", 0, 2, "f16"), ("q_high", 2, 4, "bytes"), ("q_weight", 6, 16, "bytes"))),
+    "Q5_1": (32, 24, (("q_scale", 0, 2, "f16"), ("q_min", 2, 2, "f16"), ("q_high", 4, 4, "bytes"),
+                      ("q_weight", 8, 16, "bytes"))),
+    "IQ4_NL": (32, 18, (("q_scale", 0, 2, "f16"), ("q_weight", 2, 16, "bytes"))),
+    "Q2_K": (QK_K, 84, (("q_sub", 0, 16, "bytes"), ("q_weight", 16, 64, "bytes"), ("q_scale", 80, 2, "f16"),
+                        ("q_min", 82, 2, "f16"))),
+    "Q3_K": (QK_K, 110, (("q_high", 0, 32, "bytes"), ("q_weight", 32, 64, "bytes"), ("q_sub", 96, 12, "bytes"),
+                         ("q_scale", 108, 2, "f16"))),
+    "Q4_K": (QK_K, 144, (("q_scale", 0, 2, "f16"), ("q_min", 2, 2, "f16"), ("q_sub", 4, 12, "bytes"),
+                         ("q_weight", 16, 128, "bytes"))),
+    "Q5_K": (QK_K, 176, (("q_scale", 0, 2, "f16"), ("q_min", 2, 2, "f16"), ("q_sub", 4, 12, "bytes"),
+                         ("q_high", 16, 32, "bytes"), ("q_weight", 48, 128, "bytes"))),
+    "Q6_K": (QK_K, 210, (("q_weight", 0, 128, "bytes"), ("q_high", 128, 64, "bytes"), ("q_sub", 192, 16, "bytes"),
+                         ("q_scale", 208, 2, "f16"))),
+    "IQ4_XS": (QK_K, 136, (("q_scale", 0, 2, "f16"), ("q_sub", 2, 6, "bytes"), ("q_weight", 8, 128, "bytes"))),
+}
+PARAM_ORDER = ("q_weight", "q_high", "q_sub", "q_scale", "q_min")  # the packed parameters' order in a module
 
 
 @dataclass(frozen=True)
-class KQuantScheme(Scheme):
-    """Q4_K (144 bytes per 256 values: f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales and mins,
-    128 bytes of nibbles; w = d*sc[s] * q - dmin*m[s]) and Q6_K (210 bytes: 128 bytes of low
-    nibbles, 64 of high 2-bit pairs, 16 int8 sub-block scales, f16 d; w = d*sc[v//16] * (q - 32)).
-    Parameters: `q_weight` (the nibbles as uint32), `q_high` (Q6_K's 2-bit pairs), `q_sub` (the
-    packed sub-block scales as uint32, unpacked in the kernel), `q_scale` (d) and `q_min` (dmin)."""
+class StoredScheme(Scheme):
+    """A GGUF block format kept as its stored bytes (LAYOUTS), split into parameters the kernels load directly:
+    `q_weight` (the low code bits), `q_high` (the high bits: Q5's fifth bit, Q3_K's mask, Q6_K's 2-bit pairs),
+    `q_sub` (the packed sub-block scales, unpacked in the kernel), `q_scale` (f16 d) and `q_min` (f16 dmin or m).
+    The values, per format (llama.cpp's ggml-quants.c; v the value's index in its block, s its sub-block):
+
+        Q5_0    (q - 16) * d                 q = low nibble | bit v of qh << 4, blocks of 32
+        Q5_1    q * d + m
+        IQ4_NL  d * IQ4_GRID[nibble]
+        Q2_K    (d * (sc & 15)) * q - dmin * (sc >> 4)      2-bit q, 16 sub-blocks of 16, sc one byte each
+        Q3_K    (d * (sc6 - 32)) * (q2 - 4 * !hbit)         16 sub-blocks of 16, 6-bit scales packed in 12 bytes
+        Q4_K    (d * sc6) * q - dmin * m6                   8 sub-blocks of 32, 6-bit scales and mins in 12 bytes
+        Q5_K    as Q4_K with a fifth bit from qh
+        Q6_K    (d * sc8) * (q6 - 32)                       16 sub-blocks of 16, int8 scales
+        IQ4_XS  (d * (sc6 - 32)) * IQ4_GRID[nibble]         8 sub-blocks of 32
+
+    The numpy reference is gguf-py's own `dequantize` of the bytes put back together (`to_blocks`); `value` does
+    the same float32 arithmetic in the same order, so the dequantize program gives identical values."""
 
     qtype: str = "Q4_K"
 
     @property
+    def block(self) -> int:
+        return LAYOUTS[self.qtype][0]
+
+    @property
     def block_bytes(self) -> int:
-        return 144 if self.qtype == "Q4_K" else 210
+        return LAYOUTS[self.qtype][1]
+
+    def _fields(self):
+        return sorted(LAYOUTS[self.qtype][2], key=lambda f: PARAM_ORDER.index(f[0]))
+
+    @staticmethod
+    def _words(nbytes: int) -> int:
+        return -(-nbytes // 4)
+
+    def integer_activations(self, rows: int, cols: int) -> bool:
+        """Every stored format has integer kernels on the cpu target (targets/c_stored.py)."""
+        return cols % self.block == 0 and cols <= 1 << 16
 
     def _blocks(self, cols: int) -> int:
-        if cols % QK_K:
-            raise DeployError(f"{self.qtype} needs rows of whole 256-value super-blocks, got {cols} columns")
-        return cols // QK_K
+        if cols % self.block:
+            raise DeployError(f"{self.qtype} needs rows of whole {self.block}-value blocks, got {cols} columns")
+        return cols // self.block
 
     def param_shapes(self, rows: int, cols: int):
         nb = self._blocks(cols)
-        if self.qtype == "Q4_K":
-            return {"q_weight": ((rows, nb * 32), "uint32"), "q_sub": ((rows, nb * 3), "uint32"),
-                    "q_scale": ((rows, nb), "float16"), "q_min": ((rows, nb), "float16")}
-        return {"q_weight": ((rows, nb * 32), "uint32"), "q_high": ((rows, nb * 16), "uint32"),
-                "q_sub": ((rows, nb * 4), "uint32"), "q_scale": ((rows, nb), "float16")}
+        return {name: ((rows, nb), "float16") if kind == "f16" else ((rows, nb * self._words(size)), "uint32")
+                for name, _, size, kind in self._fields()}
 
     def from_blocks(self, raw: np.ndarray) -> dict[str, np.ndarray]:
+        """The stored bytes (uint8 [rows, blocks * block_bytes]) split into the packed parameters."""
         rows = raw.shape[0]
         b = np.ascontiguousarray(raw, np.uint8).reshape(rows, -1, self.block_bytes)
-        half = lambda x: np.ascontiguousarray(x).view(np.float16).reshape(rows, -1)  # noqa: E731
-        if self.qtype == "Q4_K":
-            return {"q_weight": _words(b[:, :, 16:], rows), "q_sub": _words(b[:, :, 4:16], rows),
-                    "q_scale": half(b[:, :, 0:2]), "q_min": half(b[:, :, 2:4])}
-        return {"q_weight": _words(b[:, :, :128], rows), "q_high": _words(b[:, :, 128:192], rows),
-                "q_sub": _words(b[:, :, 192:208], rows), "q_scale": half(b[:, :, 208:210])}
+        out = {}
+        for name, at, size, kind in self._fields():
+            part = b[:, :, at:at + size]
+            if kind == "f16":
+                out[name] = np.ascontiguousarray(part).view(np.float16).reshape(rows, -1)
+            else:
+                pad = 4 * self._words(size) - size
+                if pad:
+                    part = np.concatenate([part, np.zeros((*part.shape[:2], pad), np.uint8)], axis=2)
+                out[name] = np.ascontiguousarray(part).view("<u4").astype(np.uint32).reshape(rows, -1)
+        return out
 
     def to_blocks(self, packed: dict[str, np.ndarray]) -> np.ndarray:
         rows = packed["q_weight"].shape[0]
-        by = lambda k, n: packed[k].astype("<u4").view(np.uint8).reshape(rows, -1, n)  # noqa: E731
-        hf = lambda k: packed[k].astype(np.float16).view(np.uint8).reshape(rows, -1, 2)  # noqa: E731
-        if self.qtype == "Q4_K":
-            parts = [hf("q_scale"), hf("q_min"), by("q_sub", 12), by("q_weight", 128)]
-        else:
-            parts = [by("q_weight", 128), by("q_high", 64), by("q_sub", 16), hf("q_scale")]
-        return np.concatenate(parts, axis=2).reshape(rows, -1)
+        nb = packed["q_scale"].shape[1]
+        out = np.zeros((rows, nb, self.block_bytes), np.uint8)
+        for name, at, size, kind in self._fields():
+            arr = packed[name].astype(np.float16 if kind == "f16" else "<u4")
+            out[:, :, at:at + size] = np.ascontiguousarray(arr).view(np.uint8).reshape(rows, nb, -1)[:, :, :size]
+        return out.reshape(rows, -1)
 
     def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
-        raise DeployError(f"{self.qtype} tensors are imported from GGUF files as stored; quantizing to it is not supported")
+        """Float weights -> this format, where gguf-py can write it (Q5_0, Q5_1); the rest are imported
+        from GGUF files as stored."""
+        import gguf
+
+        w = np.asarray(w, np.float32)
+        self._blocks(w.shape[1])
+        try:
+            return self.from_blocks(gguf.quants.quantize(w, gguf.GGMLQuantizationType[self.qtype]))
+        except NotImplementedError:
+            raise DeployError(f"{self.qtype} tensors are imported from GGUF files as stored; quantizing to it "
+                              f"is not supported") from None
 
     def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
-        """The numpy reference (the same arithmetic as gguf.quants, written out per value)."""
+        """The numpy reference: gguf-py's dequantize of the reassembled blocks."""
+        import gguf
+
         rows = packed["q_weight"].shape[0]
-        raw = self.to_blocks(packed).reshape(rows, -1, self.block_bytes)
-        v = np.arange(QK_K)
-        if self.qtype == "Q4_K":
-            d = raw[:, :, 0:2].copy().view(np.float16).astype(np.float32)
-            dmin = raw[:, :, 2:4].copy().view(np.float16).astype(np.float32)
-            sc, qs = raw[:, :, 4:16].astype(np.uint32), raw[:, :, 16:].astype(np.uint32)
-            s = v // 32
-            h, k = s // 4, s % 4
-            scale = (sc[:, :, k + 8 * h] & (63 - 48 * h)) | ((sc[:, :, k] >> 2) & (48 * h))
-            mins = ((sc[:, :, k + 4 + 4 * h] >> (4 * h)) & (63 - 48 * h)) | ((sc[:, :, k + 4] >> 2) & (48 * h))
-            q = (qs[:, :, (s // 2) * 32 + v % 32] >> (4 * (s % 2))) & 15
-            w = (d * scale.astype(np.float32)) * q.astype(np.float32) - dmin * mins.astype(np.float32)
-        else:
-            ql, qh = raw[:, :, :128].astype(np.int32), raw[:, :, 128:192].astype(np.int32)
-            sc = raw[:, :, 192:208].copy().view(np.int8).astype(np.float32)
-            d = raw[:, :, 208:210].copy().view(np.float16).astype(np.float32)
-            hv = v // 128
-            lo = (ql[:, :, hv * 64 + v % 64] >> (4 * ((v % 128) // 64))) & 15
-            hi = (qh[:, :, hv * 32 + v % 32] >> (2 * ((v % 128) // 32))) & 3
-            w = (d * sc[:, :, v // 16]) * ((lo | (hi << 4)) - 32).astype(np.float32)
-        return w.reshape(rows, -1)[:, :cols]
+        w = gguf.quants.dequantize(self.to_blocks(packed), gguf.GGMLQuantizationType[self.qtype])
+        return np.asarray(w, np.float32).reshape(rows, -1)[:, :cols]
 
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
-        blk, v = c // QK_K, c % QK_K
-        if self.qtype == "Q4_K":
-            qw, sub, d, dmin = bufs
-            s = v // 32
-            h, k = s // 4, s % 4
-            sb = lambda i: _byte(sub, r, blk * 12 + i)  # noqa: E731
-            scale = tir.bitwise("bitor", tir.bitwise("bitand", sb(k + 8 * h), _u32(63 - 48 * h)),
-                                tir.bitwise("bitand", tir.bitwise("shr", sb(k), 2), _u32(48 * h)))
-            mins = tir.bitwise("bitor",
-                               tir.bitwise("bitand", tir.bitwise("shr", sb(k + 4 + 4 * h), _u32(4 * h)), _u32(63 - 48 * h)),
-                               tir.bitwise("bitand", tir.bitwise("shr", sb(k + 4), 2), _u32(48 * h)))
-            q = tir.bitwise("bitand", tir.bitwise("shr", _byte(qw, r, blk * 128 + (s // 2) * 32 + v % 32),
-                                                  _u32(4 * (s % 2))), 15)
-            ds = tir.cast("float32", d[r, blk]) * tir.cast("float32", scale)
-            dm = tir.cast("float32", dmin[r, blk]) * tir.cast("float32", mins)
-            return ds * tir.cast("float32", q) - dm
-        qw, qh, sub, d = bufs
-        hv = v // 128
-        lo = tir.bitwise("bitand", tir.bitwise("shr", _byte(qw, r, blk * 128 + hv * 64 + v % 64),
-                                               _u32(4 * ((v % 128) // 64))), 15)
-        hi = tir.bitwise("bitand", tir.bitwise("shr", _byte(qh, r, blk * 64 + hv * 32 + v % 32),
-                                               _u32(2 * ((v % 128) // 32))), 3)
-        q = tir.cast("float32", tir.bitwise("bitor", lo, tir.bitwise("shl", hi, 4))) - 32.0
-        b = _byte(sub, r, blk * 16 + v // 16)
-        sc = tir.cast("float32", b) - tir.cast("float32", tir.bitwise("shr", b, 7)) * 256.0
-        return (tir.cast("float32", d[r, blk]) * sc) * q
+        buf = {name: b for (name, *_), b in zip(self._fields(), bufs)}
+        blk, v = c // self.block, c % self.block
+        words = {name: self._words(size) for name, _, size, kind in self._fields() if kind == "bytes"}
 
+        def byte(name, i):
+            return _byte(buf[name], r, blk * (4 * words[name]) + i)
+
+        def half(name):
+            return _f(buf[name][r, blk])
+
+        return VALUES[self.qtype](byte, half, v, lambda: buf["q_high"][r, blk])
+
+
+def _q5_0(byte, half, v, qh_word):
+    q = tir.bitwise("bitor", _bits(byte("q_weight", v % 16), 4 * (v // 16), 15),
+                    tir.bitwise("shl", _bits(qh_word(), v, 1), 4))
+    return half("q_scale") * (_f(q) - 16.0)
+
+
+def _q5_1(byte, half, v, qh_word):
+    q = tir.bitwise("bitor", _bits(byte("q_weight", v % 16), 4 * (v // 16), 15),
+                    tir.bitwise("shl", _bits(qh_word(), v, 1), 4))
+    return half("q_scale") * _f(q) + half("q_min")
+
+
+def _iq4_nl(byte, half, v, _):
+    return half("q_scale") * _grid(_bits(byte("q_weight", v % 16), 4 * (v // 16), 15))
+
+
+def _q2_k(byte, half, v, _):
+    n, j, lane = v // 128, (v % 128) // 32, v % 32
+    sc = byte("q_sub", v // 16)
+    q = _bits(byte("q_weight", 32 * n + lane), 2 * j, 3)
+    dl = half("q_scale") * _f(tir.bitwise("bitand", sc, 15))
+    ml = half("q_min") * _f(tir.bitwise("shr", sc, 4))
+    return dl * _f(q) - ml
+
+
+def _q3_k(byte, half, v, _):
+    n, j, lane = v // 128, (v % 128) // 32, v % 32
+    s = v // 16
+    low = _bits(byte("q_sub", s % 8), 4 * (s // 8), 15)
+    high = _bits(byte("q_sub", 8 + s % 4), 2 * (s // 4), 3)
+    scale = _f(tir.bitwise("bitor", low, tir.bitwise("shl", high, 4))) - 32.0
+    q2 = _bits(byte("q_weight", 32 * n + lane), 2 * j, 3)
+    hbit = _bits(byte("q_high", lane), 4 * n + j, 1)
+    q = _f(q2) - _f(1 - hbit) * 4.0
+    return (half("q_scale") * scale) * q
+
+
+def _k_scale_min(byte, s):
+    """Q4_K/Q5_K's 6-bit scale and min of sub-block s (ggml's get_scale_min_k4)."""
+    h, k = s // 4, s % 4
+    sb = lambda i: byte("q_sub", i)  # noqa: E731
+    scale = tir.bitwise("bitor", tir.bitwise("bitand", sb(k + 8 * h), _u32(63 - 48 * h)),
+                        tir.bitwise("bitand", tir.bitwise("shr", sb(k), 2), _u32(48 * h)))
+    mins = tir.bitwise("bitor", _bits(sb(k + 4 + 4 * h), 4 * h, 63 - 48 * h),
+                       tir.bitwise("bitand", tir.bitwise("shr", sb(k + 4), 2), _u32(48 * h)))
+    return scale, mins
+
+
+def _q4_k(byte, half, v, _):
+    s = v // 32
+    scale, mins = _k_scale_min(byte, s)
+    q = _bits(byte("q_weight", (s // 2) * 32 + v % 32), 4 * (s % 2), 15)
+    return (half("q_scale") * _f(scale)) * _f(q) - half("q_min") * _f(mins)
+
+
+def _q5_k(byte, half, v, _):
+    s = v // 32
+    scale, mins = _k_scale_min(byte, s)
+    q = tir.bitwise("bitor", _bits(byte("q_weight", (s // 2) * 32 + v % 32), 4 * (s % 2), 15),
+                    tir.bitwise("shl", _bits(byte("q_high", v % 32), s, 1), 4))
+    return (half("q_scale") * _f(scale)) * _f(q) - half("q_min") * _f(mins)
+
+
+def _q6_k(byte, half, v, _):
+    hv = v // 128
+    lo = _bits(byte("q_weight", hv * 64 + v % 64), 4 * ((v % 128) // 64), 15)
+    hi = _bits(byte("q_high", hv * 32 + v % 32), 2 * ((v % 128) // 32), 3)
+    q = _f(tir.bitwise("bitor", lo, tir.bitwise("shl", hi, 4))) - 32.0
+    b = byte("q_sub", v // 16)
+    sc = _f(b) - _f(tir.bitwise("shr", b, 7)) * 256.0
+    return (half("q_scale") * sc) * q
+
+
+def _iq4_xs(byte, half, v, _):
+    ib = v // 32
+    low = _bits(byte("q_sub", 2 + ib // 2), 4 * (ib % 2), 15)
+    high = _bits(byte("q_sub", ib // 4), 2 * (ib % 4), 3)
+    scale = _f(tir.bitwise("bitor", low, tir.bitwise("shl", high, 4))) - 32.0
+    code = _bits(byte("q_weight", 16 * ib + v % 16), 4 * ((v % 32) // 16), 15)
+    return (half("q_scale") * scale) * _grid(code)
+
+
+VALUES = {"Q5_0": _q5_0, "Q5_1": _q5_1, "IQ4_NL": _iq4_nl, "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k,
+          "Q5_K": _q5_k, "Q6_K": _q6_k, "IQ4_XS": _iq4_xs}
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")  # kept as float: F16 as halves (q0f16), the others as float32
+CONVERT_TO = "Q8_0"  # a quantized type without kernels here (IQ2_*, IQ3_*, IQ1_*, TQ*, MXFP4) is re-quantized to it
 
 BLOCK_SCHEMES: dict[str, Scheme] = {
     **{q: GGUFBlockScheme(f"gguf_{q.lower()}", qtype=q) for q in ("Q4_0", "Q4_1", "Q8_0")},
-    **{q: KQuantScheme(f"gguf_{q.lower()}", qtype=q) for q in ("Q4_K", "Q6_K")},
+    **{q: StoredScheme(f"gguf_{q.lower()}", qtype=q) for q in LAYOUTS},
 }
 
 
@@ -287,7 +420,11 @@ class GGUFModel:
         hf, transform = self.base.checkpoint_name(ours)
         if transform is not None or hf not in self.base.weights:
             return None
-        block = BLOCK_SCHEMES.get(self.base.weights.qtype(hf))
+        block = BLOCK_SCHEMES.get(self._stored_as(hf))
+        if block is None:
+            from . import QUANTIZATION
+
+            return QUANTIZATION["q0f16"] if self.base.weights.qtype(hf) == "F16" else None
         if not (self.groups and isinstance(block, GGUFBlockScheme)):
             return block
         from . import INTERLEAVED, QUANTIZATION
@@ -298,6 +435,41 @@ class GGUFModel:
                 and not plain_layout(self.activations, ours[: -len(".weight")])):
             return INTERLEAVED[name]
         return QUANTIZATION[name]
+
+    def _stored_as(self, hf: str) -> str:
+        """The block format a weight is kept in: its own, or for a quantized type without kernels here the
+        conversion rule's (CONVERT_TO: re-quantized from its dequantized values, `conversions` says so)."""
+        qtype = self.base.weights.qtype(hf)
+        if qtype in BLOCK_SCHEMES or qtype in FLOAT_TYPES:
+            return qtype
+        cols = self.base.weights.shape(hf)[-1]
+        return CONVERT_TO if len(self.base.weights.shape(hf)) == 2 and cols % BLOCK == 0 else "F32"
+
+    def weight_report(self) -> list[dict]:
+        """Per stored type of the file: tensors, their bytes in the file and in the package, and what they become
+        (`kept`, or the format or dtype a conversion rule turns them into); the package's other tensors (the
+        float32 norms a GGUF stores as F32 too) under their own type."""
+        self.build()
+        stored = {hf: name for name, hf, transform in self.base._sources()
+                  if transform is None and hf in self.base.weights}
+        kept = {self.base.checkpoint_name(n)[0]: s for n, s in self._schemes.items()}
+        rows: dict[tuple[str, str], dict] = {}
+        for hf, t in self.base.weights.tensors.items():
+            if hf not in stored:
+                continue
+            qtype, shape = t.tensor_type.name, self.base.weights.shape(hf)
+            scheme = kept.get(hf)
+            if scheme is not None:
+                size = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in scheme.param_shapes(*shape).values())
+                into = "kept" if self._stored_as(hf) == qtype else self._stored_as(hf)
+            else:
+                size, into = int(np.prod(shape)) * 4, "kept" if qtype == "F32" else "F32"
+            row = rows.setdefault((qtype, into), {"type": qtype, "into": into, "tensors": 0, "file_bytes": 0,
+                                                  "package_bytes": 0})
+            row["tensors"] += 1
+            row["file_bytes"] += int(t.n_bytes)
+            row["package_bytes"] += size
+        return sorted(rows.values(), key=lambda r: -r["file_bytes"])
 
     def build(self):
         if self._module is None:
@@ -327,8 +499,18 @@ class GGUFModel:
         for name, hf, transform in self.base._sources():
             if name in schemes:
                 prefix = name[: -len(".weight")]
-                scheme, raw = schemes[name], self.base.weights.raw(hf)
-                block = BLOCK_SCHEMES[self.base.weights.qtype(hf)]
+                scheme, qtype = schemes[name], self._stored_as(hf)
+                block = BLOCK_SCHEMES.get(qtype)
+                if block is None:  # F16 kept as halves (q0f16)
+                    for suffix, arr in scheme.quantize(self.base.weights.read(hf)).items():
+                        yield f"{prefix}.{suffix}", arr
+                    continue
+                if qtype != self.base.weights.qtype(hf):  # the conversion rule
+                    import gguf
+
+                    raw = gguf.quants.quantize(self.base.weights.read(hf), gguf.GGMLQuantizationType[qtype])
+                else:
+                    raw = self.base.weights.raw(hf)
                 if scheme is block:  # kept as stored (K-quants always)
                     packed = scheme.from_blocks(raw)
                 else:  # moved into our group layout, value for value

@@ -71,9 +71,16 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return None
     x_load, x_flat, w_expr = found
     fmt = _format(w_expr, n_it.var, k_it.var, N, K.value, prog)
-    if fmt is None or (bits == 16 and fmt[0].endswith("_x16")):  # interleaved layouts: 8-bit intrinsics only
+    stored = None
+    if fmt is None:
+        found = _format_stored(w_expr, n_it.var, k_it.var, N, K.value, prog)
+        if found is None:
+            return None
+        fmt, stored = (found[0], None, None, None), found[1]
+    if bits == 16 and fmt[0].endswith("_x16"):  # interleaved layouts: 8-bit intrinsics only
         return None
-    m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, *fmt, bits)
+    m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, *fmt, bits,
+               stored)
     rows = sym.as_expr(1)
     for it in spatial[:-1]:
         rows = rows * it.extent
@@ -105,6 +112,7 @@ class Matmul:
     s: Buffer
     mins: Buffer | None
     bits: int = 8  # the activations' rounding (ACTIVATION_BITS)
+    stored: tuple[Buffer, ...] | None = None  # a GGUF format kept as stored: its packed parameters, in order
 
     @property
     def codes(self) -> str:
@@ -121,12 +129,23 @@ class Matmul:
 
     @property
     def weights(self) -> tuple[Buffer, ...]:
+        if self.stored is not None:
+            return self.stored
         return (self.q, self.s) + ((self.mins,) if self.mins is not None else ())
+
+    @property
+    def sums(self) -> int:
+        """Activation code sums (d * sum) per block of 32: 2 for the stored formats (one per half, as the
+        K-quants' sub-blocks of 16 need), else 1."""
+        return 2 if self.stored is not None else 1
 
     def quantize(self, xq: Buffer, xd: Buffer, xs: Buffer, coords: dict, row) -> Intrin:
         """Activations of one row (the spatial iterators at `coords`) into row `row` of xq/xd/xs."""
         off = Substitute(syms={**coords, self.k: sym.as_expr(0)}, fresh=False).expr(self.x_flat)
-        kind = "pairs" if FORMATS[self.fmt][0] == 4 and not self.interleaved else "linear"
+        if self.stored is not None:
+            kind = "k"
+        else:
+            kind = "pairs" if FORMATS[self.fmt][0] == 4 and not self.interleaved else "linear"
         return Intrin(f"quantize_q{self.bits}_{kind}", (self.x, xq, xd, xs), (off, sym.as_expr(self.K), sym.as_expr(row)),
                       (xq, xd, xs))
 
@@ -166,7 +185,7 @@ class Matmul:
         """Decode: every worker quantizes x into its own stack arrays, then `width` outputs per group."""
         xq = Buffer("xq", (self.K,), self.codes, "local")
         xd = Buffer("xd", (self.nb,), "float32", "local")
-        xs = Buffer("xsd", (self.nb,), "float32", "local")  # d * (sum of the block's codes)
+        xs = Buffer("xsd", (self.nb * self.sums,), "float32", "local")  # d * (sum of the block's codes)
         acc = Buffer("acc", (self.width,), "float32", "local")
         zero = {it.var: sym.as_expr(0) for it in self.spatial[:-1]}
 
@@ -184,7 +203,7 @@ class Matmul:
         (rows past the end repeat the last one and store nothing)."""
         xq = Buffer("xq", (rows, self.K), self.codes, "global")
         xd = Buffer("xd", (rows, self.nb), "float32", "global")
-        xs = Buffer("xsd", (rows, self.nb), "float32", "global")
+        xs = Buffer("xsd", (rows, self.nb * self.sums), "float32", "global")
         order = list(self.prog.params) + [xq, xd, xs]
         extents = [it.extent for it in self.spatial[:-1]]
 
@@ -328,4 +347,41 @@ def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buff
         want = (code - 8) * sc if symmetric else code * sc + arrays[m][grp, blk, lane].astype(np.float64)
         if got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-6):
             return ("q4_sym_x16" if symmetric else "q4_asym_x16"), q, s, m
+    return None
+
+
+def _format_stored(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: TensorProgram):
+    """("gguf_<type>", its packed buffers in parameter order) when W(n, k) equals a GGUF format kept as stored
+    (quantization/gguf_blocks.py StoredScheme), recognised as the others are: evaluated at random points on random
+    parameters, against the format's reference dequantization (gguf-py's)."""
+    from itertools import permutations
+
+    from ..quantization.gguf_blocks import BLOCK_SCHEMES, LAYOUTS
+
+    bufs = list(dict.fromkeys(ld.arg[0] for ld in tir.loads(w)))
+    if not N.is_const or any(b.scope != "global" or b not in prog.params or len(b.shape) != 2 or
+                             not all(sym.as_expr(d).is_const for d in b.shape) for b in bufs):
+        return None
+    dims = {b: (tuple(sym.as_expr(d).value for d in b.shape), b.dtype) for b in bufs}
+    rng = np.random.default_rng(0)
+    nn, kk = rng.integers(0, N.value, 64), rng.integers(0, K, 64)
+    for qtype in LAYOUTS:
+        scheme = BLOCK_SCHEMES[qtype]
+        if K % scheme.block:
+            continue
+        shapes = [(tuple(shape), dtype) for shape, dtype in scheme.param_shapes(N.value, K).values()]
+        if len(shapes) != len(bufs):
+            continue
+        for order in permutations(bufs):
+            if [dims[b] for b in order] != shapes:
+                continue
+            arrays = {b: (rng.integers(0, 1 << 32, dims[b][0], dtype=np.uint64).astype(np.uint32) if b.dtype == "uint32"
+                          else rng.uniform(0.5, 2.0, dims[b][0]).astype(b.dtype)) for b in order}
+            try:
+                got = _Exec(arrays).value(w, {n: nn, k: kk}).astype(np.float64)
+            except Exception:  # noqa: BLE001 - an expression the interpreter cannot run is no match
+                return None
+            want = scheme.dequantize(dict(zip(scheme.param_shapes(N.value, K), (arrays[b] for b in order))), K)
+            if got.shape == (64,) and np.allclose(got, want[nn, kk], rtol=1e-6, atol=1e-6):
+                return f"gguf_{qtype.lower()}", tuple(order)
     return None

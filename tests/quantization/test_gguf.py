@@ -45,15 +45,21 @@ def _permute(w, n_head):  # convert_hf_to_gguf's permute
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+D_SCALE = {"Q2_K": 5e-3, "Q3_K": 2e-3, "Q4_K": 2e-4, "Q5_K": 1e-4, "Q6_K": 2e-4, "IQ4_XS": 1e-4, "IQ4_NL": 2e-3}  # weights ~0.3
+
+
 def random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
-    """Random K-quant blocks (gguf cannot quantize to these) with small finite f16 scales."""
-    nb, bb = cols // 256, {"Q4_K": 144, "Q6_K": 210}[qtype]
+    """Random blocks of a format gguf cannot quantize to (K-quants, IQ4_NL, IQ4_XS): random bytes, with small finite f16
+    values in its f16 fields (quantization/gguf_blocks.py LAYOUTS)."""
+    from deploycc.quantization.gguf_blocks import LAYOUTS
+
+    block, bb, fields = LAYOUTS[qtype]
+    nb = cols // block
     raw = rng.integers(0, 256, (rows, nb, bb), dtype=np.uint8)
-    d = (rng.standard_normal((rows, nb, 2)) * 2e-4).astype(np.float16).view(np.uint8).reshape(rows, nb, 4)
-    if qtype == "Q4_K":
-        raw[:, :, 0:4] = d
-    else:
-        raw[:, :, 208:210] = d[:, :, :2]
+    for _, at, _, kind in fields:
+        if kind == "f16":
+            d = (rng.standard_normal((rows, nb, 1)) * D_SCALE[qtype]).astype(np.float16)
+            raw[:, :, at:at + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, -1)
 
 
@@ -143,7 +149,7 @@ def write_tiny(dirpath: Path, qtypes=None, arch="llama", tied=False, seed=0, pre
             w.add_tensor(name, stored.astype(np.float16))
             state[hf] = arr.astype(np.float16).astype(np.float32)
         else:
-            data = (random_blocks(qt.name, *stored.shape, rng) if qt in (Q.Q4_K, Q.Q6_K)
+            data = (random_blocks(qt.name, *stored.shape, rng) if qt.name in D_SCALE
                     else gguf.quants.quantize(stored, qt))
             w.add_tensor(name, data, raw_dtype=qt)
             back = gguf.quants.dequantize(data, qt).reshape(arr.shape)
@@ -278,39 +284,10 @@ def test_smollm2_gguf_tokenizer_matches_checkpoint(smollm2_gguf, smollm2_path):
 
 # ---- block formats kept as stored ---------------------------------------------------------------
 
-BLOCK_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
+BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 
 
-@pytest.mark.parametrize("qtype", BLOCK_TYPES)
-def test_block_dequantize_equals_gguf(qtype):
-    from deploycc.ir.tir_interp import run_program
-    from deploycc.quantization import BLOCK_SCHEMES
-
-    scheme = BLOCK_SCHEMES[qtype]
-    rng = np.random.default_rng(1)
-    rows, cols = 5, (512 if qtype.endswith("_K") else 96)
-    w = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
-    w[0, :32] = 0.0  # an all-zero block
-    w[1, 32:64] = np.abs(w[1, 32:64])  # one-signed blocks exercise Q4_1's min and the sign of d
-    raw = random_blocks(qtype, rows, cols, rng) if qtype.endswith("_K") else gguf.quants.quantize(w, Q[qtype])
-    want = gguf.quants.dequantize(raw, Q[qtype]).reshape(rows, cols)
-    packed = scheme.from_blocks(raw)
-    if qtype.endswith("_K"):
-        np.testing.assert_array_equal(scheme.to_blocks(packed), raw)
-        with pytest.raises(DeployError, match="imported from GGUF files as stored"):
-            scheme.quantize(w)
-    assert {k: (v.shape, str(v.dtype)) for k, v in packed.items()} == \
-        {k: (tuple(s), d) for k, (s, d) in scheme.param_shapes(rows, cols).items()}
-    np.testing.assert_array_equal(scheme.dequantize(packed, cols), want)
-    if not qtype.endswith("_K"):
-        np.testing.assert_array_equal(scheme.dequantize(scheme.quantize(w), cols), want)
-    out = np.zeros((rows, cols), np.float32)
-    run_program(scheme.program(rows, cols), [*packed.values(), out], [])
-    np.testing.assert_array_equal(out, want)
-    ids = np.array([[4, 0, 2]], np.int32)
-    got = np.zeros((1, 3, cols), np.float32)
-    run_program(scheme.take_program(rows, cols, 2), [*packed.values(), ids, got], [])
-    np.testing.assert_array_equal(got[0], want[[4, 0, 2]])
+# (bit-exact dequantization of every format against gguf-py: test_gguf_formats.py)
 
 
 MIXED = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q4_0, "blk.0.attn_q.weight": Q.Q4_0,
@@ -329,11 +306,12 @@ def test_kept_blocks_logits_equal_dequantized(tmp_path, tied, stage):
     model = deploycc.load_model(str(path))
     kept = quantize(model, "gguf")
     names = kept.quantized_names()
-    assert len(names) == sum(1 for k, v in MIXED.items() if v != Q.F16 and not (tied and k == "output.weight"))
+    assert len(names) == sum(1 for k, v in MIXED.items() if not (tied and k == "output.weight"))
+    assert names["model.layers.1.self_attn.v_proj.weight"].name == "q0f16"  # F16 kept as halves
     dtypes = {n: a.dtype for n, a in kept.params()}
     assert dtypes["model.layers.0.self_attn.q_proj.q_weight"] == np.uint32
     assert "model.layers.0.self_attn.q_proj.weight" not in dtypes
-    assert dtypes["model.layers.1.self_attn.v_proj.weight"] == np.float32  # F16: the q0 path
+    assert dtypes["model.layers.1.self_attn.v_proj.q_weight"] == np.float16
     got = logits(reference_session(model, quantization="gguf"))
     want = logits(reference_session(deploycc.load_model(str(hfdir))))
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
@@ -388,15 +366,16 @@ def test_block_dequantize_kernel_on_device(preset, qtype):
     from deploycc import presets
     from deploycc.execute import KernelRunner
     from deploycc.quantization import BLOCK_SCHEMES
+    from deploycc.quantization.gguf_blocks import LAYOUTS
     from deploycc.schedule import schedule_program
 
     target = presets.load(preset).target
     device = require_device(target.kind, f16=target.kind == "webgpu")
     scheme = BLOCK_SCHEMES[qtype]
-    cols = 512 if qtype.endswith("_K") else 64
+    cols = 512 if LAYOUTS.get(qtype, (32,))[0] == 256 else 64
     rng = np.random.default_rng(2)
     w = rng.standard_normal((6, cols)).astype(np.float32)
-    raw = random_blocks(qtype, 6, cols, rng) if qtype.endswith("_K") else gguf.quants.quantize(w, Q[qtype])
+    raw = random_blocks(qtype, 6, cols, rng) if qtype in D_SCALE else gguf.quants.quantize(w, Q[qtype])
     want = gguf.quants.dequantize(raw, Q[qtype]).reshape(6, cols)
     arrays = [*scheme.from_blocks(raw).values(), np.zeros((6, cols), np.float32)]
     KernelRunner(device, target)(schedule_program(scheme.program(6, cols), target), arrays, [])
@@ -519,7 +498,7 @@ def test_smollm2_gguf_package(smollm2_gguf, tmp_path):
 def test_kept_blocks_move_into_group_schemes_exactly(tmp_path, interleave):
     """For the cpu target's integer kernels (groups=True) Q4_0/Q4_1/Q8_0 tensors become q4f16_1/q4f16_2/
     q8f16_0 (interleaved where asked and the shape allows): every weight dequantizes bit for bit to the
-    value of the blocks kept as stored; F16 tensors stay float."""
+    value of the blocks kept as stored; F16 tensors stay halves."""
     from deploycc.quantization import quantize
 
     path, _ = write_tiny(tmp_path, MIXED)
@@ -533,6 +512,9 @@ def test_kept_blocks_move_into_group_schemes_exactly(tmp_path, interleave):
     assert pa.keys() == pb.keys()
     for name, scheme in b.items():
         prefix = name[: -len(".weight")]
+        if scheme.name == "q0f16":  # an F16 tensor: the same halves either way
+            np.testing.assert_array_equal(pa[f"{prefix}.q_weight"], pb[f"{prefix}.q_weight"])
+            continue
         cols = pa[f"{prefix}.q_scale"].shape[1] * 32
         want = a[name].dequantize({k: pa[f"{prefix}.{k}"] for k in a[name].param_shapes(1, cols)}, cols)
         got = scheme.dequantize({k: pb[f"{prefix}.{k}"] for k in scheme.param_shapes(16, cols)}, cols)

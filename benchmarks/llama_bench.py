@@ -1,0 +1,170 @@
+"""The benchmark of record on the CPU: deploycc against llama.cpp's own C++ `llama-bench`, on the GGUF files users
+download, interleaved in one run.
+
+    .venv/bin/python benchmarks/llama_bench.py [--types Q4_0,Q4_1,Q4_K_M,Q5_K_M,Q8_0] [--prompt-lens 128,512]
+                                               [--gen 128] [--threads 2] [--repeat 2] [--preset cpu] [--json]
+
+For each GGUF file (SmolLM2-135M-Instruct, made from the f16 conversion by llama.cpp's own `llama-quantize`:
+benchmarks/build_llama_cpp.py, which also builds llama-bench for AVX2 alone), deploycc compiles a package of the
+file as stored (cached under $DEPLOYCC_HOME/bench/llama_bench/) and `deploycc bench` measures it; llama-bench
+measures the same file with `-p P -n N -t T -r 1`. Each repeat runs every file, llama-bench then deploycc, so the
+two tools see the same minutes of this VM's drifting memory bandwidth; a read-bandwidth probe (compare.py's) runs
+before and after each repeat. The table gives medians over the repeats, the ratio deploycc / llama-bench, and the
+package's weight bytes against the file's tensor bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_llama_cpp import ensure  # noqa: E402
+from compare import measure_bandwidth  # noqa: E402
+
+HOME = Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc"))
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            name = line.split(":", 1)[1].strip()
+            fam = {k.strip(): v.strip() for k, v in (x.split(":", 1) for x in Path("/proc/cpuinfo").read_text()
+                                                       .split("\n\n")[0].splitlines() if ":" in x)}
+            flags = set(fam.get("flags", "").split())
+            isa = ("AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags
+                   else "AVX2" if "avx2" in flags else "no AVX2")
+            return f"{name} (family {fam.get('cpu family')} model {fam.get('model')}), {os.cpu_count()} cores, {isa}"
+    return platform.processor()
+
+
+def file_tensor_bytes(path: Path) -> int:
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
+
+
+def package_for(path: Path, preset: str) -> Path:
+    """A deploycc package of the GGUF file as stored, compiled once per compiler version and file."""
+    from compare import package_is_current
+
+    out = HOME / "bench" / "llama_bench" / f"{path.stem}-{preset}"
+    if not package_is_current(out, path, preset):
+        log(f"compile {path.name} for {preset}")
+        subprocess.run([sys.executable, "-m", "deploycc", "compile", str(path), "--device", preset, "-o", str(out),
+                        "--force", "--json"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    return out
+
+
+def deploycc_bench(pkg: Path, prompt: int, gen: int) -> dict:
+    r = subprocess.run([sys.executable, "-m", "deploycc", "bench", str(pkg), "--prompt-len", str(prompt), "--gen-len",
+                        str(gen), "--repeat", "1", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "deploycc bench failed")
+    return json.loads(r.stdout)
+
+
+def llama_bench(exe: str, path: Path, prompt: int, gen: int, threads: int) -> dict:
+    """{"pp": tok/s at `prompt`, "tg": tok/s over `gen`} from llama-bench's JSON."""
+    r = subprocess.run([exe, "-m", str(path), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
+                        "-o", "json"], capture_output=True, text=True, timeout=1800)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "llama-bench failed")
+    out = {}
+    for row in json.loads(r.stdout):
+        key = "pp" if row["n_prompt"] else "tg"
+        out[key] = row["avg_ts"]
+        out["system_info"] = row.get("cpu_info", "") + " | " + row.get("backends", "")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--types", default="Q4_0,Q4_1,Q4_K_M,Q5_K_M,Q8_0")
+    ap.add_argument("--prompt-lens", default="128,512")
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--preset", default="cpu", help="deploycc preset (cpu: this CPU's ISA; cpu-avx2: AVX2 alone)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    built = ensure()
+    types = args.types.split(",")
+    prompts = [int(p) for p in args.prompt_lens.split(",")]
+    files = {t: Path(built["gguf"][t]) for t in types}
+    pkgs = {t: package_for(f, args.preset) for t, f in files.items()}
+    samples: dict[str, dict[str, list[float]]] = {t: {} for t in types}
+    probes, info = [], ""
+    for rep in range(args.repeat):
+        probes.append(measure_bandwidth(tries=3)["read_gb_s"])
+        for t in types:
+            for i, p in enumerate(prompts):
+                gen = args.gen if i == 0 else 1
+                ll = llama_bench(built["llama_bench"], files[t], p, args.gen if i == 0 else 0, args.threads)
+                info = ll.get("system_info", info)
+                ours = deploycc_bench(pkgs[t], p, gen)
+                s = samples[t]
+                s.setdefault(f"llama pp{p}", []).append(ll["pp"])
+                s.setdefault(f"deploycc pp{p}", []).append(ours["prefill_tok_s"])
+                if i == 0:
+                    s.setdefault("llama tg", []).append(ll["tg"])
+                    s.setdefault("deploycc tg", []).append(ours["decode_tok_s"])
+                log(f"[{rep + 1}/{args.repeat}] {t} p{p}: llama pp {ll['pp']:.1f}"
+                    + (f" tg {ll['tg']:.1f}" if i == 0 else "") + f" | deploycc pp {ours['prefill_tok_s']:.1f}"
+                    + (f" tg {ours['decode_tok_s']:.1f}" if i == 0 else ""))
+        probes.append(measure_bandwidth(tries=3)["read_gb_s"])
+    rows = []
+    for t in types:
+        med = {k: statistics.median(v) for k, v in samples[t].items()}
+        manifest = json.loads((pkgs[t] / "manifest.json").read_text())
+        rows.append({"type": t, "file_tensor_bytes": file_tensor_bytes(files[t]),
+                     "package_weight_bytes": manifest["memory"]["weights_bytes"], **med})
+    result = {"cpu": cpu_name(), "threads": args.threads, "preset": args.preset, "gen": args.gen, "prompts": prompts,
+              "repeat": args.repeat, "bandwidth_read_gb_s": probes, "llama_bench": built["llama_bench"],
+              "llama_system_info": info, "rows": rows,
+              "command": shlex.join([os.path.relpath(sys.executable), os.path.relpath(__file__), *(argv or sys.argv[1:])])}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(render(result))
+
+
+def render(r: dict) -> str:
+    lines = [f"CPU: {r['cpu']}; {r['threads']} threads; deploycc preset {r['preset']}; llama-bench {r['llama_bench']}",
+             "read bandwidth probes (GB/s, numpy, before/after each repeat): "
+             + ", ".join(f"{b:.1f}" for b in r["bandwidth_read_gb_s"]),
+             f"medians of {r['repeat']} interleaved repeats; decode {r['gen']} tokens", ""]
+    head = ["file", "package / file bytes"]
+    for p in r["prompts"]:
+        head += [f"prefill {p}: deploycc / llama (tok/s)", "x"]
+    head += ["decode: deploycc / llama (tok/s)", "x"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in r["rows"]:
+        cells = [row["type"], f"{row['package_weight_bytes'] / 1e6:.1f} / {row['file_tensor_bytes'] / 1e6:.1f} MB "
+                 f"({row['package_weight_bytes'] / row['file_tensor_bytes']:.2f}x)"]
+        for p in r["prompts"]:
+            a, b = row[f"deploycc pp{p}"], row[f"llama pp{p}"]
+            cells += [f"{a:.1f} / {b:.1f}", f"{a / b:.2f}x"]
+        a, b = row["deploycc tg"], row["llama tg"]
+        cells += [f"{a:.1f} / {b:.1f}", f"{a / b:.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"command: {r['command']}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    main()
+    log(f"done in {time.perf_counter() - t0:.0f} s")

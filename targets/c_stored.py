@@ -1,0 +1,277 @@
+"""The cpu target's intrinsics for GGUF formats kept as their stored bytes (quantization/gguf_blocks.py StoredScheme:
+Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), which schedule/qgemv.py tensorizes into.
+
+One engine serves every format. A format's *decoder* turns run j of a weight row (values 32j .. 32j+31, in order)
+into 32 codes, two scales and two minimums (one per half of 16, as the K-quants' sub-blocks of 16 need), so that
+
+    w[32j + l] = sc[l / 16] * code[l] + mn[l / 16]
+
+exactly as the format defines it: codes are unsigned (0..63, the zero point folded into mn: Q5_0's -16 d, Q3_K's
+-4 d sc, Q6_K's -32 d sc) except IQ4's, which are the signed values of its non-linear grid. The decoders are plain
+C loops of constant trip count that gcc vectorises (-O3), with a `pshufb` grid lookup for IQ4 on AVX2. The engine
+then dots the 32 codes with the run's activation codes (linear order; AVX-512 VNNI / AVX-VNNI `vpdpbusd`, AVX2
+`vpmaddubsw` + `vpmaddwd`, signed codes through the sign trick; 16-bit activations through `vpmaddwd`), scales the
+two halves' int32 sums by sc * d_x and adds mn * (d_x * the half's code sum): the activations of these formats are
+quantized with a d * sum per 16 (`quantize_q8_k`, `quantize_q16_k`), two per block of 32.
+
+The entry points (one per format and activation width, decode and the prefill tile) are generated from LAYOUTS,
+which say how many words each packed parameter has per block.
+"""
+from __future__ import annotations
+
+ENGINE = r"""
+/* ---- GGUF formats kept as stored (targets/c_stored.py) ---- */
+static inline void dcc_quantize_q8_k(const float* x, int8_t* q, float* d, float* dsum, int off, int n, int row) {
+  const int64_t r = row, nb = n / 32;
+  for (int b = 0; b < nb; ++b) {
+    float s32;
+    int8_t* qb = q + r * n + 32 * b;
+    dcc_quantize_block(x + off + 32 * b, qb, d + r * nb + b, &s32, 0);
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
+    dsum[2 * (r * nb + b)] = d[r * nb + b] * (float)s0;
+    dsum[2 * (r * nb + b) + 1] = d[r * nb + b] * (float)s1;
+  }
+}
+static inline void dcc_quantize_q16_k(const float* x, int16_t* q, float* d, float* dsum, int off, int n, int row) {
+  const int64_t r = row, nb = n / 32;
+  for (int b = 0; b < nb; ++b) {
+    float s32;
+    int16_t* qb = q + r * n + 32 * b;
+    dcc_quantize_block16(x + off + 32 * b, qb, d + r * nb + b, &s32, 0);
+    int32_t s0 = 0, s1 = 0;
+    for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
+    dsum[2 * (r * nb + b)] = d[r * nb + b] * (float)s0;
+    dsum[2 * (r * nb + b) + 1] = d[r * nb + b] * (float)s1;
+  }
+}
+
+/* one weight row of a stored format: each packed parameter's bytes (or f16 values) for that row */
+typedef struct { const uint8_t *w, *h, *sub; const half *d, *m; } dcc_gg_row;
+
+static const int8_t dcc_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* IQ4's grid lookup of 16 bytes of nibbles: low nibbles -> c[0..15], high -> c[16..31] */
+static inline void dcc_iq4_codes(const uint8_t* qs, uint8_t* c) {
+#if defined(__AVX2__)
+  const __m128i b = _mm_loadu_si128((const __m128i*)qs), m = _mm_set1_epi8(15);
+  const __m128i grid = _mm_loadu_si128((const __m128i*)dcc_iq4_grid);
+  _mm_storeu_si128((__m128i*)c, _mm_shuffle_epi8(grid, _mm_and_si128(b, m)));
+  _mm_storeu_si128((__m128i*)(c + 16), _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(b, 4), m)));
+#else
+  for (int l = 0; l < 16; ++l) c[l] = (uint8_t)dcc_iq4_grid[qs[l] & 15], c[16 + l] = (uint8_t)dcc_iq4_grid[qs[l] >> 4];
+#endif
+}
+
+/* the decoders: run j of the row -> c[32], sc[2], mn[2] */
+static inline void dcc_run_q5_0(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  const uint8_t* qs = p->w + 16 * j;
+  uint32_t qh;
+  __builtin_memcpy(&qh, p->h + 4 * j, 4);
+  for (int l = 0; l < 16; ++l) {
+    c[l] = (qs[l] & 15) | (((qh >> l) & 1) << 4);
+    c[16 + l] = (qs[l] >> 4) | (((qh >> (16 + l)) & 1) << 4);
+  }
+  const float d = (float)p->d[j];
+  sc[0] = sc[1] = d;
+  mn[0] = mn[1] = -16.0f * d;
+}
+static inline void dcc_run_q5_1(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  dcc_run_q5_0(p, j, c, sc, mn);
+  mn[0] = mn[1] = (float)p->m[j];
+}
+static inline void dcc_run_iq4_nl(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  dcc_iq4_codes(p->w + 16 * j, c);
+  sc[0] = sc[1] = (float)p->d[j];
+  mn[0] = mn[1] = 0.0f;
+}
+static inline void dcc_run_q2_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  const int blk = j >> 3, jj = j & 7, sh = 2 * (jj & 3);
+  const uint8_t* qs = p->w + 64 * blk + 32 * (jj >> 2);
+  for (int l = 0; l < 32; ++l) c[l] = (qs[l] >> sh) & 3;
+  const uint8_t* s = p->sub + 16 * blk + 2 * jj;
+  const float d = (float)p->d[blk], dmin = (float)p->m[blk];
+  for (int h = 0; h < 2; ++h) sc[h] = d * (float)(s[h] & 15), mn[h] = -(dmin * (float)(s[h] >> 4));
+}
+static inline void dcc_run_q3_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  const int blk = j >> 3, jj = j & 7, n = jj >> 2, jm = jj & 3;
+  const uint8_t* qs = p->w + 64 * blk + 32 * n;
+  const uint8_t* hm = p->h + 32 * blk;
+  const int sh = 2 * jm, hb = 4 * n + jm;
+  for (int l = 0; l < 32; ++l) c[l] = ((qs[l] >> sh) & 3) | (((hm[l] >> hb) & 1) << 2);
+  const uint8_t* sb = p->sub + 12 * blk;
+  const float d = (float)p->d[blk];
+  for (int h = 0; h < 2; ++h) {
+    const int s = 2 * jj + h;
+    const int ls = ((sb[s & 7] >> (4 * (s >> 3))) & 15) | (((sb[8 + (s & 3)] >> (2 * (s >> 2))) & 3) << 4);
+    sc[h] = d * (float)(ls - 32);
+    mn[h] = -4.0f * sc[h];
+  }
+}
+/* Q4_K/Q5_K's 6-bit scale and min of sub-block s (ggml's get_scale_min_k4) */
+static inline void dcc_k4_scale_min(const uint8_t* q, int s, int* sc, int* m) {
+  if (s < 4) {
+    *sc = q[s] & 63, *m = q[s + 4] & 63;
+  } else {
+    *sc = (q[s + 4] & 15) | ((q[s - 4] >> 6) << 4);
+    *m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+}
+static inline void dcc_run_q4_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  const int blk = j >> 3, s = j & 7, sh = 4 * (s & 1);
+  const uint8_t* qs = p->w + 128 * blk + 32 * (s >> 1);
+  for (int l = 0; l < 32; ++l) c[l] = (qs[l] >> sh) & 15;
+  int a, b;
+  dcc_k4_scale_min(p->sub + 12 * blk, s, &a, &b);
+  sc[0] = sc[1] = (float)p->d[blk] * (float)a;
+  mn[0] = mn[1] = -((float)p->m[blk] * (float)b);
+}
+static inline void dcc_run_q5_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  dcc_run_q4_k(p, j, c, sc, mn);
+  const int blk = j >> 3, s = j & 7;
+  const uint8_t* qh = p->h + 32 * blk;
+  for (int l = 0; l < 32; ++l) c[l] |= ((qh[l] >> s) & 1) << 4;
+}
+static inline void dcc_run_q6_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  const int blk = j >> 3, jj = j & 7, hv = jj >> 2, q = jj & 3;
+  const uint8_t* ql = p->w + 128 * blk + 64 * hv + 32 * (q & 1);
+  const uint8_t* qh = p->h + 64 * blk + 32 * hv;
+  const int sl = 4 * (q >> 1), sh = 2 * q;
+  for (int l = 0; l < 32; ++l) c[l] = ((ql[l] >> sl) & 15) | (((qh[l] >> sh) & 3) << 4);
+  const int8_t* s = (const int8_t*)(p->sub + 16 * blk + 2 * jj);
+  const float d = (float)p->d[blk];
+  for (int h = 0; h < 2; ++h) sc[h] = d * (float)s[h], mn[h] = -32.0f * sc[h];
+}
+static inline void dcc_run_iq4_xs(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+  const int blk = j >> 3, ib = j & 7;
+  dcc_iq4_codes(p->w + 128 * blk + 16 * ib, c);
+  const uint8_t* sb = p->sub + 8 * blk;
+  const int ls = ((sb[2 + (ib >> 1)] >> (4 * (ib & 1))) & 15) | (((sb[ib >> 2] >> (2 * (ib & 3))) & 3) << 4);
+  sc[0] = sc[1] = (float)p->d[blk] * (float)(ls - 32);
+  mn[0] = mn[1] = 0.0f;
+}
+
+/* R activation rows (tile rows t0.., as dcc_tile_rows) against one weight row of `nr` runs; signed: IQ4's codes */
+#define DCC_GG_ROWS(T, SIGNED)                                                                                     \
+  static inline __attribute__((always_inline)) void dcc_gg_rows_##T(float* out, const dcc_gg_row* w,             \
+      const int8_t* xq, const float* xd, const float* xsd, int nr, int t0, int rows, int R) {                     \
+    const int8_t* xr[DCC_TILE];                                                                                    \
+    const float* dr[DCC_TILE];                                                                                     \
+    const float* sr[DCC_TILE];                                                                                     \
+    dcc_tile_rows(xq, xd, xsd, nr, t0, rows, xr, dr, sr);                                                          \
+    for (int t = 0; t < R; ++t) sr[t] = xsd + (sr[t] - xsd) * 2, out[t] = 0.0f;                                   \
+    DCC_GG_LOOP8(T, SIGNED)                                                                                        \
+  }
+#define DCC_GG_ROWS16(T, SIGNED)                                                                                   \
+  static inline __attribute__((always_inline)) void dcc_gg_rows16_##T(float* out, const dcc_gg_row* w,           \
+      const int16_t* xq, const float* xd, const float* xsd, int nr, int t0, int rows, int R) {                    \
+    const int16_t* xr[DCC_TILE];                                                                                   \
+    const float* dr[DCC_TILE];                                                                                     \
+    const float* sr[DCC_TILE];                                                                                     \
+    dcc_tile_rows16(xq, xd, xsd, nr, t0, rows, xr, dr, sr);                                                        \
+    for (int t = 0; t < R; ++t) sr[t] = xsd + (sr[t] - xsd) * 2, out[t] = 0.0f;                                   \
+    DCC_GG_LOOP16(T, SIGNED)                                                                                       \
+  }
+
+#if defined(DCC_DOT_U8S8)
+#define DCC_GG_LOOP8(T, SIGNED)                                                                                    \
+  __m256 acc[DCC_TILE];                                                                                            \
+  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();                                                        \
+  for (int j = 0; j < nr; ++j) {                                                                                   \
+    uint8_t c[32] __attribute__((aligned(32)));                                                                    \
+    float sc[2], mn[2];                                                                                            \
+    dcc_run_##T(w, j, c, sc, mn);                                                                                  \
+    __m256i cv = _mm256_load_si256((const __m256i*)c);                                                             \
+    const __m256i sg = cv;                                                                                         \
+    if (SIGNED) cv = _mm256_sign_epi8(cv, cv);                                                                     \
+    const __m256 sv = _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0]));                                     \
+    for (int t = 0; t < R; ++t) {                                                                                  \
+      __m256i x = _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * j));                                           \
+      if (SIGNED) x = _mm256_sign_epi8(x, sg);                                                                     \
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DCC_DOT_U8S8(cv, x)), _mm256_mul_ps(sv, _mm256_set1_ps(dr[t][j])), \
+                               acc[t]);                                                                            \
+      if (!SIGNED) out[t] += mn[0] * sr[t][2 * j] + mn[1] * sr[t][2 * j + 1];                                      \
+    }                                                                                                              \
+  }                                                                                                                \
+  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(acc[t]);
+#else
+#define DCC_GG_LOOP8(T, SIGNED) DCC_GG_SCALAR(T, SIGNED)
+#endif
+
+#if defined(__AVX2__)
+#define DCC_GG_LOOP16(T, SIGNED)                                                                                   \
+  __m256 acc[DCC_TILE];                                                                                            \
+  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();                                                        \
+  for (int j = 0; j < nr; ++j) {                                                                                   \
+    uint8_t c[32] __attribute__((aligned(32)));                                                                    \
+    float sc[2], mn[2];                                                                                            \
+    dcc_run_##T(w, j, c, sc, mn);                                                                                  \
+    const __m128i c0 = _mm_load_si128((const __m128i*)c), c1 = _mm_load_si128((const __m128i*)(c + 16));          \
+    const __m256i lo = SIGNED ? _mm256_cvtepi8_epi16(c0) : _mm256_cvtepu8_epi16(c0);                               \
+    const __m256i hi = SIGNED ? _mm256_cvtepi8_epi16(c1) : _mm256_cvtepu8_epi16(c1);                               \
+    for (int t = 0; t < R; ++t) {                                                                                  \
+      const __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * j)));              \
+      const __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * j + 16)));         \
+      const __m256 dx = _mm256_set1_ps(dr[t][j]);                                                                  \
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(_mm256_set1_ps(sc[0]), dx), acc[t]);          \
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(_mm256_set1_ps(sc[1]), dx), acc[t]);          \
+      if (!SIGNED) out[t] += mn[0] * sr[t][2 * j] + mn[1] * sr[t][2 * j + 1];                                      \
+    }                                                                                                              \
+  }                                                                                                                \
+  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(acc[t]);
+#else
+#define DCC_GG_LOOP16(T, SIGNED) DCC_GG_SCALAR(T, SIGNED)
+#endif
+
+/* plain C: the same sums, in the same halves */
+#define DCC_GG_SCALAR(T, SIGNED)                                                                                   \
+  for (int j = 0; j < nr; ++j) {                                                                                   \
+    uint8_t c[32];                                                                                                 \
+    float sc[2], mn[2];                                                                                            \
+    dcc_run_##T(w, j, c, sc, mn);                                                                                  \
+    for (int t = 0; t < R; ++t) {                                                                                  \
+      for (int h = 0; h < 2; ++h) {                                                                                \
+        int32_t dot = 0;                                                                                           \
+        for (int l = 16 * h; l < 16 * h + 16; ++l) dot += (SIGNED ? (int32_t)(int8_t)c[l] : (int32_t)c[l]) * xr[t][32 * j + l]; \
+        out[t] += sc[h] * dr[t][j] * (float)dot + mn[h] * sr[t][2 * j + h];                                       \
+      }                                                                                                            \
+    }                                                                                                              \
+  }
+"""
+
+# qtype -> (decoder suffix, signed codes)
+DECODERS = {"Q5_0": False, "Q5_1": False, "IQ4_NL": True, "Q2_K": False, "Q3_K": False, "Q4_K": False,
+            "Q5_K": False, "Q6_K": False, "IQ4_XS": True}
+FIELD_PTR = {"q_weight": "w", "q_high": "h", "q_sub": "sub", "q_scale": "d", "q_min": "m"}
+
+
+def _entries(qtype: str) -> str:
+    """dcc_dot_gguf_<t>_q{8,16}[_tile]: the kernels' entry points for one format, from its layout."""
+    from deploycc.quantization.gguf_blocks import LAYOUTS, PARAM_ORDER
+
+    block, _, fields = LAYOUTS[qtype]
+    fields = sorted(fields, key=lambda f: PARAM_ORDER.index(f[0]))
+    t = qtype.lower()
+    params = ", ".join(f"const half* {f[0]}" if f[3] == "f16" else f"const uint32_t* {f[0]}" for f in fields)
+    runs = block // 32  # runs of 32 per block
+    init = []
+    for name, _, size, kind in fields:
+        ptr = FIELD_PTR[name]
+        if kind == "f16":
+            init.append(f".{ptr} = {name} + (int64_t)r * (nr / {runs})")
+        else:
+            init.append(f".{ptr} = (const uint8_t*)({name} + (int64_t)r * (nr / {runs}) * {-(-size // 4)})")
+    row = "const dcc_gg_row w = {" + ", ".join(init) + "};"
+    out = [f"DCC_GG_ROWS({t}, {int(DECODERS[qtype])})", f"DCC_GG_ROWS16({t}, {int(DECODERS[qtype])})"]
+    for bits, xt in ((8, "int8_t"), (16, "int16_t")):
+        rows = "dcc_gg_rows_" if bits == 8 else "dcc_gg_rows16_"
+        head = f"float* acc, {params}, const {xt}* xq, const float* xd, const float* xsd, int r, int nr"
+        out.append(f"static inline void dcc_dot_gguf_{t}_q{bits}({head}) {{\n  {row}\n"
+                   f"  {rows}{t}(acc, &w, xq, xd, xsd, nr, 0, 1, 1);\n}}")
+        out.append(f"static inline void dcc_dot_gguf_{t}_q{bits}_tile({head}, int t0, int rows) {{\n  {row}\n"
+                   f"#define DCC_ROWS(R) {rows}{t}(acc, &w, xq, xd, xsd, nr, t0, rows, R)\n"
+                   f"  DCC_TILE_RESIDUE(DCC_ROWS)\n#undef DCC_ROWS\n}}")
+    return "\n".join(out)
+
+
+STORED_INTRINSICS = ENGINE + "\n".join(_entries(q) for q in DECODERS) + "\n"
