@@ -51,54 +51,28 @@ typedef struct { const uint8_t *w, *h, *sub; const half *d, *m; } dcc_gg_row;
 
 static const int8_t dcc_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-/* IQ4's grid lookup of 16 bytes of nibbles: low nibbles -> c[0..15], high -> c[16..31] */
-static inline void dcc_iq4_codes(const uint8_t* qs, uint8_t* c) {
-#if defined(__AVX2__)
-  const __m128i b = _mm_loadu_si128((const __m128i*)qs), m = _mm_set1_epi8(15);
-  const __m128i grid = _mm_loadu_si128((const __m128i*)dcc_iq4_grid);
-  _mm_storeu_si128((__m128i*)c, _mm_shuffle_epi8(grid, _mm_and_si128(b, m)));
-  _mm_storeu_si128((__m128i*)(c + 16), _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(b, 4), m)));
-#else
-  for (int l = 0; l < 16; ++l) c[l] = (uint8_t)dcc_iq4_grid[qs[l] & 15], c[16 + l] = (uint8_t)dcc_iq4_grid[qs[l] >> 4];
-#endif
-}
-
-/* the decoders: run j of the row -> c[32], sc[2], mn[2] */
-static inline void dcc_run_q5_0(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  const uint8_t* qs = p->w + 16 * j;
-  uint32_t qh;
-  __builtin_memcpy(&qh, p->h + 4 * j, 4);
-  for (int l = 0; l < 16; ++l) {
-    c[l] = (qs[l] & 15) | (((qh >> l) & 1) << 4);
-    c[16 + l] = (qs[l] >> 4) | (((qh >> (16 + l)) & 1) << 4);
-  }
+/* ---- each format's scales and minimums of run j (scalar: a few per 32 weights) ---- */
+static inline void dcc_sc_q5_0(const dcc_gg_row* p, int j, float* sc, float* mn) {
   const float d = (float)p->d[j];
   sc[0] = sc[1] = d;
   mn[0] = mn[1] = -16.0f * d;
 }
-static inline void dcc_run_q5_1(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  dcc_run_q5_0(p, j, c, sc, mn);
+static inline void dcc_sc_q5_1(const dcc_gg_row* p, int j, float* sc, float* mn) {
+  sc[0] = sc[1] = (float)p->d[j];
   mn[0] = mn[1] = (float)p->m[j];
 }
-static inline void dcc_run_iq4_nl(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  dcc_iq4_codes(p->w + 16 * j, c);
+static inline void dcc_sc_iq4_nl(const dcc_gg_row* p, int j, float* sc, float* mn) {
   sc[0] = sc[1] = (float)p->d[j];
   mn[0] = mn[1] = 0.0f;
 }
-static inline void dcc_run_q2_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  const int blk = j >> 3, jj = j & 7, sh = 2 * (jj & 3);
-  const uint8_t* qs = p->w + 64 * blk + 32 * (jj >> 2);
-  for (int l = 0; l < 32; ++l) c[l] = (qs[l] >> sh) & 3;
+static inline void dcc_sc_q2_k(const dcc_gg_row* p, int j, float* sc, float* mn) {
+  const int blk = j >> 3, jj = j & 7;
   const uint8_t* s = p->sub + 16 * blk + 2 * jj;
   const float d = (float)p->d[blk], dmin = (float)p->m[blk];
   for (int h = 0; h < 2; ++h) sc[h] = d * (float)(s[h] & 15), mn[h] = -(dmin * (float)(s[h] >> 4));
 }
-static inline void dcc_run_q3_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  const int blk = j >> 3, jj = j & 7, n = jj >> 2, jm = jj & 3;
-  const uint8_t* qs = p->w + 64 * blk + 32 * n;
-  const uint8_t* hm = p->h + 32 * blk;
-  const int sh = 2 * jm, hb = 4 * n + jm;
-  for (int l = 0; l < 32; ++l) c[l] = ((qs[l] >> sh) & 3) | (((hm[l] >> hb) & 1) << 2);
+static inline void dcc_sc_q3_k(const dcc_gg_row* p, int j, float* sc, float* mn) {
+  const int blk = j >> 3, jj = j & 7;
   const uint8_t* sb = p->sub + 12 * blk;
   const float d = (float)p->d[blk];
   for (int h = 0; h < 2; ++h) {
@@ -108,48 +82,140 @@ static inline void dcc_run_q3_k(const dcc_gg_row* p, int j, uint8_t* c, float* s
     mn[h] = -4.0f * sc[h];
   }
 }
-/* Q4_K/Q5_K's 6-bit scale and min of sub-block s (ggml's get_scale_min_k4) */
-static inline void dcc_k4_scale_min(const uint8_t* q, int s, int* sc, int* m) {
-  if (s < 4) {
-    *sc = q[s] & 63, *m = q[s + 4] & 63;
-  } else {
-    *sc = (q[s + 4] & 15) | ((q[s - 4] >> 6) << 4);
-    *m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-  }
-}
-static inline void dcc_run_q4_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  const int blk = j >> 3, s = j & 7, sh = 4 * (s & 1);
-  const uint8_t* qs = p->w + 128 * blk + 32 * (s >> 1);
-  for (int l = 0; l < 32; ++l) c[l] = (qs[l] >> sh) & 15;
+/* Q4_K/Q5_K: the 6-bit scale and min of sub-block s (ggml's get_scale_min_k4) */
+static inline void dcc_sc_q4_k(const dcc_gg_row* p, int j, float* sc, float* mn) {
+  const int blk = j >> 3, s = j & 7;
+  const uint8_t* q = p->sub + 12 * blk;
   int a, b;
-  dcc_k4_scale_min(p->sub + 12 * blk, s, &a, &b);
+  if (s < 4) {
+    a = q[s] & 63, b = q[s + 4] & 63;
+  } else {
+    a = (q[s + 4] & 15) | ((q[s - 4] >> 6) << 4);
+    b = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
   sc[0] = sc[1] = (float)p->d[blk] * (float)a;
   mn[0] = mn[1] = -((float)p->m[blk] * (float)b);
 }
-static inline void dcc_run_q5_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  dcc_run_q4_k(p, j, c, sc, mn);
-  const int blk = j >> 3, s = j & 7;
-  const uint8_t* qh = p->h + 32 * blk;
-  for (int l = 0; l < 32; ++l) c[l] |= ((qh[l] >> s) & 1) << 4;
-}
-static inline void dcc_run_q6_k(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
-  const int blk = j >> 3, jj = j & 7, hv = jj >> 2, q = jj & 3;
-  const uint8_t* ql = p->w + 128 * blk + 64 * hv + 32 * (q & 1);
-  const uint8_t* qh = p->h + 64 * blk + 32 * hv;
-  const int sl = 4 * (q >> 1), sh = 2 * q;
-  for (int l = 0; l < 32; ++l) c[l] = ((ql[l] >> sl) & 15) | (((qh[l] >> sh) & 3) << 4);
+#define dcc_sc_q5_k dcc_sc_q4_k
+static inline void dcc_sc_q6_k(const dcc_gg_row* p, int j, float* sc, float* mn) {
+  const int blk = j >> 3, jj = j & 7;
   const int8_t* s = (const int8_t*)(p->sub + 16 * blk + 2 * jj);
   const float d = (float)p->d[blk];
   for (int h = 0; h < 2; ++h) sc[h] = d * (float)s[h], mn[h] = -32.0f * sc[h];
 }
-static inline void dcc_run_iq4_xs(const dcc_gg_row* p, int j, uint8_t* c, float* sc, float* mn) {
+static inline void dcc_sc_iq4_xs(const dcc_gg_row* p, int j, float* sc, float* mn) {
   const int blk = j >> 3, ib = j & 7;
-  dcc_iq4_codes(p->w + 128 * blk + 16 * ib, c);
   const uint8_t* sb = p->sub + 8 * blk;
   const int ls = ((sb[2 + (ib >> 1)] >> (4 * (ib & 1))) & 15) | (((sb[ib >> 2] >> (2 * (ib & 3))) & 3) << 4);
   sc[0] = sc[1] = (float)p->d[blk] * (float)(ls - 32);
   mn[0] = mn[1] = 0.0f;
 }
+
+/* ---- each format's 32 codes of run j, in order: a vector on AVX2, else an array ---- */
+#if defined(__AVX2__)
+typedef __m256i dcc_codes;
+static inline __m256i dcc_lohi(const uint8_t* qs) {  /* 16 bytes of nibbles: low nibbles, then high */
+  const __m128i b = _mm_loadu_si128((const __m128i*)qs), m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+static inline __m256i dcc_field(const uint8_t* q, int shift, int mask) {  /* (32 bytes >> shift) & mask */
+  return _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i*)q), _mm_cvtsi32_si128(shift)),
+                          _mm256_set1_epi8((char)mask));
+}
+static inline __m256i dcc_bit4(uint32_t bits) {  /* byte l: 16 where bit l of `bits` is set, else 0 */
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(16));
+}
+static inline __m256i dcc_iq4(const uint8_t* qs) {
+  const __m128i grid = _mm_loadu_si128((const __m128i*)dcc_iq4_grid);
+  return _mm256_shuffle_epi8(_mm256_set_m128i(grid, grid), dcc_lohi(qs));
+}
+static inline __m256i dcc_codes_q5_0(const dcc_gg_row* p, int j) {
+  uint32_t qh;
+  __builtin_memcpy(&qh, p->h + 4 * j, 4);
+  return _mm256_or_si256(dcc_lohi(p->w + 16 * j), dcc_bit4(qh));
+}
+static inline __m256i dcc_codes_q2_k(const dcc_gg_row* p, int j) {
+  const int blk = j >> 3, jj = j & 7;
+  return dcc_field(p->w + 64 * blk + 32 * (jj >> 2), 2 * (jj & 3), 3);
+}
+static inline __m256i dcc_codes_q3_k(const dcc_gg_row* p, int j) {
+  const int blk = j >> 3, jj = j & 7, n = jj >> 2, jm = jj & 3;
+  const __m256i hb = _mm256_slli_epi16(dcc_field(p->h + 32 * blk, 4 * n + jm, 1), 2);
+  return _mm256_or_si256(dcc_field(p->w + 64 * blk + 32 * n, 2 * jm, 3), hb);
+}
+static inline __m256i dcc_codes_q4_k(const dcc_gg_row* p, int j) {
+  const int blk = j >> 3, s = j & 7;
+  return dcc_field(p->w + 128 * blk + 32 * (s >> 1), 4 * (s & 1), 15);
+}
+static inline __m256i dcc_codes_q5_k(const dcc_gg_row* p, int j) {
+  const int blk = j >> 3, s = j & 7;
+  return _mm256_or_si256(dcc_codes_q4_k(p, j), _mm256_slli_epi16(dcc_field(p->h + 32 * blk, s, 1), 4));
+}
+static inline __m256i dcc_codes_q6_k(const dcc_gg_row* p, int j) {
+  const int blk = j >> 3, jj = j & 7, hv = jj >> 2, q = jj & 3;
+  const __m256i lo = dcc_field(p->w + 128 * blk + 64 * hv + 32 * (q & 1), 4 * (q >> 1), 15);
+  return _mm256_or_si256(lo, _mm256_slli_epi16(dcc_field(p->h + 64 * blk + 32 * hv, 2 * q, 3), 4));
+}
+#else
+typedef struct { uint8_t c[32]; } dcc_codes;
+static inline dcc_codes dcc_codes_q5_0(const dcc_gg_row* p, int j) {
+  dcc_codes r;
+  const uint8_t* qs = p->w + 16 * j;
+  uint32_t qh;
+  __builtin_memcpy(&qh, p->h + 4 * j, 4);
+  for (int l = 0; l < 16; ++l) {
+    r.c[l] = (qs[l] & 15) | (((qh >> l) & 1) << 4);
+    r.c[16 + l] = (qs[l] >> 4) | (((qh >> (16 + l)) & 1) << 4);
+  }
+  return r;
+}
+static inline dcc_codes dcc_iq4(const uint8_t* qs) {
+  dcc_codes r;
+  for (int l = 0; l < 16; ++l) r.c[l] = (uint8_t)dcc_iq4_grid[qs[l] & 15], r.c[16 + l] = (uint8_t)dcc_iq4_grid[qs[l] >> 4];
+  return r;
+}
+static inline dcc_codes dcc_codes_q2_k(const dcc_gg_row* p, int j) {
+  dcc_codes r;
+  const int blk = j >> 3, jj = j & 7, sh = 2 * (jj & 3);
+  const uint8_t* qs = p->w + 64 * blk + 32 * (jj >> 2);
+  for (int l = 0; l < 32; ++l) r.c[l] = (qs[l] >> sh) & 3;
+  return r;
+}
+static inline dcc_codes dcc_codes_q3_k(const dcc_gg_row* p, int j) {
+  dcc_codes r;
+  const int blk = j >> 3, jj = j & 7, n = jj >> 2, jm = jj & 3, sh = 2 * jm, hb = 4 * n + jm;
+  const uint8_t *qs = p->w + 64 * blk + 32 * n, *hm = p->h + 32 * blk;
+  for (int l = 0; l < 32; ++l) r.c[l] = ((qs[l] >> sh) & 3) | (((hm[l] >> hb) & 1) << 2);
+  return r;
+}
+static inline dcc_codes dcc_codes_q4_k(const dcc_gg_row* p, int j) {
+  dcc_codes r;
+  const int blk = j >> 3, s = j & 7, sh = 4 * (s & 1);
+  const uint8_t* qs = p->w + 128 * blk + 32 * (s >> 1);
+  for (int l = 0; l < 32; ++l) r.c[l] = (qs[l] >> sh) & 15;
+  return r;
+}
+static inline dcc_codes dcc_codes_q5_k(const dcc_gg_row* p, int j) {
+  dcc_codes r = dcc_codes_q4_k(p, j);
+  const int blk = j >> 3, s = j & 7;
+  const uint8_t* qh = p->h + 32 * blk;
+  for (int l = 0; l < 32; ++l) r.c[l] |= ((qh[l] >> s) & 1) << 4;
+  return r;
+}
+static inline dcc_codes dcc_codes_q6_k(const dcc_gg_row* p, int j) {
+  dcc_codes r;
+  const int blk = j >> 3, jj = j & 7, hv = jj >> 2, q = jj & 3, sl = 4 * (q >> 1), sh = 2 * q;
+  const uint8_t *ql = p->w + 128 * blk + 64 * hv + 32 * (q & 1), *qh = p->h + 64 * blk + 32 * hv;
+  for (int l = 0; l < 32; ++l) r.c[l] = ((ql[l] >> sl) & 15) | (((qh[l] >> sh) & 3) << 4);
+  return r;
+}
+#endif
+#define dcc_codes_q5_1 dcc_codes_q5_0
+static inline dcc_codes dcc_codes_iq4_nl(const dcc_gg_row* p, int j) { return dcc_iq4(p->w + 16 * j); }
+static inline dcc_codes dcc_codes_iq4_xs(const dcc_gg_row* p, int j) { return dcc_iq4(p->w + 128 * (j >> 3) + 16 * (j & 7)); }
 
 /* R activation rows (tile rows t0.., as dcc_tile_rows) against one weight row of `nr` runs; signed: IQ4's codes */
 #define DCC_GG_ROWS(T, SIGNED)                                                                                     \
@@ -173,52 +239,67 @@ static inline void dcc_run_iq4_xs(const dcc_gg_row* p, int j, uint8_t* c, float*
     DCC_GG_LOOP16(T, SIGNED)                                                                                       \
   }
 
+/* Runs two at a time into two sets of accumulators (vector sums, and the scalar minimum terms), so that a decode
+   row (R = 1) is not one chain of dependent FMAs (5 cycles each on Zen) but two. */
+#define DCC_GG_PAIRS(STEP, T, SIGNED)                                                                                       \
+  __m256 acc[2][DCC_TILE];                                                                                         \
+  float corr[2][DCC_TILE];                                                                                         \
+  for (int t = 0; t < R; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps(), corr[0][t] = corr[1][t] = 0.0f;        \
+  int j = 0;                                                                                                       \
+  for (; j + 1 < nr; j += 2) {                                                                                     \
+    STEP(T, SIGNED, j, 0)                                                                                          \
+    STEP(T, SIGNED, j + 1, 1)                                                                                      \
+  }                                                                                                                \
+  if (j < nr) STEP(T, SIGNED, j, 0)                                                                                \
+  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(_mm256_add_ps(acc[0][t], acc[1][t])) + corr[0][t] + corr[1][t];
+
 #if defined(DCC_DOT_U8S8)
-#define DCC_GG_LOOP8(T, SIGNED)                                                                                    \
-  __m256 acc[DCC_TILE];                                                                                            \
-  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();                                                        \
-  for (int j = 0; j < nr; ++j) {                                                                                   \
-    uint8_t c[32] __attribute__((aligned(32)));                                                                    \
+#define DCC_GG_STEP8(T, SIGNED, J, A)                                                                              \
+  {                                                                                                                \
     float sc[2], mn[2];                                                                                            \
-    dcc_run_##T(w, j, c, sc, mn);                                                                                  \
-    __m256i cv = _mm256_load_si256((const __m256i*)c);                                                             \
+    dcc_sc_##T(w, J, sc, mn);                                                                                      \
+    __m256i cv = dcc_codes_##T(w, J);                                                                              \
     const __m256i sg = cv;                                                                                         \
     if (SIGNED) cv = _mm256_sign_epi8(cv, cv);                                                                     \
     const __m256 sv = _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0]));                                     \
     for (int t = 0; t < R; ++t) {                                                                                  \
-      __m256i x = _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * j));                                           \
+      __m256i x = _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * (J)));                                         \
       if (SIGNED) x = _mm256_sign_epi8(x, sg);                                                                     \
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DCC_DOT_U8S8(cv, x)), _mm256_mul_ps(sv, _mm256_set1_ps(dr[t][j])), \
-                               acc[t]);                                                                            \
-      if (!SIGNED) out[t] += mn[0] * sr[t][2 * j] + mn[1] * sr[t][2 * j + 1];                                      \
+      acc[A][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DCC_DOT_U8S8(cv, x)),                                         \
+                                  _mm256_mul_ps(sv, _mm256_set1_ps(dr[t][J])), acc[A][t]);                         \
+      if (!SIGNED) corr[A][t] += mn[0] * sr[t][2 * (J)] + mn[1] * sr[t][2 * (J) + 1];                              \
     }                                                                                                              \
-  }                                                                                                                \
-  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(acc[t]);
+  }
+#define DCC_GG_LOOP8(T, SIGNED) DCC_GG_PAIRS(DCC_GG_STEP8, T, SIGNED)
 #else
 #define DCC_GG_LOOP8(T, SIGNED) DCC_GG_SCALAR(T, SIGNED)
 #endif
 
 #if defined(__AVX2__)
-#define DCC_GG_LOOP16(T, SIGNED)                                                                                   \
-  __m256 acc[DCC_TILE];                                                                                            \
-  for (int t = 0; t < R; ++t) acc[t] = _mm256_setzero_ps();                                                        \
-  for (int j = 0; j < nr; ++j) {                                                                                   \
-    uint8_t c[32] __attribute__((aligned(32)));                                                                    \
+/* 16-bit activations: the halves' int32 sums apart where the format has a scale per 16 (two), else added first */
+#define DCC_GG_STEP16(T, SIGNED, J, A)                                                                             \
+  {                                                                                                                \
     float sc[2], mn[2];                                                                                            \
-    dcc_run_##T(w, j, c, sc, mn);                                                                                  \
-    const __m128i c0 = _mm_load_si128((const __m128i*)c), c1 = _mm_load_si128((const __m128i*)(c + 16));          \
+    dcc_sc_##T(w, J, sc, mn);                                                                                      \
+    const __m256i cv = dcc_codes_##T(w, J);                                                                        \
+    const __m128i c0 = _mm256_castsi256_si128(cv), c1 = _mm256_extracti128_si256(cv, 1);                           \
     const __m256i lo = SIGNED ? _mm256_cvtepi8_epi16(c0) : _mm256_cvtepu8_epi16(c0);                               \
     const __m256i hi = SIGNED ? _mm256_cvtepi8_epi16(c1) : _mm256_cvtepu8_epi16(c1);                               \
     for (int t = 0; t < R; ++t) {                                                                                  \
-      const __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * j)));              \
-      const __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * j + 16)));         \
-      const __m256 dx = _mm256_set1_ps(dr[t][j]);                                                                  \
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(_mm256_set1_ps(sc[0]), dx), acc[t]);          \
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(_mm256_set1_ps(sc[1]), dx), acc[t]);          \
-      if (!SIGNED) out[t] += mn[0] * sr[t][2 * j] + mn[1] * sr[t][2 * j + 1];                                      \
+      const __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * (J))));            \
+      const __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i*)(xr[t] + 32 * (J) + 16)));       \
+      const __m256 dx = _mm256_set1_ps(dr[t][J]);                                                                  \
+      if (DCC_GG_HALVES_##T) {                                                                                     \
+        acc[A][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(_mm256_set1_ps(sc[0]), dx), acc[A][t]);   \
+        acc[A][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), _mm256_mul_ps(_mm256_set1_ps(sc[1]), dx), acc[A][t]);   \
+      } else {                                                                                                     \
+        acc[A][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a, b)),                                    \
+                                    _mm256_mul_ps(_mm256_set1_ps(sc[0]), dx), acc[A][t]);                          \
+      }                                                                                                            \
+      if (!SIGNED) corr[A][t] += mn[0] * sr[t][2 * (J)] + mn[1] * sr[t][2 * (J) + 1];                              \
     }                                                                                                              \
-  }                                                                                                                \
-  for (int t = 0; t < R; ++t) out[t] += dcc_hsum8(acc[t]);
+  }
+#define DCC_GG_LOOP16(T, SIGNED) DCC_GG_PAIRS(DCC_GG_STEP16, T, SIGNED)
 #else
 #define DCC_GG_LOOP16(T, SIGNED) DCC_GG_SCALAR(T, SIGNED)
 #endif
@@ -226,9 +307,10 @@ static inline void dcc_run_iq4_xs(const dcc_gg_row* p, int j, uint8_t* c, float*
 /* plain C: the same sums, in the same halves */
 #define DCC_GG_SCALAR(T, SIGNED)                                                                                   \
   for (int j = 0; j < nr; ++j) {                                                                                   \
-    uint8_t c[32];                                                                                                 \
     float sc[2], mn[2];                                                                                            \
-    dcc_run_##T(w, j, c, sc, mn);                                                                                  \
+    dcc_sc_##T(w, j, sc, mn);                                                                                      \
+    const dcc_codes cs = dcc_codes_##T(w, j);                                                                      \
+    const uint8_t* c = (const uint8_t*)&cs;                                                                        \
     for (int t = 0; t < R; ++t) {                                                                                  \
       for (int h = 0; h < 2; ++h) {                                                                                \
         int32_t dot = 0;                                                                                           \
@@ -262,7 +344,8 @@ def _entries(qtype: str) -> str:
         else:
             init.append(f".{ptr} = (const uint8_t*)({name} + (int64_t)r * (nr / {runs}) * {-(-size // 4)})")
     row = "const dcc_gg_row w = {" + ", ".join(init) + "};"
-    out = [f"DCC_GG_ROWS({t}, {int(DECODERS[qtype])})", f"DCC_GG_ROWS16({t}, {int(DECODERS[qtype])})"]
+    halves = int(qtype in ("Q2_K", "Q3_K", "Q6_K"))  # a scale per 16 values: the halves' sums scaled apart
+    out = [f"#define DCC_GG_HALVES_{t} {halves}", f"DCC_GG_ROWS({t}, {int(DECODERS[qtype])})", f"DCC_GG_ROWS16({t}, {int(DECODERS[qtype])})"]
     for bits, xt in ((8, "int8_t"), (16, "int16_t")):
         rows = "dcc_gg_rows_" if bits == 8 else "dcc_gg_rows16_"
         head = f"float* acc, {params}, const {xt}* xq, const float* xd, const float* xsd, int r, int nr"
