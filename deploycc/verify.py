@@ -35,8 +35,8 @@ reference's own spread 0.10, so the bound is 0.20; k_proj reversed 0.71 (top-1 a
 one 92%). The tiny fixtures measure below 1e-6 and every mutation of tests/test_verify_mutations.py at least
 0.018 there.
 
-Prompts are random token ids (1, 7 and prefill_chunk + 3 tokens, at most 33) followed by greedy decode
-steps; both sides follow the reference's greedy tokens (teacher forcing), so one wrong token cannot
+Prompts are random token ids (1, 7 and prefill_chunk + 3 tokens, at most 33, and for a model with sliding
+windows the longest ring + 3, past every window) followed by greedy decode steps; both sides follow the reference's greedy tokens (teacher forcing), so one wrong token cannot
 send the two down different paths.
 """
 from __future__ import annotations
@@ -396,14 +396,17 @@ def _check_same_model(loaded, manifest: dict, source: str) -> None:
 
 
 def run_side_by_side(engine, ref, context_window: int, prefill_chunk: int, vocab_size: int, steps: int,
-                     seed: int, noise=None, also=None) -> tuple[list[Step], list[list[Step]] | None, list[Step] | None]:
-    """Random prompts of 1, 7 and prefill_chunk + 3 tokens (at most 33), each followed by `steps` greedy
-    decode steps on `ref`'s path; one Step per call. `noise`, references with their rounding inputs moved (see
+                     seed: int, noise=None, also=None, window: int = 0
+                     ) -> tuple[list[Step], list[list[Step]] | None, list[Step] | None]:
+    """Random prompts of 1, 7 and prefill_chunk + 3 tokens (at most 33), and for a model with sliding windows one
+    of `window` + 3 tokens (the longest sliding-window ring: past every window, so the rings wrap and the masks
+    cut), each followed by `steps` greedy decode steps on `ref`'s path; one Step per call. `noise`, references with their rounding inputs moved (see
     the module docstring), and `also`, the float model, are fed the same tokens: their own Steps are each `noise`
     against `ref` (a list per reference) and the package against `also`."""
     rng = np.random.default_rng(seed)
     steps = min(steps, context_window - 1)
-    lengths = list(dict.fromkeys(max(1, min(n, context_window - steps)) for n in (1, 7, min(33, prefill_chunk + 3))))
+    wanted = (1, 7, min(33, prefill_chunk + 3)) + ((window + 3,) if window else ())
+    lengths = list(dict.fromkeys(max(1, min(n, context_window - steps)) for n in wanted))
     rows, extra = [], []
     spread = [[] for _ in noise or ()]
 
@@ -469,7 +472,8 @@ def verify_package(package, source: str | None = None, against: Against = Agains
         reference = "transformers (float32)" if exact else f"transformers (float32) on the weights rounded to {scheme}"
         also = None if exact else also
     vocab = engine.vocab_size or loaded.config.vocab_size
-    rows, spread, float_rows = run_side_by_side(engine, ref, ctx, chunk, vocab, steps, seed, noise, also)
+    window = max(m["kv_cache"].get("rows") or [0])  # the longest sliding-window ring (0: no sliding window)
+    rows, spread, float_rows = run_side_by_side(engine, ref, ctx, chunk, vocab, steps, seed, noise, also, window)
     backend = m["preset"]["backend"]
     own = max(summary(s)[QUANTILE] for s in spread) if spread else None
     return Report(str(package), against, reference, quant, head, backend,

@@ -150,3 +150,20 @@ def test_gguf_kept_as_stored_against_transformers(tmp_path):
     assert r.returncode == 0, r.stderr
     v = json.loads(r.stdout)
     assert v["quantization"] == "gguf" and v["reference"] == "transformers (float32)" and v["max_abs_diff"] <= 1e-3
+
+
+def test_prompts_go_past_the_sliding_window(tmp_path):
+    """A model with sliding windows is verified on a prompt longer than its longest ring (window + prefill chunk
+    rows), so the ring wraps and the window masks cut; on the other prompts of 1, 7 and chunk + 3 tokens they
+    need not."""
+    from deploycc.package import compile_model
+    from deploycc.verify import verify_package
+
+    require_device("opencl")
+    pkg = compile_model(str(make_tiny("mistral-gqa4-window")), "cpu-opencl", quantization="q4f16_1",
+                        out=str(tmp_path / "pkg"), overrides=("prefill_chunk=16", "context_window=64"))
+    ring = max(json.loads((pkg / "manifest.json").read_text())["kv_cache"]["rows"])
+    assert ring >= 5
+    report = verify_package(pkg, steps=2)
+    lengths = {s.prompt_len for s in report.steps}
+    assert max(lengths) == ring + 3 and report.passed, (lengths, ring)
