@@ -36,8 +36,8 @@ one 92%). The tiny fixtures measure below 1e-6 and every mutation of tests/test_
 0.018 there.
 
 Prompts are random token ids (1, 7 and prefill_chunk + 3 tokens, at most 33, and for a model with sliding
-windows the longest ring + 3, past every window) followed by greedy decode steps; both sides follow the reference's greedy tokens (teacher forcing), so one wrong token cannot
-send the two down different paths.
+windows the longest ring + 3, past every window) followed by greedy decode steps; both sides follow the
+reference's greedy tokens (teacher forcing), so one wrong token cannot send the two down different paths.
 """
 from __future__ import annotations
 
@@ -400,9 +400,9 @@ def run_side_by_side(engine, ref, context_window: int, prefill_chunk: int, vocab
                      ) -> tuple[list[Step], list[list[Step]] | None, list[Step] | None]:
     """Random prompts of 1, 7 and prefill_chunk + 3 tokens (at most 33), and for a model with sliding windows one
     of `window` + 3 tokens (the longest sliding-window ring: past every window, so the rings wrap and the masks
-    cut), each followed by `steps` greedy decode steps on `ref`'s path; one Step per call. `noise`, references with their rounding inputs moved (see
-    the module docstring), and `also`, the float model, are fed the same tokens: their own Steps are each `noise`
-    against `ref` (a list per reference) and the package against `also`."""
+    cut), each followed by `steps` greedy decode steps on `ref`'s path; one Step per call. `noise`, references
+    with their rounding inputs moved (see the module docstring), and `also`, the float model, are fed the same
+    tokens: their own Steps are each `noise` against `ref` (a list per reference) and the package against `also`."""
     rng = np.random.default_rng(seed)
     steps = min(steps, context_window - 1)
     wanted = (1, 7, min(33, prefill_chunk + 3)) + ((window + 3,) if window else ())

@@ -155,9 +155,10 @@ def isa_flags(isa: str) -> list[str]:
 
 
 def weight_interleave(isa: str) -> bool:
-    """Whether packages for `isa` store 4-bit weights interleaved in 16s (the layout of the AVX-512 VNNI
-    kernels; other instruction sets read the plain layout faster)."""
-    return {"avx512_vnni", "avx512bw", "avx512vl"} <= set(isa_flags(isa))
+    """Whether packages for `isa` store 4-bit weights interleaved in 16s: the layout of the AVX-512 VNNI kernels
+    (one output per lane of a 512-bit vpdpbusd) and of the AVX2 ones (two 8-lane halves, vpmaddubsw); plain C
+    reads the plain layout faster."""
+    return "avx2" in set(isa_flags(isa))
 
 
 def check_cpu(required: list[str], what: str) -> None:

@@ -480,6 +480,38 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (int64_t)r * ldo, acc[r]);
+#elif defined(__AVX2__)
+  /* AVX2: the 16 outputs in two 8-lane halves; per block, each half's 8 quads go through vpmaddubsw and are added
+     as int16 (|pair sum| <= 2 * 15 * 127, eight of them < 2^15) before one vpmaddwd into int32 */
+  __m256 acc[DCC_TILE][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; ++b) {
+    const uint32_t* pb = q + 64 * b;
+    for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
+      __m256i c[8];
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
+        c[j] = _mm256_and_si256(p, lo);
+        c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
+      }
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
+      const __m256 cv = m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + 16 * b + 8 * h)))
+                          : _mm256_mul_ps(dv, _mm256_set1_ps(-zero));
+      for (int r = 0; r < R; ++r) {
+        const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+        __m256i a = _mm256_maddubs_epi16(c[0], _mm256_set1_epi32(x[0]));
+        for (int j = 1; j < 8; ++j) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(a, ones));
+        acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
+    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
+  }
 #else
   for (int r = 0; r < R; ++r) {
     for (int l = 0; l < 16; ++l) {

@@ -345,7 +345,8 @@ def _entries(qtype: str) -> str:
             init.append(f".{ptr} = (const uint8_t*)({name} + (int64_t)r * (nr / {runs}) * {-(-size // 4)})")
     row = "const dcc_gg_row w = {" + ", ".join(init) + "};"
     halves = int(qtype in ("Q2_K", "Q3_K", "Q6_K"))  # a scale per 16 values: the halves' sums scaled apart
-    out = [f"#define DCC_GG_HALVES_{t} {halves}", f"DCC_GG_ROWS({t}, {int(DECODERS[qtype])})", f"DCC_GG_ROWS16({t}, {int(DECODERS[qtype])})"]
+    signed = int(DECODERS[qtype])
+    out = [f"#define DCC_GG_HALVES_{t} {halves}", f"DCC_GG_ROWS({t}, {signed})", f"DCC_GG_ROWS16({t}, {signed})"]
     for bits, xt in ((8, "int8_t"), (16, "int16_t")):
         rows = "dcc_gg_rows_" if bits == 8 else "dcc_gg_rows16_"
         head = f"float* acc, {params}, const {xt}* xq, const float* xd, const float* xsd, int r, int nr"

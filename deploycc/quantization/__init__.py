@@ -34,7 +34,7 @@ QUANTIZATION: dict[str, Scheme] = {
 
 
 # The cpu target's layout of the 4-bit schemes (rows interleaved in 16s), used where runtime/native.py's
-# weight_interleave says the target's integer kernels read it (AVX-512 VNNI).
+# weight_interleave says the target's integer kernels read it (AVX2 and AVX-512).
 INTERLEAVED: dict[str, Scheme] = {
     "q4f16_1": InterleavedScheme("q4f16_1x16", bits=4, scale_dtype="float16", symmetric=True),
     "q4f16_2": InterleavedScheme("q4f16_2x16", bits=4, scale_dtype="float16", symmetric=False),
@@ -76,8 +76,7 @@ class QuantizedModel:
     def build(self):
         if self._module is None:
             wide = INTERLEAVED.get(self.scheme.name) if self.interleave else None
-            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head, wide,
-                                        self.activations)
+            self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head, wide)
             mark_activations(self._module, self.activations)
         return self._module
 

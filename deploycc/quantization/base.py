@@ -174,36 +174,27 @@ def mark_activations(module: nn.Module, activations: int | dict[str, int] | None
     return marked
 
 
-def plain_layout(activations: int | dict[str, int] | None, name: str) -> bool:
-    """Whether the weight of module `name` keeps the plain layout whatever the target prefers: the interleaved
-    layout's intrinsics take 8-bit activations only (targets/c_intrin.py)."""
-    return (activations.get(name) if isinstance(activations, dict) else activations) == 16
-
-
 def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None,
-                 wide: Scheme | None = None, activations: int | dict[str, int] | None = None,
-                 prefix: str = "") -> nn.Module:
+                 wide: Scheme | None = None, prefix: str = "") -> nn.Module:
     """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form.
     Embeddings (and with them a tied output head) and an untied `lm_head` take `head` when given
     (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float. `wide`: the other
     linears, and embeddings without a head scheme of their own, in this layout of `scheme` where their shape
-    allows it (InterleavedScheme.fits) and its `activations` (mark_activations) are not 16 bits."""
+    allows it (InterleavedScheme.fits); its kernels take 8- and 16-bit activations alike."""
     head = head or scheme
     for name, value in list(vars(module).items()):
         if isinstance(value, nn.Linear):
             s = head if name in HEAD_LINEARS else scheme
-            if (s is scheme and wide is not None and wide.fits(value.out_features, value.in_features)
-                    and not plain_layout(activations, prefix + name)):
+            if s is scheme and wide is not None and wide.fits(value.out_features, value.in_features):
                 s = wide
             if s.swaps:
                 setattr(module, name, QuantizedLinear(value, s))
         elif isinstance(value, nn.Embedding):
             s = head
-            if s is scheme and wide is not None and wide.fits(*value.weight.shape) \
-                    and not plain_layout(activations, prefix + name):
+            if s is scheme and wide is not None and wide.fits(*value.weight.shape):
                 s = wide  # a tied output head then reads it in the layout the integer kernels read fastest
             if s.swaps:
                 setattr(module, name, QuantizedEmbedding(value, s))
         elif isinstance(value, nn.Module):
-            swap_modules(value, scheme, head, wide, activations, f"{prefix}{name}.")
+            swap_modules(value, scheme, head, wide, f"{prefix}{name}.")
     return module

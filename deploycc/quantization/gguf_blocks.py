@@ -30,7 +30,7 @@ from .. import nn
 from ..errors import DeployError
 from ..hub import transformed
 from ..ir import tir
-from .base import QuantizedEmbedding, QuantizedLinear, Scheme, mark_activations, plain_layout
+from .base import QuantizedEmbedding, QuantizedLinear, Scheme, mark_activations
 from .group import InterleavedScheme, pack_codes
 
 BLOCK = 32
@@ -431,8 +431,7 @@ class GGUFModel:
 
         name = block.group_scheme
         if (self.interleave and isinstance(module, nn.Linear) and name in INTERLEAVED
-                and INTERLEAVED[name].fits(module.out_features, module.in_features)
-                and not plain_layout(self.activations, ours[: -len(".weight")])):
+                and INTERLEAVED[name].fits(module.out_features, module.in_features)):
             return INTERLEAVED[name]
         return QUANTIZATION[name]
 

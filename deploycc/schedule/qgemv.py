@@ -77,8 +77,6 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         if found is None:
             return None
         fmt, stored = (found[0], None, None, None), found[1]
-    if bits == 16 and fmt[0].endswith("_x16"):  # interleaved layouts: 8-bit intrinsics only
-        return None
     m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, *fmt, bits,
                stored)
     rows = sym.as_expr(1)

@@ -7,7 +7,7 @@ rounded to 8 bits per block of 32, so each output is held to 3% of the output's 
 against the float interpreter (measured up to 1.2% with hidden size 32, one block per row), and to 1e-5 of it
 against the interpreter run on the activations rounded as the kernels round them (measured 1e-7 to 2e-7):
 that is the integer arithmetic exactly, but for float summation order. The same with 16-bit activations (int16
-codes) on the plain layouts. Float kernels of the same run to 1e-4."""
+codes), plain and interleaved. Float kernels of the same run to 1e-4."""
 import re
 from dataclasses import replace
 
@@ -65,7 +65,8 @@ CASES = [(s, h, False, f) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0")
          for f in ("llama-gqa1", "llama-wide")] + [("q4f16_1", None, True, "llama-wide"),
                                                     ("q4f16_2", "q8f16_0", True, "llama-wide")]
 # 16-bit activations (int16 codes: vpmaddwd, vpdpwssd on AVX-512 VNNI) in the plain layouts, 3 and 5 blocks per row
-CASES16 = [(s, h, False, "llama-wide", 16) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))]
+CASES16 = [(s, h, False, "llama-wide", 16) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))] + [
+    (s, h, True, "llama-wide", 16) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"))]  # interleaved: c_x16.py
 
 
 @pytest.mark.parametrize("isa", ISAS)
