@@ -449,14 +449,38 @@ static inline void dcc_dot_q8_sym_q16_tile(float* acc, const uint32_t* q, const 
 }
 
 
+/* code k of output l in one interleaved block: the low nibble, and with fifth bits (GGUF Q5_0 / Q5_1 interleaved,
+   quantization/gguf_blocks.py InterleavedQ5) bit 4 from byte 16 (j % 4) + l of the block's 64 bytes of them */
+static inline uint32_t dcc_x16_code(const uint32_t* pb, const uint8_t* hb, int l, int k) {
+  const int j = k >> 2;
+  uint32_t c = (pb[16 * (j & 3) + l] >> (8 * (k & 3) + 4 * (j >> 2))) & 15u;
+  if (hb) c |= ((hb[16 * (j & 3) + l] >> ((k & 3) + 4 * (j >> 2))) & 1u) << 4;
+  return c;
+}
+#if defined(__AVX2__)
+/* 8 outputs' bytes of fifth bits, each repeated over its output's 4 code bytes */
+static inline __m256i dcc_x16_fifth(const uint8_t* hb) {
+  int64_t v;
+  __builtin_memcpy(&v, hb, 8);
+  return _mm256_shuffle_epi8(_mm256_set1_epi64x(v), _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                                                     4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
+}
+/* 16 in each byte whose bit (the byte's position in `mask4`'s 4 bytes) is set */
+static inline __m256i dcc_bits16(__m256i v, int mask4) {
+  const __m256i m = _mm256_set1_epi32(mask4);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8(16));
+}
+#endif
+
 /* interleaved 4-bit weights (quantization/group.py InterleavedScheme): R activation rows (activations in
    linear order) against the 16 outputs of one interleaved group, one output per lane: per block, 8
    vpdpbusd of 16 outputs' 4 codes by 4 activation bytes broadcast, then the block's scales as vectors;
    out[r * ldo + l] for output l of the group. No horizontal sums. */
 static inline __attribute__((always_inline)) void dcc_x16_rows(
-    float* out, int ldo, const uint32_t* q, const half* s, const half* m, float zero, const int8_t* const* xr,
-    const float* const* dr, const float* const* sr, int nb, int R) {
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, float zero,
+    const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
 #if defined(DCC_ZMM)
+  if (!qh) {  /* the 4-bit formats through 512-bit vpdpbusd; the 5-bit ones take the AVX2 path below */
   __m512 acc[DCC_TILE];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i lo = _mm512_set1_epi8(15);
@@ -480,9 +504,13 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (int64_t)r * ldo, acc[r]);
-#elif defined(__AVX2__)
-  /* AVX2: the 16 outputs in two 8-lane halves; per block, each half's 8 quads go through vpmaddubsw and are added
-     as int16 (|pair sum| <= 2 * 15 * 127, eight of them < 2^15) before one vpmaddwd into int32 */
+  return;
+  }
+#endif
+#if defined(__AVX2__)
+  /* AVX2: the 16 outputs in two 8-lane halves; per block, each half's quads go through vpmaddubsw and are added
+     as int16 (|pair sum| <= 2 * 15 * 127, eight of them < 2^15; 5-bit codes: 2 * 31 * 127, four of them) before
+     vpmaddwd into int32 */
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
@@ -494,6 +522,11 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
         const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
         c[j] = _mm256_and_si256(p, lo);
         c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
+        if (qh) {
+          const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
+          c[j] = _mm256_or_si256(c[j], dcc_bits16(hv, 0x08040201));
+          c[j + 4] = _mm256_or_si256(c[j + 4], dcc_bits16(hv, (int)0x80402010));
+        }
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
       const __m256 cv = m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + 16 * b + 8 * h)))
@@ -501,8 +534,13 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
       for (int r = 0; r < R; ++r) {
         const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
         __m256i a = _mm256_maddubs_epi16(c[0], _mm256_set1_epi32(x[0]));
-        for (int j = 1; j < 8; ++j) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(a, ones));
+        for (int j = 1; j < 4; ++j) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
+        __m256i a2 = qh ? _mm256_maddubs_epi16(c[4], _mm256_set1_epi32(x[4]))
+                        : _mm256_add_epi16(a, _mm256_maddubs_epi16(c[4], _mm256_set1_epi32(x[4])));
+        for (int j = 5; j < 8; ++j) a2 = _mm256_add_epi16(a2, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
+        const __m256i i32 = qh ? _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(a2, ones))
+                               : _mm256_madd_epi16(a2, ones);
+        const __m256 dot = _mm256_cvtepi32_ps(i32);
         acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r][h]);
       }
@@ -521,7 +559,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
         int32_t dot = 0;
         for (int k = 0; k < 32; ++k) {
           const int j = k >> 2;
-          dot += (int32_t)((pb[16 * (j & 3) + l] >> (8 * (k & 3) + 4 * (j >> 2))) & 15u) * xr[r][32 * b + k];
+          dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];
         }
         const float sc = (float)s[16 * b + l];
         a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];
@@ -532,44 +570,44 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
 #endif
 }
 
-static inline void dcc_dot_x16(float* acc, const uint32_t* q, const half* s, const half* m, float zero,
-                               const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {
+static inline void dcc_dot_x16(float* acc, const uint32_t* q, const uint32_t* qh, const half* s, const half* m,
+                               float zero, const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {
   const int8_t* xr[1] = {xq};
   const float* dr[1] = {xd};
   const float* sr[1] = {xsd};
   const int64_t at = (int64_t)g * nb;
-  dcc_x16_rows(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, 1);
+  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, 1);
 }
 
-static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const half* s, const half* m, float zero,
-                                    const int8_t* xq, const float* xd, const float* xsd, int g, int nb, int t0,
-                                    int rows) {
+static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const uint32_t* qh, const half* s, const half* m,
+                                    float zero, const int8_t* xq, const float* xd, const float* xsd, int g, int nb,
+                                    int t0, int rows) {
   const int8_t* xr[DCC_TILE];
   const float* dr[DCC_TILE];
   const float* sr[DCC_TILE];
   dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
   const int64_t at = (int64_t)g * nb;
-#define DCC_X16_ROWS(R) dcc_x16_rows(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
+#define DCC_X16_ROWS(R) \
+  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
   DCC_TILE_RESIDUE(DCC_X16_ROWS)
 #undef DCC_X16_ROWS
 }
 
-/* entry points: acc[16] (or acc[DCC_TILE * 16], row-major) for interleaved group g */
-static inline void dcc_dot_q4_sym_x16_q8(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
-                                         const float* xd, const float* xsd, int g, int nb) {
-  dcc_dot_x16(acc, q, s, 0, 8.0f, xq, xd, xsd, g, nb);
-}
-static inline void dcc_dot_q4_asym_x16_q8(float* acc, const uint32_t* q, const half* s, const half* m,
-                                          const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {
-  dcc_dot_x16(acc, q, s, m, 0.0f, xq, xd, xsd, g, nb);
-}
-static inline void dcc_dot_q4_sym_x16_q8_tile(float* acc, const uint32_t* q, const half* s, const int8_t* xq,
-                                              const float* xd, const float* xsd, int g, int nb, int t0, int rows) {
-  dcc_dot_x16_tile(acc, q, s, 0, 8.0f, xq, xd, xsd, g, nb, t0, rows);
-}
-static inline void dcc_dot_q4_asym_x16_q8_tile(float* acc, const uint32_t* q, const half* s, const half* m,
-                                               const int8_t* xq, const float* xd, const float* xsd, int g, int nb,
-                                               int t0, int rows) {
-  dcc_dot_x16_tile(acc, q, s, m, 0.0f, xq, xd, xsd, g, nb, t0, rows);
-}
+/* entry points: acc[16] (or acc[DCC_TILE * 16], row-major) for interleaved group g; q5: GGUF Q5_0 / Q5_1 */
+#define DCC_X16_ENTRIES(NAME, QH_ARG, QH, M_ARG, M, ZERO)                                                            \
+  static inline void dcc_dot_##NAME##_x16_q8(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG                \
+                                             const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {      \
+    dcc_dot_x16(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb);                                                          \
+  }                                                                                                                   \
+  static inline void dcc_dot_##NAME##_x16_q8_tile(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG           \
+                                                  const int8_t* xq, const float* xd, const float* xsd, int g, int nb,  \
+                                                  int t0, int rows) {                                                 \
+    dcc_dot_x16_tile(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb, t0, rows);                                           \
+  }
+#define DCC_NONE
+#define DCC_COMMA ,
+DCC_X16_ENTRIES(q4_sym, DCC_NONE, 0, DCC_NONE, 0, 8.0f)
+DCC_X16_ENTRIES(q4_asym, DCC_NONE, 0, const half* m DCC_COMMA, m, 0.0f)
+DCC_X16_ENTRIES(q5_sym, const uint32_t* qh DCC_COMMA, qh, DCC_NONE, 0, 16.0f)
+DCC_X16_ENTRIES(q5_asym, const uint32_t* qh DCC_COMMA, qh, const half* m DCC_COMMA, m, 0.0f)
 """

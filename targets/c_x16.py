@@ -1,5 +1,6 @@
 """The cpu target's interleaved 4-bit weights (quantization/group.py InterleavedScheme: 16 outputs per group, word
-16 * j + l holding output l's codes of quad j and j + 4) against 16-bit activations (int16 codes, linear order),
+16 * j + l holding output l's codes of quad j and j + 4; with fifth bits, GGUF's Q5_0 / Q5_1: gguf_blocks.py
+InterleavedQ5) against 16-bit activations (int16 codes, linear order),
 which calibration gives the linears whose 8-bit rounding costs too much (deploycc/calibrate.py). The 8-bit kernels
 of the same layout are in c_intrin.py (dcc_x16_rows).
 
@@ -11,8 +12,8 @@ scales apply as vectors and no horizontal sum is left. Plain C elsewhere.
 
 X16_16BIT = r"""
 static inline __attribute__((always_inline)) void dcc_x16_rows16(
-    float* out, int ldo, const uint32_t* q, const half* s, const half* m, float zero, const int16_t* const* xr,
-    const float* const* dr, const float* const* sr, int nb, int R) {
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, float zero,
+    const int16_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -24,7 +25,10 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
       for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
         const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * (j & 3) + 8 * h));
-        const __m256i c = _mm256_and_si256(j < 4 ? p : _mm256_srli_epi16(p, 4), nib);
+        __m256i c = _mm256_and_si256(j < 4 ? p : _mm256_srli_epi16(p, 4), nib);
+        if (qh)
+          c = _mm256_or_si256(c, dcc_bits16(dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * (j & 3) + 8 * h),
+                                            j < 4 ? 0x08040201 : (int)0x80402010));
         const __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c));
         const __m256i c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1));
         for (int r = 0; r < R; ++r) {
@@ -56,10 +60,8 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
       for (int b = 0; b < nb; ++b) {
         const uint32_t* pb = q + 64 * b;
         int32_t dot = 0;
-        for (int k = 0; k < 32; ++k) {
-          const int j = k >> 2;
-          dot += (int32_t)((pb[16 * (j & 3) + l] >> (8 * (k & 3) + 4 * (j >> 2))) & 15u) * xr[r][32 * b + k];
-        }
+        for (int k = 0; k < 32; ++k)
+          dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];
         const float sc = (float)s[16 * b + l];
         a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];
       }
@@ -69,43 +71,42 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
 #endif
 }
 
-static inline void dcc_dot_x16_16(float* acc, const uint32_t* q, const half* s, const half* m, float zero,
-                                  const int16_t* xq, const float* xd, const float* xsd, int g, int nb) {
+static inline void dcc_dot_x16_16(float* acc, const uint32_t* q, const uint32_t* qh, const half* s, const half* m,
+                                  float zero, const int16_t* xq, const float* xd, const float* xsd, int g, int nb) {
   const int16_t* xr[1] = {xq};
   const float* dr[1] = {xd};
   const float* sr[1] = {xsd};
   const int64_t at = (int64_t)g * nb;
-  dcc_x16_rows16(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, 1);
+  dcc_x16_rows16(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb,
+                 1);
 }
-static inline void dcc_dot_x16_16_tile(float* acc, const uint32_t* q, const half* s, const half* m, float zero,
-                                       const int16_t* xq, const float* xd, const float* xsd, int g, int nb, int t0,
-                                       int rows) {
+static inline void dcc_dot_x16_16_tile(float* acc, const uint32_t* q, const uint32_t* qh, const half* s,
+                                       const half* m, float zero, const int16_t* xq, const float* xd, const float* xsd,
+                                       int g, int nb, int t0, int rows) {
   const int16_t* xr[DCC_TILE];
   const float* dr[DCC_TILE];
   const float* sr[DCC_TILE];
   dcc_tile_rows16(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
   const int64_t at = (int64_t)g * nb;
-#define DCC_X16_ROWS(R) dcc_x16_rows16(acc, 16, q + at * 64, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
+#define DCC_X16_ROWS(R) \
+  dcc_x16_rows16(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
   DCC_TILE_RESIDUE(DCC_X16_ROWS)
 #undef DCC_X16_ROWS
 }
 
-/* entry points, as the 8-bit ones (c_intrin.py) */
-static inline void dcc_dot_q4_sym_x16_q16(float* acc, const uint32_t* q, const half* s, const int16_t* xq,
-                                          const float* xd, const float* xsd, int g, int nb) {
-  dcc_dot_x16_16(acc, q, s, 0, 8.0f, xq, xd, xsd, g, nb);
-}
-static inline void dcc_dot_q4_asym_x16_q16(float* acc, const uint32_t* q, const half* s, const half* m,
-                                           const int16_t* xq, const float* xd, const float* xsd, int g, int nb) {
-  dcc_dot_x16_16(acc, q, s, m, 0.0f, xq, xd, xsd, g, nb);
-}
-static inline void dcc_dot_q4_sym_x16_q16_tile(float* acc, const uint32_t* q, const half* s, const int16_t* xq,
-                                               const float* xd, const float* xsd, int g, int nb, int t0, int rows) {
-  dcc_dot_x16_16_tile(acc, q, s, 0, 8.0f, xq, xd, xsd, g, nb, t0, rows);
-}
-static inline void dcc_dot_q4_asym_x16_q16_tile(float* acc, const uint32_t* q, const half* s, const half* m,
-                                                const int16_t* xq, const float* xd, const float* xsd, int g, int nb,
-                                                int t0, int rows) {
-  dcc_dot_x16_16_tile(acc, q, s, m, 0.0f, xq, xd, xsd, g, nb, t0, rows);
-}
+/* entry points, as the 8-bit ones (c_intrin.py DCC_X16_ENTRIES) */
+#define DCC_X16_ENTRIES16(NAME, QH_ARG, QH, M_ARG, M, ZERO)                                                          \
+  static inline void dcc_dot_##NAME##_x16_q16(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG              \
+                                              const int16_t* xq, const float* xd, const float* xsd, int g, int nb) {  \
+    dcc_dot_x16_16(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb);                                                       \
+  }                                                                                                                   \
+  static inline void dcc_dot_##NAME##_x16_q16_tile(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG         \
+                                                   const int16_t* xq, const float* xd, const float* xsd, int g,       \
+                                                   int nb, int t0, int rows) {                                        \
+    dcc_dot_x16_16_tile(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb, t0, rows);                                        \
+  }
+DCC_X16_ENTRIES16(q4_sym, DCC_NONE, 0, DCC_NONE, 0, 8.0f)
+DCC_X16_ENTRIES16(q4_asym, DCC_NONE, 0, const half* m DCC_COMMA, m, 0.0f)
+DCC_X16_ENTRIES16(q5_sym, const uint32_t* qh DCC_COMMA, qh, DCC_NONE, 0, 16.0f)
+DCC_X16_ENTRIES16(q5_asym, const uint32_t* qh DCC_COMMA, qh, const half* m DCC_COMMA, m, 0.0f)
 """

@@ -389,8 +389,103 @@ VALUES = {"Q5_0": _q5_0, "Q5_1": _q5_1, "IQ4_NL": _iq4_nl, "Q2_K": _q2_k, "Q3_K"
           "Q5_K": _q5_k, "Q6_K": _q6_k, "IQ4_XS": _iq4_xs}
 
 
+@dataclass(frozen=True)
+class InterleavedQ5(Scheme):
+    """Q5_0 / Q5_1 blocks with 16 rows interleaved (a compile-time layout transform for the cpu target's AVX2 and
+    AVX-512 kernels, as InterleavedScheme for the 4-bit formats): `q_weight` [N/16, K/32, 64] holds the low nibbles
+    exactly as InterleavedScheme does (word 16 j + l: row 16 g + l, byte i: columns 32 b + 4 j + i in the low
+    nibble and 32 b + 4 (j + 4) + i in the high one); `q_high` [N/16, K/32, 16] the fifth bits, byte 16 j + l of a
+    block holding bit i for column 4 j + i and bit 4 + i for column 4 (j + 4) + i of row l; `q_scale` (and Q5_1's
+    `q_min`) [N/16, K/32, 16]. The same bytes as the file (22 or 24 per 32 values), rearranged."""
+
+    qtype: str = "Q5_0"
+    lanes: int = 16
+
+    def fits(self, rows: int, cols: int) -> bool:
+        return rows % self.lanes == 0 and cols % BLOCK == 0
+
+    def integer_activations(self, rows: int, cols: int) -> bool:
+        return self.fits(rows, cols) and cols <= 1 << 16
+
+    @property
+    def plain_scheme(self) -> StoredScheme:
+        return BLOCK_SCHEMES[self.qtype]
+
+    def param_shapes(self, rows: int, cols: int):
+        if not self.fits(rows, cols):
+            raise ValueError(f"{self.name} interleaves rows in 16s: got [{rows}, {cols}]")
+        g, nb, L = rows // self.lanes, cols // BLOCK, self.lanes
+        shapes = {"q_weight": ((g, nb, 4 * L), "uint32"), "q_high": ((g, nb, L), "uint32"),
+                  "q_scale": ((g, nb, L), "float16")}
+        if self.qtype == "Q5_1":
+            shapes["q_min"] = ((g, nb, L), "float16")
+        return shapes
+
+    def interleave(self, plain: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """StoredScheme's parameters of this format -> this layout."""
+        qs = plain["q_weight"].astype("<u4").view(np.uint8)
+        rows, L = qs.shape[0], self.lanes
+        nb = plain["q_scale"].shape[1]
+        g = rows // L
+        qs = qs.reshape(g, L, nb, 16)  # byte p: value p (low nibble) and p + 16 (high nibble) of the block
+        codes = np.concatenate([qs & 15, qs >> 4], axis=3)  # [g, l, b, 32] in value order
+        hb = ((plain["q_high"].astype(np.uint64)[:, :, None] >> np.arange(32, dtype=np.uint64)) & 1).astype(np.uint8)
+        hb = hb.reshape(g, L, nb, 32)
+        c = codes.reshape(g, L, nb, 8, 4)  # quad j, byte i
+        low = c[:, :, :, :4, :] | (c[:, :, :, 4:, :] << 4)  # [g, l, b, j, i]
+        out = {"q_weight": np.ascontiguousarray(low.transpose(0, 2, 3, 1, 4)).view("<u4").reshape(g, nb, 4 * L)
+               .astype(np.uint32)}
+        h = hb.reshape(g, L, nb, 8, 4)
+        bits = (h[:, :, :, :4, :] << np.arange(4, dtype=np.uint8)).sum(axis=4) | \
+            (h[:, :, :, 4:, :] << np.arange(4, 8, dtype=np.uint8)).sum(axis=4)  # [g, l, b, j]
+        out["q_high"] = np.ascontiguousarray(bits.astype(np.uint8).transpose(0, 2, 3, 1)).view("<u4") \
+            .reshape(g, nb, L).astype(np.uint32)
+        for k in ("q_scale", "q_min"):
+            if k in plain:
+                out[k] = np.ascontiguousarray(plain[k].reshape(g, L, nb).transpose(0, 2, 1))
+        return out
+
+    def plain(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This layout -> StoredScheme's parameters."""
+        g, nb, _ = packed["q_weight"].shape
+        L = self.lanes
+        low = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L, 4)
+        codes = np.concatenate([low & 15, low >> 4], axis=2).transpose(0, 3, 1, 2, 4).reshape(g * L, nb, 32)
+        hbytes = np.ascontiguousarray(packed["q_high"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L)
+        bits = (hbytes[..., None] >> np.arange(8, dtype=np.uint8)) & 1  # [g, b, j, l, 8]
+        hb = np.concatenate([bits[..., :4], bits[..., 4:]], axis=2)  # [g, b, 8 quads, l, 4]
+        hb = hb.transpose(0, 3, 1, 2, 4).reshape(g * L, nb, 32).astype(np.uint64)
+        qs = (codes[:, :, :16] | (codes[:, :, 16:] << 4)).astype(np.uint8)
+        out = {"q_weight": np.ascontiguousarray(qs).view("<u4").reshape(g * L, nb * 4).astype(np.uint32),
+               "q_high": (hb << np.arange(32, dtype=np.uint64)).sum(axis=2).astype(np.uint32)}
+        for k in ("q_scale", "q_min"):
+            if k in packed:
+                out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(g * L, nb))
+        return out
+
+    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
+        return self.plain_scheme.dequantize(self.plain(packed), cols)
+
+    def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
+        L = self.lanes
+        g, lane = r // L, r % L
+        b = c // BLOCK
+        quad = (c % BLOCK) // 4
+        word = bufs[0][g, b, lane + (quad % 4) * L]
+        low = _bits(word, (c % 4) * 8 + (quad // 4) * 4, 15)
+        at = (quad % 4) * L + lane  # the byte of the fifth bits
+        high = _bits(bufs[1][g, b, at // 4], (at % 4) * 8 + (c % 4) + 4 * (quad // 4), 1)
+        q = _f(tir.bitwise("bitor", low, tir.bitwise("shl", high, 4)))
+        d = _f(bufs[2][g, b, lane])
+        if self.qtype == "Q5_0":
+            return d * (q - 16.0)
+        return d * q + _f(bufs[3][g, b, lane])
+
+
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")  # kept as float: F16 as halves (q0f16), the others as float32
 CONVERT_TO = "Q8_0"  # a quantized type without kernels here (IQ2_*, IQ3_*, IQ1_*, TQ*, MXFP4) is re-quantized to it
+
+INTERLEAVED_Q5 = {q: InterleavedQ5(f"gguf_{q.lower()}x16", qtype=q) for q in ("Q5_0", "Q5_1")}
 
 BLOCK_SCHEMES: dict[str, Scheme] = {
     **{q: GGUFBlockScheme(f"gguf_{q.lower()}", qtype=q) for q in ("Q4_0", "Q4_1", "Q8_0")},
@@ -425,6 +520,9 @@ class GGUFModel:
             from . import QUANTIZATION
 
             return QUANTIZATION["q0f16"] if self.base.weights.qtype(hf) == "F16" else None
+        if (self.interleave and isinstance(module, nn.Linear) and block.qtype in INTERLEAVED_Q5
+                and INTERLEAVED_Q5[block.qtype].fits(module.out_features, module.in_features)):
+            return INTERLEAVED_Q5[block.qtype]
         if not (self.groups and isinstance(block, GGUFBlockScheme)):
             return block
         from . import INTERLEAVED, QUANTIZATION
@@ -512,6 +610,8 @@ class GGUFModel:
                     raw = self.base.weights.raw(hf)
                 if scheme is block:  # kept as stored (K-quants always)
                     packed = scheme.from_blocks(raw)
+                elif isinstance(scheme, InterleavedQ5):  # the same bytes, 16 rows interleaved
+                    packed = scheme.interleave(block.from_blocks(raw))
                 else:  # moved into our group layout, value for value
                     packed = block.to_group(raw)
                     if isinstance(scheme, InterleavedScheme):

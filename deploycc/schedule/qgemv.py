@@ -46,7 +46,8 @@ TILE = 4  # prefill rows per group: each unpacked weight block is used TILE time
 OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values are 28 KB (L1)
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128),
-           "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0)}
+           "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0), "q5_sym_x16": (5, True, 16),
+           "q5_asym_x16": (5, False, 0)}
 ACTIVATION_BITS = (8, 16)  # op/linalg.py round_activations; 16 where calibration says 8 costs too much
 LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
 
@@ -77,8 +78,9 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         if found is None:
             return None
         fmt, stored = (found[0], None, None, None), found[1]
-    m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, *fmt, bits,
-               stored)
+    name, q, s, mins, *high = fmt
+    m = Matmul(prog, mm, epilogues, spatial, n_it.var, k_it.var, K.value, N, x_load.arg[0], x_flat, name, q, s, mins,
+               bits, stored, high[0] if high else None)
     rows = sym.as_expr(1)
     for it in spatial[:-1]:
         rows = rows * it.extent
@@ -111,6 +113,7 @@ class Matmul:
     mins: Buffer | None
     bits: int = 8  # the activations' rounding (ACTIVATION_BITS)
     stored: tuple[Buffer, ...] | None = None  # a GGUF format kept as stored: its packed parameters, in order
+    high: Buffer | None = None  # the interleaved 5-bit formats' fifth bits
 
     @property
     def codes(self) -> str:
@@ -129,7 +132,8 @@ class Matmul:
     def weights(self) -> tuple[Buffer, ...]:
         if self.stored is not None:
             return self.stored
-        return (self.q, self.s) + ((self.mins,) if self.mins is not None else ())
+        return (self.q,) + ((self.high,) if self.high is not None else ()) + (self.s,) + \
+            ((self.mins,) if self.mins is not None else ())
 
     @property
     def sums(self) -> int:
@@ -278,11 +282,15 @@ def _format(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: Tenso
         return None
     codes = [b for b in bufs if b.dtype == "uint32"]
     scales = [b for b in bufs if b.dtype == "float16"]
+    if any(not all(sym.as_expr(d).is_const for d in b.shape) for b in bufs):
+        return None
+    if len(codes) == 2 and len(scales) in (1, 2) and len(bufs) == 2 + len(scales) and \
+            all(len(b.shape) == 3 for b in bufs):  # the interleaved 5-bit formats: low nibbles and fifth bits
+        q, qh = sorted(codes, key=lambda b: -sym.as_expr(b.shape[2]).value)
+        return _format_x16(w, n, k, N, K, q, scales, qh)
     if len(codes) != 1 or len(scales) not in (1, 2) or len(bufs) != 1 + len(scales):
         return None
     q = codes[0]
-    if any(not all(sym.as_expr(d).is_const for d in b.shape) for b in bufs):
-        return None
     if len(q.shape) == 3:
         return _format_x16(w, n, k, N, K, q, scales)
     if any(len(b.shape) != 2 for b in bufs):
@@ -297,7 +305,7 @@ def _format(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: Tenso
     nn = rng.integers(0, rows, pts)
     kk = rng.integers(0, K, pts)
     for name, (bits, symmetric, zero) in FORMATS.items():
-        if (len(scales) == 1) != symmetric or sym.as_expr(q.shape[1]).value * (32 // bits) != K:
+        if name.endswith("_x16") or (len(scales) == 1) != symmetric or sym.as_expr(q.shape[1]).value * (32 // bits) != K:
             continue
         for s, m in ([(scales[0], None)] if symmetric else [(scales[0], scales[1]), (scales[1], scales[0])]):
             arrays = {q: rng.integers(0, 1 << 32, (rows, K * bits // 32), dtype=np.uint64).astype(np.uint32),
@@ -316,24 +324,28 @@ def _format(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: Tenso
     return None
 
 
-def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buffer, scales: list[Buffer]):
-    """The interleaved 4-bit formats (InterleavedScheme): codes [N/16, K/32, 64] and scales [N/16, K/32, 16],
+def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buffer, scales: list[Buffer],
+                qh: Buffer | None = None):
+    """The interleaved formats: 4-bit (InterleavedScheme: codes [N/16, K/32, 64], scales [N/16, K/32, 16]) and,
+    with fifth bits `qh` [N/16, K/32, 16], GGUF's Q5_0 / Q5_1 (quantization/gguf_blocks.py InterleavedQ5),
     recognised, as the plain ones, by evaluating W at random points against the layout's definition."""
     nb = K // BLOCK
     if not (N.is_const and N.value % LANES == 0):
         return None
     g = N.value // LANES
     dims = lambda b: tuple(sym.as_expr(d).value for d in b.shape)  # noqa: E731
-    if dims(q) != (g, nb, 4 * LANES) or any(dims(b) != (g, nb, LANES) for b in scales):
+    if dims(q) != (g, nb, 4 * LANES) or any(dims(b) != (g, nb, LANES) for b in scales + ([qh] if qh else [])):
         return None
     rng = np.random.default_rng(0)
     pts = 64
     nn, kk = rng.integers(0, N.value, pts), rng.integers(0, K, pts)
     symmetric = len(scales) == 1
+    bits, zero = (5, 16) if qh is not None else (4, 8)
     for s, m in ([(scales[0], None)] if symmetric else [(scales[0], scales[1]), (scales[1], scales[0])]):
         arrays = {q: rng.integers(0, 1 << 32, dims(q), dtype=np.uint64).astype(np.uint32),
                   s: rng.uniform(0.5, 2.0, dims(s)).astype(s.dtype),
-                  **({m: rng.uniform(-2.0, 2.0, dims(m)).astype(m.dtype)} if m is not None else {})}
+                  **({m: rng.uniform(-2.0, 2.0, dims(m)).astype(m.dtype)} if m is not None else {}),
+                  **({qh: rng.integers(0, 1 << 32, dims(qh), dtype=np.uint64).astype(np.uint32)} if qh else {})}
         try:
             got = _Exec(arrays).value(w, {n: nn, k: kk}).astype(np.float64)
         except Exception:  # noqa: BLE001 - an expression the interpreter cannot run is no match
@@ -341,10 +353,14 @@ def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buff
         grp, lane, blk, quad = nn // LANES, nn % LANES, kk // BLOCK, (kk % BLOCK) // 4
         word = arrays[q][grp, blk, (quad % 4) * LANES + lane].astype(np.int64)
         code = (word >> (8 * (kk % 4) + 4 * (quad // 4))) & 15
+        if qh is not None:
+            at = (quad % 4) * LANES + lane
+            hword = arrays[qh][grp, blk, at // 4].astype(np.int64)
+            code = code | (((hword >> (8 * (at % 4) + kk % 4 + 4 * (quad // 4))) & 1) << 4)
         sc = arrays[s][grp, blk, lane].astype(np.float64)
-        want = (code - 8) * sc if symmetric else code * sc + arrays[m][grp, blk, lane].astype(np.float64)
+        want = (code - zero) * sc if symmetric else code * sc + arrays[m][grp, blk, lane].astype(np.float64)
         if got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-6):
-            return ("q4_sym_x16" if symmetric else "q4_asym_x16"), q, s, m
+            return f"q{bits}_{'sym' if symmetric else 'asym'}_x16", q, s, m, qh
     return None
 
 

@@ -72,12 +72,10 @@ KERNEL_CASES = [("x86-64-v3", 8), ("x86-64-v3", 16), ("x86-64-v4", 8), ("x86-64-
                 ("generic", 8)]
 
 
-@pytest.mark.parametrize("isa,bits", KERNEL_CASES)
-def test_stored_formats_integer_kernels_match_the_interpreter(tmp_path, isa, bits):
-    """Each stored format's decode GEMV and prefill GEMM (targets/c_stored.py: the AVX2 branch on x86-64-v3, VNNI
-    where the CPU has it, plain C on generic) against the loop-level interpreter run on the activations rounded as
-    the kernels round them: 1e-5 of the output's largest magnitude (the integer arithmetic exactly, but for float
-    summation order); prefill lengths 1, 5 and 14 (tiles of 4 with a residue)."""
+def _check_kernels(model, isa: str, bits: int) -> set[str]:
+    """Every kernel of `model` for the cpu target at `isa` against the loop-level interpreter, on activations
+    rounded to `bits` as the integer kernels round them; prefill lengths 1, 5 and 14 (tiles of 4 with a residue),
+    each with a decode step. Returns the schedule rules that ran."""
     from dataclasses import replace
 
     from conftest import require_device
@@ -91,7 +89,6 @@ def test_stored_formats_integer_kernels_match_the_interpreter(tmp_path, isa, bit
     from deploycc.op.attention import RefKVCache
     from deploycc.op.linalg import round_activations_np
     from deploycc.pipeline import run as run_pipeline
-    from deploycc.quantization import quantize
     from deploycc.runtime import native
     from deploycc.session import export
     from deploycc.transform.merge_matmuls import function_params
@@ -100,11 +97,7 @@ def test_stored_formats_integer_kernels_match_the_interpreter(tmp_path, isa, bit
     device = require_device("cpu")
     if not set(native.isa_flags(isa)) <= (native.cpu_flags() or set()):
         pytest.skip(f"this CPU cannot run {isa} code")
-    if isa == "native" and any(set(native.isa_flags(isa)) == set(native.isa_flags(o)) for o in ("x86-64-v3", "x86-64-v4")):
-        pytest.skip("native is the x86-64-v3 or v4 build on this CPU, which runs above")
     target = replace(presets.load("cpu").target, isa=isa)
-    path, _ = write_tiny(tmp_path, ALL_STORED, **K_SHAPE)
-    model = quantize(deploycc.load_model(str(path)), "gguf", groups=True, activations=bits)
     compiled = run_pipeline(export(model, 40), target, "scheduled")
     runner = KernelRunner(device, target)
     ran: set[str] = set()
@@ -133,6 +126,23 @@ def test_stored_formats_integer_kernels_match_the_interpreter(tmp_path, isa, bit
         cache = RefKVCache(cfg.num_hidden_layers, 40, cfg.num_key_value_heads, cfg.head_dim)
         interp.run("prefill_all", np.array([rng.integers(0, cfg.vocab_size, seq_len)], np.int32), cache, *params)
         interp.run("decode", np.array([[1]], np.int32), cache, *params)
+    return ran
+
+
+@pytest.mark.parametrize("isa,bits", KERNEL_CASES)
+def test_stored_formats_integer_kernels_match_the_interpreter(tmp_path, isa, bits):
+    """Each stored format's decode GEMV and prefill GEMM (targets/c_stored.py: the AVX2 branch on x86-64-v3, VNNI
+    where the CPU has it, plain C on generic) against the loop-level interpreter run on the activations rounded as
+    the kernels round them: 1e-5 of the output's largest magnitude (the integer arithmetic exactly, but for float
+    summation order)."""
+    from deploycc.quantization import quantize
+    from deploycc.runtime import native
+
+    if isa == "native" and any(set(native.isa_flags(isa)) == set(native.isa_flags(o)) for o in ("x86-64-v3", "x86-64-v4")):
+        pytest.skip("native is the x86-64-v3 or v4 build on this CPU, which runs above")
+    path, _ = write_tiny(tmp_path, ALL_STORED, **K_SHAPE)
+    model = quantize(deploycc.load_model(str(path)), "gguf", groups=True, activations=bits)
+    ran = _check_kernels(model, isa, bits)
     want = {f"{kind}-gguf_{t.lower()}" for t in STORED for kind in ("qgemv", "qgemm")}
     assert want <= ran, sorted(want - ran)
 
@@ -193,3 +203,36 @@ def test_an_unkept_type_is_converted_by_a_rule_that_compile_prints(tmp_path):
             assert row["file_bytes"] <= row["package_bytes"] <= 1.02 * row["file_bytes"], row
     assert {q for q, into in rows if into == "kept"} >= STORED
 
+
+
+Q5_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q5_0, **{f"blk.{n}.{t}.weight": Q.Q5_0 if n == 0 else Q.Q5_1
+                                                                   for n in (0, 1) for t in ("attn_q", "attn_k",
+                                                                   "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                                                   "ffn_down")}}
+
+
+@pytest.mark.parametrize("isa,bits", [("x86-64-v3", 8), ("x86-64-v3", 16), ("x86-64-v4", 8), ("generic", 8)])
+def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
+    """Q5_0 / Q5_1 linears whose rows come in 16s take the interleaved layout (InterleavedQ5: the file's bytes,
+    rearranged) on x86: its kernels (targets/c_intrin.py, c_x16.py) against the interpreter on identically rounded
+    activations, 1e-5 of the largest output; its dequantization bit for bit against gguf-py."""
+    from deploycc.quantization import quantize
+    from deploycc.quantization.gguf_blocks import INTERLEAVED_Q5
+
+    rng = np.random.default_rng(4)
+    for qtype, scheme in INTERLEAVED_Q5.items():
+        raw = blocks(qtype, 32, 96, rng)
+        want = gguf.quants.dequantize(raw, Q[qtype]).reshape(32, 96)
+        packed = scheme.interleave(scheme.plain_scheme.from_blocks(raw))
+        assert sum(a.nbytes for a in packed.values()) == raw.nbytes
+        np.testing.assert_array_equal(scheme.dequantize(packed, 96), want)
+        from deploycc.ir.tir_interp import run_program
+
+        out = np.zeros((32, 96), np.float32)
+        run_program(scheme.program(32, 96), [*packed.values(), out], [])
+        np.testing.assert_array_equal(out, want)
+    path, _ = write_tiny(tmp_path, Q5_MIX, hidden_size=64, intermediate_size=96, head_dim=16)
+    model = quantize(deploycc.load_model(str(path)), "gguf", interleave=True, groups=True, activations=bits)
+    assert {s.name for s in model.quantized_names().values()} >= {"gguf_q5_0x16", "gguf_q5_1x16"}
+    ran = _check_kernels(model, isa, bits)
+    assert {"qgemv-q5_sym_x16", "qgemm-q5_sym_x16", "qgemv-q5_asym_x16", "qgemm-q5_asym_x16"} <= ran, ran
