@@ -453,11 +453,15 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
 @click.option("--device", default=None, help="Compile an uncompiled MODEL for this preset first (cached).")
 @click.option("--profile", is_flag=True,
               help="Also break a decode step down: device time per kernel, host (VM + enqueue) time (OpenCL).")
+@click.option("--roofline", is_flag=True,
+              help="cpu: with --profile's table, this machine's read bandwidth before and after (one thread, all "
+                   "threads), the bytes a decode step reads, achieved GB/s and the fraction of the roofline, per step "
+                   "and per kernel.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--sequences", default=None, metavar="N,N,...",
               help="Batched decode of this many sequences at once (e.g. 1,4,8): the serving capacity of the batched step.")
 @trust_option
-def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, sequences, trust):
+def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline, as_json, sequences, trust):
     """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory; with
     --sequences, the aggregate decode tok/s of batched steps over that many sequences."""
     from .runtime.cli import batch_bench, batch_bench_lines, parse_counts, profile_decode
@@ -469,8 +473,9 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, 
             counts = parse_counts(sequences)
         except ValueError as e:
             raise DeployError(str(e)) from None
-        if profile:
-            raise DeployError("--profile breaks down a single-sequence decode step; it does not combine with --sequences")
+        if profile or roofline:
+            raise DeployError("--profile and --roofline break down a single-sequence decode step; they do not combine "
+                              "with --sequences")
     opened = _open_package(package, device, None, None, as_json, paged=counts is not None, trust=trust_policy(trust))
     if opened is None:
         raise DeployError(f"{package} is not a compiled package; compile it (deploycc compile {package} --device PRESET) "
@@ -480,7 +485,16 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, 
         click.echo(json.dumps(r, indent=2) if as_json else "\n".join(batch_bench_lines(r)))
         return
     r = run_bench(opened[0], prompt_len, gen_len, repeat, seed)
-    if profile:
+    if roofline:
+        from .runtime import roofline as rl
+
+        before = rl.probe(opened[0])
+        if before is None:
+            raise DeployError(f"--roofline needs a cpu package compiled by this deploycc (its native module has the "
+                              f"bandwidth probe); recompile {package}")
+        r["profile"] = profile_decode(opened[0], prompt_len)
+        r["roofline"] = rl.roofline(opened[0], r["profile"], before, rl.probe(opened[0]), prompt_len)
+    elif profile:
         r["profile"] = profile_decode(opened[0], prompt_len)
     if as_json:
         click.echo(json.dumps(r, indent=2))
@@ -499,17 +513,26 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, as_json, 
                  ("  KV cache", _size(m["kv_cache_bytes"])), ("  activations", _size(m["activation_bytes"]))]:
         t.add_row(k, v)
     Console().print(t)
-    if profile:
+    if "profile" in r:
         pr = r["profile"]
         pt = Table(title=(f"decode step: {pr['wall_ms_per_token']:.2f} ms wall, {pr['kernel_ms_per_token']:.2f} ms in "
                           f"{pr['launches_per_token']:.0f} kernels, {pr['host_ms_per_token']:.2f} ms host (VM + enqueue, "
                           f"overlapping the kernels)"))
-        for col in ("kernel", "launches / token", "us each", "ms / token", "share"):
+        roof = r.get("roofline")
+        cols = ("kernel", "launches / token", "us each", "ms / token", "share") + (
+            ("weight MB / launch", "GB/s", "of roofline") if roof else ())
+        for col in cols:
             pt.add_column(col, justify="left" if col == "kernel" else "right")
         for k in pr["kernels"][:15]:
+            extra = (f"{k['weight_mb_per_launch']:.2f}", f"{k['gb_s']:.1f}", f"{100 * k['roofline_share']:.0f}%") \
+                if roof else ()
             pt.add_row(k["kernel"], f"{k['launches_per_token']:.0f}", f"{k['us_each']:.1f}", f"{k['ms_per_token']:.2f}",
-                       f"{100 * k['share']:.1f}%")
+                       f"{100 * k['share']:.1f}%", *extra)
         Console(width=max(Console().width, 150)).print(pt)
+        if roof:
+            from .runtime.roofline import roofline_lines
+
+            click.echo("\n".join(roofline_lines(roof)))
 
 
 @cli.command(short_help="Perplexity of a package on a text file (sliding windows).")

@@ -456,11 +456,14 @@ def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
         for f, n in native.items():
             engine.vm.functions[f].native = n
     kernels: dict[str, list] = {}
-    for name, sec in timed:
+    weight_bytes: dict[str, int] = {}
+    for name, sec, *streamed in timed:  # cpu: also the bytes of weights the launch read
         kernels.setdefault(name, []).append(sec)
-    total = sum(sec for _, sec in timed) / steps
+        weight_bytes[name] = weight_bytes.get(name, 0) + (streamed[0] if streamed else 0)
+    total = sum(t[1] for t in timed) / steps
     rows = sorted(({"kernel": k, "launches_per_token": len(v) / steps, "us_each": 1e6 * sum(v) / len(v),
-                    "ms_per_token": 1e3 * sum(v) / steps, "share": sum(v) / steps / total if total else 0.0}
+                    "ms_per_token": 1e3 * sum(v) / steps, "share": sum(v) / steps / total if total else 0.0,
+                    "weight_bytes_per_token": weight_bytes[k] / steps}
                    for k, v in kernels.items()), key=lambda r: -r["ms_per_token"])
     return {"steps": steps, "wall_ms_per_token": 1e3 * wall, "kernel_ms_per_token": 1e3 * total,
             "host_ms_per_token": 1e3 * float(np.median(host)), "launches_per_token": len(timed) / steps,

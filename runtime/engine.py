@@ -63,6 +63,8 @@ class Engine:
         weights = {name: DTensor(device.upload(np.ascontiguousarray(a)), a.shape, str(a.dtype))
                    for name, a in params.items()}
         self.weights_bytes = sum(int(a.nbytes) for a in params.values())
+        if hasattr(device, "weight_ids"):  # bench --roofline: the bytes of weights each launch reads
+            device.weight_ids = {id(t.buf) for t in weights.values()}
         for fname, spec in bytecode["functions"].items():
             fn = self.vm.functions[fname]
             for r, name in enumerate(spec["params"][spec["num_inputs"]:], start=spec["num_inputs"]):

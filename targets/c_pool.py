@@ -131,4 +131,28 @@ __attribute__((unused)) static void dcc_parallel(dcc_task f, void* ctx) {
   pthread_mutex_unlock(&dcc_run_mu);
 }
 
+/* bench --roofline's read-bandwidth probe (runtime/roofline.py): XOR of `bytes` bytes at p, read by the caller alone
+   (all = 0) or by every thread of the pool, each a contiguous share (the way the kernels split their work). */
+typedef struct { const uint64_t* p; int64_t n; uint64_t out[DCC_MAX_THREADS]; } dcc_probe_ctx;
+static void dcc_probe_task(void* ctx, int tid, int nt) {
+  dcc_probe_ctx* c = (dcc_probe_ctx*)ctx;
+  const int64_t lo = c->n * tid / nt, hi = c->n * (tid + 1) / nt;
+  uint64_t a[8] = {0};
+  int64_t i = lo;
+  for (; i + 8 <= hi; i += 8)
+    for (int k = 0; k < 8; ++k) a[k] ^= c->p[i + k];
+  for (; i < hi; ++i) a[0] ^= c->p[i];
+  c->out[tid] = a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+}
+DCC_EXPORT uint64_t dcc_read_probe(const void* p, int64_t bytes, int all) {
+  static dcc_probe_ctx c;
+  c.p = (const uint64_t*)p, c.n = bytes / 8;
+  int nt = 1;
+  if (all && dcc_nt > 1) dcc_parallel(dcc_probe_task, &c), nt = dcc_nt;
+  else dcc_probe_task(&c, 0, 1);
+  uint64_t x = 0;
+  for (int t = 0; t < nt; ++t) x ^= c.out[t];
+  return x;
+}
+
 """

@@ -46,7 +46,8 @@ class CPUDevice(HostDevice):
         super().__init__()
         self.threads = threads
         self.libs: list = []  # keep every loaded module alive
-        self.profile: list | None = None  # (kernel, seconds) of each launch while profiling
+        self.profile: list | None = None  # (kernel, seconds, weight bytes) of each launch while profiling
+        self.weight_ids: set[int] = set()  # the weights' buffers (the engine says which): bytes a launch streams
 
     def alloc(self, nbytes: int) -> Buffer:
         """Host memory as HostDevice's, but 64-byte aligned (vector loads of whole cache lines)."""
@@ -105,14 +106,15 @@ class CPUDevice(HostDevice):
                 return
             t = time.perf_counter()
             fn(pb, ps, groups)
-            self.profile.append((kernel.name, time.perf_counter() - t))
+            dt = time.perf_counter() - t
+            self.profile.append((kernel.name, dt, sum(b.nbytes for b in bufs if id(b) in self.weight_ids)))
         return site
 
     def start_profile(self) -> None:
         """Time every launch from now on (launches are synchronous: the wall time of the call is the kernel's)."""
         self.profile = []
 
-    def take_profile(self) -> list[tuple[str, float]]:
+    def take_profile(self) -> list[tuple[str, float, int]]:
         out, self.profile = self.profile or [], None
         return out
 
