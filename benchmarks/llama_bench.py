@@ -1,7 +1,7 @@
 """The benchmark of record on the CPU: deploycc against llama.cpp's own C++ `llama-bench`, on the GGUF files users
 download, interleaved in one run.
 
-    .venv/bin/python benchmarks/llama_bench.py [--types Q4_0,Q4_1,Q4_K_M,Q5_K_M,Q8_0] [--prompt-lens 128,512]
+    .venv/bin/python benchmarks/llama_bench.py [--types Q4_0,Q4_1,Q4_K_M,Q5_K_M,Q8_0] [--prompt-lens 128,512] [--busy 1]
                                                [--gen 128] [--threads 2] [--repeat 2] [--preset cpu] [--json]
 
 For each GGUF file (SmolLM2-135M-Instruct, made from the f16 conversion by llama.cpp's own `llama-quantize`:
@@ -56,15 +56,17 @@ def file_tensor_bytes(path: Path) -> int:
     return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
 
 
-def package_for(path: Path, preset: str) -> Path:
-    """A deploycc package of the GGUF file as stored, compiled once per compiler version and file."""
+def package_for(path: Path, preset: str, activations: str) -> Path:
+    """A deploycc package of the GGUF file as stored, compiled once per compiler version, file and activation
+    choice (auto: deploycc's default, calibrated; 8: every linear at 8 bits, the arithmetic llama.cpp does)."""
     from compare import package_is_current
 
-    out = HOME / "bench" / "llama_bench" / f"{path.stem}-{preset}"
+    out = HOME / "bench" / "llama_bench" / f"{path.stem}-{preset}-a{activations}"
     if not package_is_current(out, path, preset):
-        log(f"compile {path.name} for {preset}")
+        log(f"compile {path.name} for {preset}, activations {activations}")
         subprocess.run([sys.executable, "-m", "deploycc", "compile", str(path), "--device", preset, "-o", str(out),
-                        "--force", "--json"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+                        "--activations", activations, "--force", "--json"], check=True, stdout=subprocess.DEVNULL,
+                       cwd=ROOT)
     return out
 
 
@@ -98,42 +100,53 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--preset", default="cpu", help="deploycc preset (cpu: this CPU's ISA; cpu-avx2: AVX2 alone)")
+    ap.add_argument("--activations", default="auto,8", help="deploycc variants: auto (the default), 8, 16")
+    ap.add_argument("--busy", type=int, default=0, help="Keep this many cores busy with another process meanwhile "
+                                                        "(the figures under load)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     built = ensure()
     types = args.types.split(",")
+    variants = args.activations.split(",")
     prompts = [int(p) for p in args.prompt_lens.split(",")]
     files = {t: Path(built["gguf"][t]) for t in types}
-    pkgs = {t: package_for(f, args.preset) for t, f in files.items()}
+    pkgs = {(t, a): package_for(f, args.preset, a) for t, f in files.items() for a in variants}
     samples: dict[str, dict[str, list[float]]] = {t: {} for t in types}
     probes, info = [], ""
-    for rep in range(args.repeat):
-        probes.append(measure_bandwidth(tries=3)["read_gb_s"])
-        for t in types:
-            for i, p in enumerate(prompts):
-                gen = args.gen if i == 0 else 1
-                ll = llama_bench(built["llama_bench"], files[t], p, args.gen if i == 0 else 0, args.threads)
-                info = ll.get("system_info", info)
-                ours = deploycc_bench(pkgs[t], p, gen)
-                s = samples[t]
-                s.setdefault(f"llama pp{p}", []).append(ll["pp"])
-                s.setdefault(f"deploycc pp{p}", []).append(ours["prefill_tok_s"])
-                if i == 0:
-                    s.setdefault("llama tg", []).append(ll["tg"])
-                    s.setdefault("deploycc tg", []).append(ours["decode_tok_s"])
-                log(f"[{rep + 1}/{args.repeat}] {t} p{p}: llama pp {ll['pp']:.1f}"
-                    + (f" tg {ll['tg']:.1f}" if i == 0 else "") + f" | deploycc pp {ours['prefill_tok_s']:.1f}"
-                    + (f" tg {ours['decode_tok_s']:.1f}" if i == 0 else ""))
-        probes.append(measure_bandwidth(tries=3)["read_gb_s"])
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        for rep in range(args.repeat):
+            probes.append(measure_bandwidth(tries=3)["read_gb_s"])
+            for t in types:
+                for i, p in enumerate(prompts):
+                    ll = llama_bench(built["llama_bench"], files[t], p, args.gen if i == 0 else 0, args.threads)
+                    info = ll.get("system_info", info)
+                    s = samples[t]
+                    s.setdefault(f"llama pp{p}", []).append(ll["pp"])
+                    if i == 0:
+                        s.setdefault("llama tg", []).append(ll["tg"])
+                    line = f"[{rep + 1}/{args.repeat}] {t} p{p}: llama pp {ll['pp']:.1f}" + (
+                        f" tg {ll['tg']:.1f}" if i == 0 else "")
+                    for a in variants:
+                        ours = deploycc_bench(pkgs[t, a], p, args.gen if i == 0 else 1)
+                        s.setdefault(f"deploycc-{a} pp{p}", []).append(ours["prefill_tok_s"])
+                        if i == 0:
+                            s.setdefault(f"deploycc-{a} tg", []).append(ours["decode_tok_s"])
+                        line += f" | deploycc ({a}) pp {ours['prefill_tok_s']:.1f}" + (
+                            f" tg {ours['decode_tok_s']:.1f}" if i == 0 else "")
+                    log(line)
+            probes.append(measure_bandwidth(tries=3)["read_gb_s"])
+    finally:
+        for b in busy:
+            b.kill()
     rows = []
     for t in types:
         med = {k: statistics.median(v) for k, v in samples[t].items()}
-        manifest = json.loads((pkgs[t] / "manifest.json").read_text())
-        rows.append({"type": t, "file_tensor_bytes": file_tensor_bytes(files[t]),
-                     "package_weight_bytes": manifest["memory"]["weights_bytes"], **med})
+        weights = {a: json.loads((pkgs[t, a] / "manifest.json").read_text())["memory"]["weights_bytes"] for a in variants}
+        rows.append({"type": t, "file_tensor_bytes": file_tensor_bytes(files[t]), "package_weight_bytes": weights, **med})
     result = {"cpu": cpu_name(), "threads": args.threads, "preset": args.preset, "gen": args.gen, "prompts": prompts,
-              "repeat": args.repeat, "bandwidth_read_gb_s": probes, "llama_bench": built["llama_bench"],
-              "llama_system_info": info, "rows": rows,
+              "repeat": args.repeat, "variants": variants, "busy_cores": args.busy, "bandwidth_read_gb_s": probes,
+              "llama_bench": built["llama_bench"], "rows": rows,
               "command": shlex.join([os.path.relpath(sys.executable), os.path.relpath(__file__), *(argv or sys.argv[1:])])}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -142,24 +155,28 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def render(r: dict) -> str:
-    lines = [f"CPU: {r['cpu']}; {r['threads']} threads; deploycc preset {r['preset']}; llama-bench {r['llama_bench']}",
+    lines = [f"CPU: {r['cpu']}; {r['threads']} threads; deploycc preset {r['preset']}; llama-bench {r['llama_bench']}"
+             + (f"; {r['busy_cores']} core(s) kept busy by another process" if r["busy_cores"] else ""),
              "read bandwidth probes (GB/s, numpy, before/after each repeat): "
              + ", ".join(f"{b:.1f}" for b in r["bandwidth_read_gb_s"]),
-             f"medians of {r['repeat']} interleaved repeats; decode {r['gen']} tokens", ""]
-    head = ["file", "package / file bytes"]
-    for p in r["prompts"]:
-        head += [f"prefill {p}: deploycc / llama (tok/s)", "x"]
-    head += ["decode: deploycc / llama (tok/s)", "x"]
+             f"medians of {r['repeat']} interleaved repeats; decode {r['gen']} tokens; deploycc (auto): the default "
+             f"package (calibrated 8/16-bit activations), deploycc (8): 8-bit activations everywhere, as llama.cpp", ""]
+    head = ["file", "tool", "weights MB (file)"] + [f"prefill {p} tok/s" for p in r["prompts"]] + ["decode tok/s"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in r["rows"]:
-        cells = [row["type"], f"{row['package_weight_bytes'] / 1e6:.1f} / {row['file_tensor_bytes'] / 1e6:.1f} MB "
-                 f"({row['package_weight_bytes'] / row['file_tensor_bytes']:.2f}x)"]
-        for p in r["prompts"]:
-            a, b = row[f"deploycc pp{p}"], row[f"llama pp{p}"]
-            cells += [f"{a:.1f} / {b:.1f}", f"{a / b:.2f}x"]
-        a, b = row["deploycc tg"], row["llama tg"]
-        cells += [f"{a:.1f} / {b:.1f}", f"{a / b:.2f}x"]
-        lines.append("| " + " | ".join(cells) + " |")
+        def cells(tool, key, size):
+            out = [row["type"], tool, size]
+            for p in r["prompts"]:
+                v = row[f"{key} pp{p}"]
+                out.append(f"{v:.1f}" + ("" if key == "llama" else f" ({v / row[f'llama pp{p}']:.2f}x)"))
+            v = row[f"{key} tg"]
+            out.append(f"{v:.1f}" + ("" if key == "llama" else f" ({v / row['llama tg']:.2f}x)"))
+            return "| " + " | ".join(out) + " |"
+        lines.append(cells("llama-bench", "llama", f"{row['file_tensor_bytes'] / 1e6:.1f}"))
+        for a in r["variants"]:
+            size = row["package_weight_bytes"][a]
+            lines.append(cells(f"deploycc ({a})", f"deploycc-{a}",
+                               f"{size / 1e6:.1f} ({size / row['file_tensor_bytes']:.2f}x)"))
     lines += ["", f"command: {r['command']}"]
     return "\n".join(lines)
 
