@@ -335,6 +335,28 @@ def test_bench_profile(compiled):
     assert abs(sum(k["share"] for k in p["kernels"]) - 1) < 1e-6
 
 
+def test_bench_roofline(compiled):
+    """bench --roofline: the package's own bandwidth probe before and after (one thread, all threads: finite,
+    positive), the weight bytes a decode step streams (every quantized weight of the step but the embedding lookup's
+    table, of which one row: the manifest's weights give the bound), KV bytes at the prompt's context, achieved GB/s
+    consistent with the step time, and each kernel's weight bytes and GB/s."""
+    pkg = compiled("llama-q4")
+    r = cli("bench", pkg, "--prompt-len", "8", "--gen-len", "4", "--repeat", "1", "--roofline", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    roof = out["roofline"]
+    for probe in (roof["bandwidth_before"], roof["bandwidth_after"]):
+        assert all(math.isfinite(probe[k]) and probe[k] > 0 for k in ("one_thread_gb_s", "all_threads_gb_s")), probe
+    m = manifest(pkg)
+    assert 0 < roof["weight_bytes_per_step"] <= m["memory"]["weights_bytes"]
+    kv = m["kv_cache"]
+    assert roof["kv_bytes_per_step"] == 2 * kv["layers"] * 8 * kv["kv_heads"] * kv["head_dim"] * 4
+    step = (roof["weight_bytes_per_step"] + roof["kv_bytes_per_step"]) / (roof["step_ms"] / 1e3) / 1e9
+    assert roof["achieved_gb_s"] == pytest.approx(step, rel=1e-6)
+    linears = [k for k in out["profile"]["kernels"] if k["weight_mb_per_launch"] > 0]
+    assert linears and all(k["gb_s"] > 0 for k in linears)
+
+
 def test_profile_gives_the_native_calls_back(compiled):
     """runtime/cli.py profile_decode swaps the decode call for a timed one, then runs launch by launch: afterwards
     every function runs natively again, and decodes equal a fresh engine's (1e-6)."""

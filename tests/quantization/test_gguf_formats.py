@@ -236,3 +236,36 @@ def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
     assert {s.name for s in model.quantized_names().values()} >= {"gguf_q5_0x16", "gguf_q5_1x16"}
     ran = _check_kernels(model, isa, bits)
     assert {"qgemv-q5_sym_x16", "qgemm-q5_sym_x16", "qgemv-q5_asym_x16", "qgemm-q5_asym_x16"} <= ran, ran
+
+
+# what llama-quantize's Q4_K_M writes (Q5_0 where a row is not whole 256-value super-blocks, Q4_K, Q6_K, Q8_0)
+Q4_K_M_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, "blk.0.attn_q.weight": Q.Q5_0,
+              "blk.0.attn_k.weight": Q.Q5_0, "blk.0.attn_v.weight": Q.Q8_0, "blk.0.attn_output.weight": Q.Q5_0,
+              "blk.0.ffn_gate.weight": Q.Q4_K, "blk.0.ffn_up.weight": Q.Q4_K, "blk.0.ffn_down.weight": Q.Q6_K,
+              "blk.1.attn_q.weight": Q.Q4_K, "blk.1.attn_k.weight": Q.Q4_K, "blk.1.attn_v.weight": Q.Q6_K,
+              "blk.1.attn_output.weight": Q.Q4_K, "blk.1.ffn_gate.weight": Q.Q5_0, "blk.1.ffn_up.weight": Q.Q5_0,
+              "blk.1.ffn_down.weight": Q.Q4_K}
+
+
+def test_q4_k_m_mix_compiled_for_cpu_matches_transformers(tmp_path):
+    """A model whose layers mix Q5_0, Q4_K, Q6_K and Q8_0 as a Q4_K_M file does, compiled for `cpu` with the
+    default (calibrated) activations, passes `verify --against transformers` (transformers dequantizes the same
+    blocks, gguf_file=; verify rounds its activations as the package records and holds the package to the spread
+    of that rounding), and its package weighs what the file's tensors do."""
+    import subprocess
+    import sys
+
+    path, _ = write_tiny(tmp_path, Q4_K_M_MIX, **K_SHAPE)
+    out = tmp_path / "pkg"
+    r = subprocess.run([sys.executable, "-m", "deploycc", "compile", str(path), "--device", "cpu", "-o", str(out),
+                        "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    rows = summary["weights_by_type"]
+    assert {x["type"] for x in rows if x["into"] == "kept"} >= {"Q5_0", "Q4_K", "Q6_K", "Q8_0"}
+    assert all(x["package_bytes"] == x["file_bytes"] for x in rows), rows
+    r = subprocess.run([sys.executable, "-m", "deploycc", "verify", str(out), "--against", "transformers", "--steps", "2",
+                        "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    v = json.loads(r.stdout)
+    assert v["passed"], v
