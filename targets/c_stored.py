@@ -329,7 +329,7 @@ FIELD_PTR = {"q_weight": "w", "q_high": "h", "q_sub": "sub", "q_scale": "d", "q_
 
 def _entries(qtype: str) -> str:
     """dcc_dot_gguf_<t>_q{8,16}[_tile]: the kernels' entry points for one format, from its layout."""
-    from deploycc.quantization.gguf_blocks import LAYOUTS, PARAM_ORDER
+    from deploycc.quantization.gguf_stored import LAYOUTS, PARAM_ORDER
 
     block, _, fields = LAYOUTS[qtype]
     fields = sorted(fields, key=lambda f: PARAM_ORDER.index(f[0]))

@@ -1,0 +1,362 @@
+"""GGUF block formats kept as their stored bytes (StoredScheme, one layout table: LAYOUTS): Q5_0, Q5_1, IQ4_NL,
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; and Q5_0 / Q5_1 with rows interleaved in 16s for the cpu target's kernels
+(InterleavedQ5). gguf_blocks.py holds Q4_0 / Q4_1 / Q8_0, the GGUF model and the conversion rule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DeployError
+from ..ir import tir
+from .base import Scheme
+
+BLOCK = 32
+
+
+# ---- formats kept as their stored bytes: K-quants (super-blocks of 256), Q5_0/Q5_1, IQ4_NL/IQ4_XS --------
+
+QK_K = 256
+IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # IQ4_NL/IQ4_XS values
+
+
+def _byte(buf: tir.Buffer, r, i) -> tir.V:
+    """Byte `i` (an index expression) of row `r` of a uint32 buffer holding little-endian bytes."""
+    return tir.bitwise("bitand", tir.bitwise("shr", buf[r, i // 4], tir.cast("uint32", tir.index((i % 4) * 8))), 255)
+
+
+def _u32(x) -> tir.V:
+    return tir.cast("uint32", tir.index(x))
+
+
+def _bits(v: tir.V, shift, mask) -> tir.V:
+    """(v >> shift) & mask, all uint32 (shift and mask may be index expressions)."""
+    return tir.bitwise("bitand", tir.bitwise("shr", v, _u32(shift)), mask if isinstance(mask, int) else _u32(mask))
+
+
+def _f(v: tir.V) -> tir.V:
+    return tir.cast("float32", v)
+
+
+def _grid(code: tir.V, lo: int = 0, hi: int = 16) -> tir.V:
+    """IQ4_GRID[code] for a uint32 code < 16, as a float32 (a select tree: no table buffer)."""
+    if hi - lo == 1:
+        return tir.const(float(IQ4_GRID[lo]))
+    mid = (lo + hi) // 2
+    return tir.select(code.cmp("lt", tir.const(mid, "uint32")), _grid(code, lo, mid), _grid(code, mid, hi))
+
+
+# type -> (values per block, block bytes, fields: (parameter, byte offset, bytes, "f16" | "bytes")); a bytes
+# field becomes uint32 words (little-endian, the last word zero-padded: only IQ4_XS's 6 scale bytes are padded)
+LAYOUTS = {
+    "Q5_0": (32, 22, (("q_scale", 0, 2, "f16"), ("q_high", 2, 4, "bytes"), ("q_weight", 6, 16, "bytes"))),
+    "Q5_1": (32, 24, (("q_scale", 0, 2, "f16"), ("q_min", 2, 2, "f16"), ("q_high", 4, 4, "bytes"),
+                      ("q_weight", 8, 16, "bytes"))),
+    "IQ4_NL": (32, 18, (("q_scale", 0, 2, "f16"), ("q_weight", 2, 16, "bytes"))),
+    "Q2_K": (QK_K, 84, (("q_sub", 0, 16, "bytes"), ("q_weight", 16, 64, "bytes"), ("q_scale", 80, 2, "f16"),
+                        ("q_min", 82, 2, "f16"))),
+    "Q3_K": (QK_K, 110, (("q_high", 0, 32, "bytes"), ("q_weight", 32, 64, "bytes"), ("q_sub", 96, 12, "bytes"),
+                         ("q_scale", 108, 2, "f16"))),
+    "Q4_K": (QK_K, 144, (("q_scale", 0, 2, "f16"), ("q_min", 2, 2, "f16"), ("q_sub", 4, 12, "bytes"),
+                         ("q_weight", 16, 128, "bytes"))),
+    "Q5_K": (QK_K, 176, (("q_scale", 0, 2, "f16"), ("q_min", 2, 2, "f16"), ("q_sub", 4, 12, "bytes"),
+                         ("q_high", 16, 32, "bytes"), ("q_weight", 48, 128, "bytes"))),
+    "Q6_K": (QK_K, 210, (("q_weight", 0, 128, "bytes"), ("q_high", 128, 64, "bytes"), ("q_sub", 192, 16, "bytes"),
+                         ("q_scale", 208, 2, "f16"))),
+    "IQ4_XS": (QK_K, 136, (("q_scale", 0, 2, "f16"), ("q_sub", 2, 6, "bytes"), ("q_weight", 8, 128, "bytes"))),
+}
+PARAM_ORDER = ("q_weight", "q_high", "q_sub", "q_scale", "q_min")  # the packed parameters' order in a module
+
+
+@dataclass(frozen=True)
+class StoredScheme(Scheme):
+    """A GGUF block format kept as its stored bytes (LAYOUTS), split into parameters the kernels load directly:
+    `q_weight` (the low code bits), `q_high` (the high bits: Q5's fifth bit, Q3_K's mask, Q6_K's 2-bit pairs),
+    `q_sub` (the packed sub-block scales, unpacked in the kernel), `q_scale` (f16 d) and `q_min` (f16 dmin or m).
+    The values, per format (llama.cpp's ggml-quants.c; v the value's index in its block, s its sub-block):
+
+        Q5_0    (q - 16) * d                 q = low nibble | bit v of qh << 4, blocks of 32
+        Q5_1    q * d + m
+        IQ4_NL  d * IQ4_GRID[nibble]
+        Q2_K    (d * (sc & 15)) * q - dmin * (sc >> 4)      2-bit q, 16 sub-blocks of 16, sc one byte each
+        Q3_K    (d * (sc6 - 32)) * (q2 - 4 * !hbit)         16 sub-blocks of 16, 6-bit scales packed in 12 bytes
+        Q4_K    (d * sc6) * q - dmin * m6                   8 sub-blocks of 32, 6-bit scales and mins in 12 bytes
+        Q5_K    as Q4_K with a fifth bit from qh
+        Q6_K    (d * sc8) * (q6 - 32)                       16 sub-blocks of 16, int8 scales
+        IQ4_XS  (d * (sc6 - 32)) * IQ4_GRID[nibble]         8 sub-blocks of 32
+
+    The numpy reference is gguf-py's own `dequantize` of the bytes put back together (`to_blocks`); `value` does
+    the same float32 arithmetic in the same order, so the dequantize program gives identical values."""
+
+    qtype: str = "Q4_K"
+
+    @property
+    def block(self) -> int:
+        return LAYOUTS[self.qtype][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return LAYOUTS[self.qtype][1]
+
+    def _fields(self):
+        return sorted(LAYOUTS[self.qtype][2], key=lambda f: PARAM_ORDER.index(f[0]))
+
+    @staticmethod
+    def _words(nbytes: int) -> int:
+        return -(-nbytes // 4)
+
+    def integer_activations(self, rows: int, cols: int) -> bool:
+        """Every stored format has integer kernels on the cpu target (targets/c_stored.py)."""
+        return cols % self.block == 0 and cols <= 1 << 16
+
+    def _blocks(self, cols: int) -> int:
+        if cols % self.block:
+            raise DeployError(f"{self.qtype} needs rows of whole {self.block}-value blocks, got {cols} columns")
+        return cols // self.block
+
+    def param_shapes(self, rows: int, cols: int):
+        nb = self._blocks(cols)
+        return {name: ((rows, nb), "float16") if kind == "f16" else ((rows, nb * self._words(size)), "uint32")
+                for name, _, size, kind in self._fields()}
+
+    def from_blocks(self, raw: np.ndarray) -> dict[str, np.ndarray]:
+        """The stored bytes (uint8 [rows, blocks * block_bytes]) split into the packed parameters."""
+        rows = raw.shape[0]
+        b = np.ascontiguousarray(raw, np.uint8).reshape(rows, -1, self.block_bytes)
+        out = {}
+        for name, at, size, kind in self._fields():
+            part = b[:, :, at:at + size]
+            if kind == "f16":
+                out[name] = np.ascontiguousarray(part).view(np.float16).reshape(rows, -1)
+            else:
+                pad = 4 * self._words(size) - size
+                if pad:
+                    part = np.concatenate([part, np.zeros((*part.shape[:2], pad), np.uint8)], axis=2)
+                out[name] = np.ascontiguousarray(part).view("<u4").astype(np.uint32).reshape(rows, -1)
+        return out
+
+    def to_blocks(self, packed: dict[str, np.ndarray]) -> np.ndarray:
+        rows = packed["q_weight"].shape[0]
+        nb = packed["q_scale"].shape[1]
+        out = np.zeros((rows, nb, self.block_bytes), np.uint8)
+        for name, at, size, kind in self._fields():
+            arr = packed[name].astype(np.float16 if kind == "f16" else "<u4")
+            out[:, :, at:at + size] = np.ascontiguousarray(arr).view(np.uint8).reshape(rows, nb, -1)[:, :, :size]
+        return out.reshape(rows, -1)
+
+    def quantize(self, w: np.ndarray) -> dict[str, np.ndarray]:
+        """Float weights -> this format, where gguf-py can write it (Q5_0, Q5_1); the rest are imported
+        from GGUF files as stored."""
+        import gguf
+
+        w = np.asarray(w, np.float32)
+        self._blocks(w.shape[1])
+        try:
+            return self.from_blocks(gguf.quants.quantize(w, gguf.GGMLQuantizationType[self.qtype]))
+        except NotImplementedError:
+            raise DeployError(f"{self.qtype} tensors are imported from GGUF files as stored; quantizing to it "
+                              f"is not supported") from None
+
+    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
+        """The numpy reference: gguf-py's dequantize of the reassembled blocks."""
+        import gguf
+
+        rows = packed["q_weight"].shape[0]
+        w = gguf.quants.dequantize(self.to_blocks(packed), gguf.GGMLQuantizationType[self.qtype])
+        return np.asarray(w, np.float32).reshape(rows, -1)[:, :cols]
+
+    def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
+        buf = {name: b for (name, *_), b in zip(self._fields(), bufs)}
+        blk, v = c // self.block, c % self.block
+        words = {name: self._words(size) for name, _, size, kind in self._fields() if kind == "bytes"}
+
+        def byte(name, i):
+            return _byte(buf[name], r, blk * (4 * words[name]) + i)
+
+        def half(name):
+            return _f(buf[name][r, blk])
+
+        return VALUES[self.qtype](byte, half, v, lambda: buf["q_high"][r, blk])
+
+
+def _q5_0(byte, half, v, qh_word):
+    q = tir.bitwise("bitor", _bits(byte("q_weight", v % 16), 4 * (v // 16), 15),
+                    tir.bitwise("shl", _bits(qh_word(), v, 1), 4))
+    return half("q_scale") * (_f(q) - 16.0)
+
+
+def _q5_1(byte, half, v, qh_word):
+    q = tir.bitwise("bitor", _bits(byte("q_weight", v % 16), 4 * (v // 16), 15),
+                    tir.bitwise("shl", _bits(qh_word(), v, 1), 4))
+    return half("q_scale") * _f(q) + half("q_min")
+
+
+def _iq4_nl(byte, half, v, _):
+    return half("q_scale") * _grid(_bits(byte("q_weight", v % 16), 4 * (v // 16), 15))
+
+
+def _q2_k(byte, half, v, _):
+    n, j, lane = v // 128, (v % 128) // 32, v % 32
+    sc = byte("q_sub", v // 16)
+    q = _bits(byte("q_weight", 32 * n + lane), 2 * j, 3)
+    dl = half("q_scale") * _f(tir.bitwise("bitand", sc, 15))
+    ml = half("q_min") * _f(tir.bitwise("shr", sc, 4))
+    return dl * _f(q) - ml
+
+
+def _q3_k(byte, half, v, _):
+    n, j, lane = v // 128, (v % 128) // 32, v % 32
+    s = v // 16
+    low = _bits(byte("q_sub", s % 8), 4 * (s // 8), 15)
+    high = _bits(byte("q_sub", 8 + s % 4), 2 * (s // 4), 3)
+    scale = _f(tir.bitwise("bitor", low, tir.bitwise("shl", high, 4))) - 32.0
+    q2 = _bits(byte("q_weight", 32 * n + lane), 2 * j, 3)
+    hbit = _bits(byte("q_high", lane), 4 * n + j, 1)
+    q = _f(q2) - _f(1 - hbit) * 4.0
+    return (half("q_scale") * scale) * q
+
+
+def _k_scale_min(byte, s):
+    """Q4_K/Q5_K's 6-bit scale and min of sub-block s (ggml's get_scale_min_k4)."""
+    h, k = s // 4, s % 4
+    sb = lambda i: byte("q_sub", i)  # noqa: E731
+    scale = tir.bitwise("bitor", tir.bitwise("bitand", sb(k + 8 * h), _u32(63 - 48 * h)),
+                        tir.bitwise("bitand", tir.bitwise("shr", sb(k), 2), _u32(48 * h)))
+    mins = tir.bitwise("bitor", _bits(sb(k + 4 + 4 * h), 4 * h, 63 - 48 * h),
+                       tir.bitwise("bitand", tir.bitwise("shr", sb(k + 4), 2), _u32(48 * h)))
+    return scale, mins
+
+
+def _q4_k(byte, half, v, _):
+    s = v // 32
+    scale, mins = _k_scale_min(byte, s)
+    q = _bits(byte("q_weight", (s // 2) * 32 + v % 32), 4 * (s % 2), 15)
+    return (half("q_scale") * _f(scale)) * _f(q) - half("q_min") * _f(mins)
+
+
+def _q5_k(byte, half, v, _):
+    s = v // 32
+    scale, mins = _k_scale_min(byte, s)
+    q = tir.bitwise("bitor", _bits(byte("q_weight", (s // 2) * 32 + v % 32), 4 * (s % 2), 15),
+                    tir.bitwise("shl", _bits(byte("q_high", v % 32), s, 1), 4))
+    return (half("q_scale") * _f(scale)) * _f(q) - half("q_min") * _f(mins)
+
+
+def _q6_k(byte, half, v, _):
+    hv = v // 128
+    lo = _bits(byte("q_weight", hv * 64 + v % 64), 4 * ((v % 128) // 64), 15)
+    hi = _bits(byte("q_high", hv * 32 + v % 32), 2 * ((v % 128) // 32), 3)
+    q = _f(tir.bitwise("bitor", lo, tir.bitwise("shl", hi, 4))) - 32.0
+    b = byte("q_sub", v // 16)
+    sc = _f(b) - _f(tir.bitwise("shr", b, 7)) * 256.0
+    return (half("q_scale") * sc) * q
+
+
+def _iq4_xs(byte, half, v, _):
+    ib = v // 32
+    low = _bits(byte("q_sub", 2 + ib // 2), 4 * (ib % 2), 15)
+    high = _bits(byte("q_sub", ib // 4), 2 * (ib % 4), 3)
+    scale = _f(tir.bitwise("bitor", low, tir.bitwise("shl", high, 4))) - 32.0
+    code = _bits(byte("q_weight", 16 * ib + v % 16), 4 * ((v % 32) // 16), 15)
+    return (half("q_scale") * scale) * _grid(code)
+
+
+VALUES = {"Q5_0": _q5_0, "Q5_1": _q5_1, "IQ4_NL": _iq4_nl, "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k,
+          "Q5_K": _q5_k, "Q6_K": _q6_k, "IQ4_XS": _iq4_xs}
+
+
+@dataclass(frozen=True)
+class InterleavedQ5(Scheme):
+    """Q5_0 / Q5_1 blocks with 16 rows interleaved (a compile-time layout transform for the cpu target's AVX2 and
+    AVX-512 kernels, as InterleavedScheme for the 4-bit formats): `q_weight` [N/16, K/32, 64] holds the low nibbles
+    exactly as InterleavedScheme does (word 16 j + l: row 16 g + l, byte i: columns 32 b + 4 j + i in the low
+    nibble and 32 b + 4 (j + 4) + i in the high one); `q_high` [N/16, K/32, 16] the fifth bits, byte 16 j + l of a
+    block holding bit i for column 4 j + i and bit 4 + i for column 4 (j + 4) + i of row l; `q_scale` (and Q5_1's
+    `q_min`) [N/16, K/32, 16]. The same bytes as the file (22 or 24 per 32 values), rearranged."""
+
+    qtype: str = "Q5_0"
+    lanes: int = 16
+
+    def fits(self, rows: int, cols: int) -> bool:
+        return rows % self.lanes == 0 and cols % BLOCK == 0
+
+    def integer_activations(self, rows: int, cols: int) -> bool:
+        return self.fits(rows, cols) and cols <= 1 << 16
+
+    @property
+    def plain_scheme(self) -> StoredScheme:
+        return STORED[self.qtype]
+
+    def param_shapes(self, rows: int, cols: int):
+        if not self.fits(rows, cols):
+            raise ValueError(f"{self.name} interleaves rows in 16s: got [{rows}, {cols}]")
+        g, nb, L = rows // self.lanes, cols // BLOCK, self.lanes
+        shapes = {"q_weight": ((g, nb, 4 * L), "uint32"), "q_high": ((g, nb, L), "uint32"),
+                  "q_scale": ((g, nb, L), "float16")}
+        if self.qtype == "Q5_1":
+            shapes["q_min"] = ((g, nb, L), "float16")
+        return shapes
+
+    def interleave(self, plain: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """StoredScheme's parameters of this format -> this layout."""
+        qs = plain["q_weight"].astype("<u4").view(np.uint8)
+        rows, L = qs.shape[0], self.lanes
+        nb = plain["q_scale"].shape[1]
+        g = rows // L
+        qs = qs.reshape(g, L, nb, 16)  # byte p: value p (low nibble) and p + 16 (high nibble) of the block
+        codes = np.concatenate([qs & 15, qs >> 4], axis=3)  # [g, l, b, 32] in value order
+        hb = ((plain["q_high"].astype(np.uint64)[:, :, None] >> np.arange(32, dtype=np.uint64)) & 1).astype(np.uint8)
+        hb = hb.reshape(g, L, nb, 32)
+        c = codes.reshape(g, L, nb, 8, 4)  # quad j, byte i
+        low = c[:, :, :, :4, :] | (c[:, :, :, 4:, :] << 4)  # [g, l, b, j, i]
+        out = {"q_weight": np.ascontiguousarray(low.transpose(0, 2, 3, 1, 4)).view("<u4").reshape(g, nb, 4 * L)
+               .astype(np.uint32)}
+        h = hb.reshape(g, L, nb, 8, 4)
+        bits = (h[:, :, :, :4, :] << np.arange(4, dtype=np.uint8)).sum(axis=4) | \
+            (h[:, :, :, 4:, :] << np.arange(4, 8, dtype=np.uint8)).sum(axis=4)  # [g, l, b, j]
+        out["q_high"] = np.ascontiguousarray(bits.astype(np.uint8).transpose(0, 2, 3, 1)).view("<u4") \
+            .reshape(g, nb, L).astype(np.uint32)
+        for k in ("q_scale", "q_min"):
+            if k in plain:
+                out[k] = np.ascontiguousarray(plain[k].reshape(g, L, nb).transpose(0, 2, 1))
+        return out
+
+    def plain(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This layout -> StoredScheme's parameters."""
+        g, nb, _ = packed["q_weight"].shape
+        L = self.lanes
+        low = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L, 4)
+        codes = np.concatenate([low & 15, low >> 4], axis=2).transpose(0, 3, 1, 2, 4).reshape(g * L, nb, 32)
+        hbytes = np.ascontiguousarray(packed["q_high"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L)
+        bits = (hbytes[..., None] >> np.arange(8, dtype=np.uint8)) & 1  # [g, b, j, l, 8]
+        hb = np.concatenate([bits[..., :4], bits[..., 4:]], axis=2)  # [g, b, 8 quads, l, 4]
+        hb = hb.transpose(0, 3, 1, 2, 4).reshape(g * L, nb, 32).astype(np.uint64)
+        qs = (codes[:, :, :16] | (codes[:, :, 16:] << 4)).astype(np.uint8)
+        out = {"q_weight": np.ascontiguousarray(qs).view("<u4").reshape(g * L, nb * 4).astype(np.uint32),
+               "q_high": (hb << np.arange(32, dtype=np.uint64)).sum(axis=2).astype(np.uint32)}
+        for k in ("q_scale", "q_min"):
+            if k in packed:
+                out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(g * L, nb))
+        return out
+
+    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
+        return self.plain_scheme.dequantize(self.plain(packed), cols)
+
+    def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
+        L = self.lanes
+        g, lane = r // L, r % L
+        b = c // BLOCK
+        quad = (c % BLOCK) // 4
+        word = bufs[0][g, b, lane + (quad % 4) * L]
+        low = _bits(word, (c % 4) * 8 + (quad // 4) * 4, 15)
+        at = (quad % 4) * L + lane  # the byte of the fifth bits
+        high = _bits(bufs[1][g, b, at // 4], (at % 4) * 8 + (c % 4) + 4 * (quad // 4), 1)
+        q = _f(tir.bitwise("bitor", low, tir.bitwise("shl", high, 4)))
+        d = _f(bufs[2][g, b, lane])
+        if self.qtype == "Q5_0":
+            return d * (q - 16.0)
+        return d * q + _f(bufs[3][g, b, lane])
+
+
+STORED = {q: StoredScheme(f"gguf_{q.lower()}", qtype=q) for q in LAYOUTS}
+INTERLEAVED_Q5 = {q: InterleavedQ5(f"gguf_{q.lower()}x16", qtype=q) for q in ("Q5_0", "Q5_1")}
