@@ -174,14 +174,14 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     bits = (activations if isinstance(activations, dict) else int(activations) if activations != "auto" else 8
             ) if integer else None
     model = quantize(loaded, quant, head, interleave, groups=integer, activations=bits)
-    by_type = model.weight_report() if isinstance(model, GGUFModel) else None
-    for row in by_type or ():  # a conversion rule is never silent
-        if row["into"] != "kept":
-            (progress or (lambda *a: None))("note", conversion_line(row))
     from .limits import check_compile
 
     ctx, chunk = check_compile(model, preset, context_window)  # context window and device memory, before anything
     step = progress or (lambda *a, **k: None)
+    by_type = model.weight_report() if isinstance(model, GGUFModel) else None
+    for row in by_type or ():  # a conversion rule is never silent
+        if row["into"] != "kept":
+            step("note", conversion_line(row))
     if integer and activations == "auto":  # 16 bits where 8 cost a linear too much on the calibration text
         from .calibrate import activation_costs, choose
 

@@ -557,10 +557,8 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
       for (int b = 0; b < nb; ++b) {
         const uint32_t* pb = q + 64 * b;
         int32_t dot = 0;
-        for (int k = 0; k < 32; ++k) {
-          const int j = k >> 2;
+        for (int k = 0; k < 32; ++k)
           dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];
-        }
         const float sc = (float)s[16 * b + l];
         a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];
       }
@@ -593,21 +591,24 @@ static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const uint32_
 #undef DCC_X16_ROWS
 }
 
-/* entry points: acc[16] (or acc[DCC_TILE * 16], row-major) for interleaved group g; q5: GGUF Q5_0 / Q5_1 */
-#define DCC_X16_ENTRIES(NAME, QH_ARG, QH, M_ARG, M, ZERO)                                                            \
-  static inline void dcc_dot_##NAME##_x16_q8(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG                \
-                                             const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {      \
-    dcc_dot_x16(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb);                                                          \
+/* entry points: acc[16] (or acc[DCC_TILE * 16], row-major) for interleaved group g; q5: GGUF Q5_0 / Q5_1. One
+   macro for both activation widths: IMPL is dcc_dot_x16 (int8 codes) or dcc_dot_x16_16 (int16, c_x16.py). */
+#define DCC_X16_ENTRIES(NAME, BITS, XT, IMPL, QH_ARG, QH, M_ARG, M, ZERO)                                             \
+  static inline void dcc_dot_##NAME##_x16_q##BITS(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG          \
+                                                  const XT* xq, const float* xd, const float* xsd, int g, int nb) {    \
+    IMPL(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb);                                                                 \
   }                                                                                                                   \
-  static inline void dcc_dot_##NAME##_x16_q8_tile(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG           \
-                                                  const int8_t* xq, const float* xd, const float* xsd, int g, int nb,  \
-                                                  int t0, int rows) {                                                 \
-    dcc_dot_x16_tile(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb, t0, rows);                                           \
+  static inline void dcc_dot_##NAME##_x16_q##BITS##_tile(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG   \
+                                                         const XT* xq, const float* xd, const float* xsd, int g,      \
+                                                         int nb, int t0, int rows) {                                  \
+    IMPL##_tile(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb, t0, rows);                                                \
   }
 #define DCC_NONE
 #define DCC_COMMA ,
-DCC_X16_ENTRIES(q4_sym, DCC_NONE, 0, DCC_NONE, 0, 8.0f)
-DCC_X16_ENTRIES(q4_asym, DCC_NONE, 0, const half* m DCC_COMMA, m, 0.0f)
-DCC_X16_ENTRIES(q5_sym, const uint32_t* qh DCC_COMMA, qh, DCC_NONE, 0, 16.0f)
-DCC_X16_ENTRIES(q5_asym, const uint32_t* qh DCC_COMMA, qh, const half* m DCC_COMMA, m, 0.0f)
+#define DCC_X16_FORMATS(BITS, XT, IMPL)                                                                               \
+  DCC_X16_ENTRIES(q4_sym, BITS, XT, IMPL, DCC_NONE, 0, DCC_NONE, 0, 8.0f)                                             \
+  DCC_X16_ENTRIES(q4_asym, BITS, XT, IMPL, DCC_NONE, 0, const half* m DCC_COMMA, m, 0.0f)                             \
+  DCC_X16_ENTRIES(q5_sym, BITS, XT, IMPL, const uint32_t* qh DCC_COMMA, qh, DCC_NONE, 0, 16.0f)                       \
+  DCC_X16_ENTRIES(q5_asym, BITS, XT, IMPL, const uint32_t* qh DCC_COMMA, qh, const half* m DCC_COMMA, m, 0.0f)
+DCC_X16_FORMATS(8, int8_t, dcc_dot_x16)
 """

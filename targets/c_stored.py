@@ -21,30 +21,22 @@ from __future__ import annotations
 
 ENGINE = r"""
 /* ---- GGUF formats kept as stored (targets/c_stored.py) ---- */
-static inline void dcc_quantize_q8_k(const float* x, int8_t* q, float* d, float* dsum, int off, int n, int row) {
-  const int64_t r = row, nb = n / 32;
-  for (int b = 0; b < nb; ++b) {
-    float s32;
-    int8_t* qb = q + r * n + 32 * b;
-    dcc_quantize_block(x + off + 32 * b, qb, d + r * nb + b, &s32, 0);
-    int32_t s0 = 0, s1 = 0;
-    for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
-    dsum[2 * (r * nb + b)] = d[r * nb + b] * (float)s0;
-    dsum[2 * (r * nb + b) + 1] = d[r * nb + b] * (float)s1;
+/* activations in linear order, d per 32 and d * (code sum) per 16: two per block (the K-quants' sub-blocks of 16) */
+#define DCC_QUANTIZE_K(BITS, XT, BLOCKFN)                                                                            \
+  static inline void dcc_quantize_q##BITS##_k(const float* x, XT* q, float* d, float* dsum, int off, int n, int row) { \
+    const int64_t r = row, nb = n / 32;                                                                               \
+    for (int b = 0; b < nb; ++b) {                                                                                    \
+      float s32;                                                                                                      \
+      XT* qb = q + r * n + 32 * b;                                                                                    \
+      BLOCKFN(x + off + 32 * b, qb, d + r * nb + b, &s32, 0);                                                         \
+      int32_t s0 = 0, s1 = 0;                                                                                         \
+      for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];                                                     \
+      dsum[2 * (r * nb + b)] = d[r * nb + b] * (float)s0;                                                             \
+      dsum[2 * (r * nb + b) + 1] = d[r * nb + b] * (float)s1;                                                         \
+    }                                                                                                                 \
   }
-}
-static inline void dcc_quantize_q16_k(const float* x, int16_t* q, float* d, float* dsum, int off, int n, int row) {
-  const int64_t r = row, nb = n / 32;
-  for (int b = 0; b < nb; ++b) {
-    float s32;
-    int16_t* qb = q + r * n + 32 * b;
-    dcc_quantize_block16(x + off + 32 * b, qb, d + r * nb + b, &s32, 0);
-    int32_t s0 = 0, s1 = 0;
-    for (int i = 0; i < 16; ++i) s0 += qb[i], s1 += qb[16 + i];
-    dsum[2 * (r * nb + b)] = d[r * nb + b] * (float)s0;
-    dsum[2 * (r * nb + b) + 1] = d[r * nb + b] * (float)s1;
-  }
-}
+DCC_QUANTIZE_K(8, int8_t, dcc_quantize_block)
+DCC_QUANTIZE_K(16, int16_t, dcc_quantize_block16)
 
 /* one weight row of a stored format: each packed parameter's bytes (or f16 values) for that row */
 typedef struct { const uint8_t *w, *h, *sub; const half *d, *m; } dcc_gg_row;

@@ -94,19 +94,6 @@ static inline void dcc_dot_x16_16_tile(float* acc, const uint32_t* q, const uint
 #undef DCC_X16_ROWS
 }
 
-/* entry points, as the 8-bit ones (c_intrin.py DCC_X16_ENTRIES) */
-#define DCC_X16_ENTRIES16(NAME, QH_ARG, QH, M_ARG, M, ZERO)                                                          \
-  static inline void dcc_dot_##NAME##_x16_q16(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG              \
-                                              const int16_t* xq, const float* xd, const float* xsd, int g, int nb) {  \
-    dcc_dot_x16_16(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb);                                                       \
-  }                                                                                                                   \
-  static inline void dcc_dot_##NAME##_x16_q16_tile(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG         \
-                                                   const int16_t* xq, const float* xd, const float* xsd, int g,       \
-                                                   int nb, int t0, int rows) {                                        \
-    dcc_dot_x16_16_tile(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb, t0, rows);                                        \
-  }
-DCC_X16_ENTRIES16(q4_sym, DCC_NONE, 0, DCC_NONE, 0, 8.0f)
-DCC_X16_ENTRIES16(q4_asym, DCC_NONE, 0, const half* m DCC_COMMA, m, 0.0f)
-DCC_X16_ENTRIES16(q5_sym, const uint32_t* qh DCC_COMMA, qh, DCC_NONE, 0, 16.0f)
-DCC_X16_ENTRIES16(q5_asym, const uint32_t* qh DCC_COMMA, qh, const half* m DCC_COMMA, m, 0.0f)
+/* entry points, as the 8-bit ones (c_intrin.py DCC_X16_FORMATS) */
+DCC_X16_FORMATS(16, int16_t, dcc_dot_x16_16)
 """

@@ -10,7 +10,7 @@ AVX2 `vpmaddubsw` + `vpmaddwd`, and plain C elsewhere (the place for ARM `sdot`)
 
 The rule takes only a program that says its activations are rounded to 8 or 16 bits (attrs activations: the
 graph's round_activations absorbed into the linear, transform/absorb_rounding.py), since that rounding is what
-the integer arithmetic computes (16 bits: int16 codes, `vpmaddwd` / `vpdpwssd`, plain layouts only); and
+the integer arithmetic computes (16 bits: int16 codes, `vpmaddwd` / `vpdpwssd`, plain and interleaved); and
 every such program must be taken (schedule checks). Which weight formats qualify is not read from names or
 attributes: the rule takes the matmul's weight
 expression W(n, k) as the fused program computes it and checks it, by evaluating both on random
@@ -370,7 +370,7 @@ def _format_stored(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog
     parameters, against the format's reference dequantization (gguf-py's)."""
     from itertools import permutations
 
-    from ..quantization.gguf_blocks import BLOCK_SCHEMES, LAYOUTS
+    from ..quantization.gguf_stored import STORED
 
     bufs = list(dict.fromkeys(ld.arg[0] for ld in tir.loads(w)))
     if not N.is_const or any(b.scope != "global" or b not in prog.params or len(b.shape) != 2 or
@@ -379,8 +379,7 @@ def _format_stored(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog
     dims = {b: (tuple(sym.as_expr(d).value for d in b.shape), b.dtype) for b in bufs}
     rng = np.random.default_rng(0)
     nn, kk = rng.integers(0, N.value, 64), rng.integers(0, K, 64)
-    for qtype in LAYOUTS:
-        scheme = BLOCK_SCHEMES[qtype]
+    for qtype, scheme in STORED.items():
         if K % scheme.block:
             continue
         shapes = [(tuple(shape), dtype) for shape, dtype in scheme.param_shapes(N.value, K).values()]
