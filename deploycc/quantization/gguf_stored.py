@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import DeployError
 from ..ir import tir
 from .base import Scheme
+from .group import InterleavedScheme, pack_codes
 
 BLOCK = 32
 
@@ -303,41 +304,36 @@ class InterleavedQ5(Scheme):
         rows, L = qs.shape[0], self.lanes
         nb = plain["q_scale"].shape[1]
         g = rows // L
-        qs = qs.reshape(g, L, nb, 16)  # byte p: value p (low nibble) and p + 16 (high nibble) of the block
-        codes = np.concatenate([qs & 15, qs >> 4], axis=3)  # [g, l, b, 32] in value order
+        qs = qs.reshape(rows, nb, 16)  # byte p: value p (low nibble) and p + 16 (high nibble) of the block
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(rows, nb * 32)  # in value order
+        # the low nibbles, scales and minimums: exactly InterleavedScheme's layout of the same codes
+        low = InterleavedScheme("low", bits=4, symmetric="q_min" not in plain)
+        out = low.interleave({"q_weight": pack_codes(codes, 4), **{k: plain[k] for k in ("q_scale", "q_min")
+                                                                    if k in plain}}, nb * BLOCK)
         hb = ((plain["q_high"].astype(np.uint64)[:, :, None] >> np.arange(32, dtype=np.uint64)) & 1).astype(np.uint8)
-        hb = hb.reshape(g, L, nb, 32)
-        c = codes.reshape(g, L, nb, 8, 4)  # quad j, byte i
-        low = c[:, :, :, :4, :] | (c[:, :, :, 4:, :] << 4)  # [g, l, b, j, i]
-        out = {"q_weight": np.ascontiguousarray(low.transpose(0, 2, 3, 1, 4)).view("<u4").reshape(g, nb, 4 * L)
-               .astype(np.uint32)}
-        h = hb.reshape(g, L, nb, 8, 4)
+        h = hb.reshape(g, L, nb, 8, 4)  # quad j, byte i
         bits = (h[:, :, :, :4, :] << np.arange(4, dtype=np.uint8)).sum(axis=4) | \
             (h[:, :, :, 4:, :] << np.arange(4, 8, dtype=np.uint8)).sum(axis=4)  # [g, l, b, j]
         out["q_high"] = np.ascontiguousarray(bits.astype(np.uint8).transpose(0, 2, 3, 1)).view("<u4") \
             .reshape(g, nb, L).astype(np.uint32)
-        for k in ("q_scale", "q_min"):
-            if k in plain:
-                out[k] = np.ascontiguousarray(plain[k].reshape(g, L, nb).transpose(0, 2, 1))
-        return out
+        return {k: out[k] for k in self.param_shapes(rows, nb * BLOCK)}
 
     def plain(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """This layout -> StoredScheme's parameters."""
         g, nb, _ = packed["q_weight"].shape
         L = self.lanes
-        low = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L, 4)
-        codes = np.concatenate([low & 15, low >> 4], axis=2).transpose(0, 3, 1, 2, 4).reshape(g * L, nb, 32)
+        low = InterleavedScheme("low", bits=4, symmetric="q_min" not in packed).plain(
+            {k: v for k, v in packed.items() if k != "q_high"})  # codes packed in value order, scales per row
+        codes = ((low["q_weight"][:, :, None] >> np.arange(0, 32, 4, dtype=np.uint32)) & 15).astype(np.uint8)
+        codes = codes.reshape(g * L, nb, 32)
         hbytes = np.ascontiguousarray(packed["q_high"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L)
         bits = (hbytes[..., None] >> np.arange(8, dtype=np.uint8)) & 1  # [g, b, j, l, 8]
         hb = np.concatenate([bits[..., :4], bits[..., 4:]], axis=2)  # [g, b, 8 quads, l, 4]
         hb = hb.transpose(0, 3, 1, 2, 4).reshape(g * L, nb, 32).astype(np.uint64)
         qs = (codes[:, :, :16] | (codes[:, :, 16:] << 4)).astype(np.uint8)
-        out = {"q_weight": np.ascontiguousarray(qs).view("<u4").reshape(g * L, nb * 4).astype(np.uint32),
-               "q_high": (hb << np.arange(32, dtype=np.uint64)).sum(axis=2).astype(np.uint32)}
-        for k in ("q_scale", "q_min"):
-            if k in packed:
-                out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(g * L, nb))
-        return out
+        return {"q_weight": np.ascontiguousarray(qs).view("<u4").reshape(g * L, nb * 4).astype(np.uint32),
+                "q_high": (hb << np.arange(32, dtype=np.uint64)).sum(axis=2).astype(np.uint32),
+                **{k: low[k] for k in ("q_scale", "q_min") if k in low}}
 
     def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
         return self.plain_scheme.dequantize(self.plain(packed), cols)
