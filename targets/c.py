@@ -19,7 +19,7 @@ from deploycc.ir.tir import Barrier, For, Intrin, walk
 from .c_intrin import INTRINSICS
 from .c_pool import POOL_SOURCE
 from .c_stored import STORED_INTRINSICS
-from .c_x16 import X16_16BIT
+from .c_x16 import X16
 from .cstyle import CStyleRenderer, _ident
 
 PREAMBLE = """#include <math.h>
@@ -152,7 +152,7 @@ class CRenderer(CStyleRenderer):
     def module(self, kernels) -> str:
         body = "\n".join(self.kernel(k) for k in kernels)
         launchers = "\n".join(self.launcher(k) for k in kernels)
-        return self.preamble + INTRINSICS + X16_16BIT + STORED_INTRINSICS + POOL_SOURCE + body + "\n" + launchers
+        return self.preamble + INTRINSICS + X16 + STORED_INTRINSICS + POOL_SOURCE + body + "\n" + launchers
 
 
 def render(kernels, target=None) -> str:

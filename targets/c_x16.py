@@ -1,16 +1,180 @@
-"""The cpu target's interleaved 4-bit weights (quantization/group.py InterleavedScheme: 16 outputs per group, word
-16 * j + l holding output l's codes of quad j and j + 4; with fifth bits, GGUF's Q5_0 / Q5_1: gguf_blocks.py
-InterleavedQ5) against 16-bit activations (int16 codes, linear order),
-which calibration gives the linears whose 8-bit rounding costs too much (deploycc/calibrate.py). The 8-bit kernels
-of the same layout are in c_intrin.py (dcc_x16_rows).
+"""The cpu target's kernels for weights interleaved in 16s (quantization/group.py InterleavedScheme: 16 outputs per
+group, word 16 * j + l holding output l's codes of quad j and j + 4; with fifth bits, GGUF's Q5_0 / Q5_1:
+gguf_stored.py InterleavedQ5), one output per SIMD lane, so no horizontal sums; 8- and 16-bit activations.
 
-AVX2: per block and half (8 outputs), each quad's 8 outputs x 4 codes are widened to int16 in two registers (outputs
-0-3 and 4-7) and multiplied with the quad's 4 activations broadcast (`vpmaddwd`), the 8 quads summed in int32
-(|sum| <= 8 * 2 * 15 * 32767 < 2^31); one `vphaddd` and a lane permutation then put output l's sum in lane l, so the
-scales apply as vectors and no horizontal sum is left. Plain C elsewhere.
+8-bit, AVX-512 VNNI: per block, 8 `vpdpbusd` of 16 outputs' 4 codes by 4 activation bytes broadcast. AVX2: two 8-lane
+halves; each half's quads go through `vpmaddubsw` and are added as int16 before `vpmaddwd`.
+16-bit (the linears calibration gives int16 codes, deploycc/calibrate.py), AVX2: each quad's 8 outputs x 4 codes are
+widened to int16 in two registers (outputs 0-3 and 4-7) and multiplied with the quad's 4 activations broadcast
+(`vpmaddwd`), the 8 quads summed in int32 (|sum| <= 8 * 2 * 31 * 32767 < 2^31); one `vphaddd` and a lane
+permutation put output l's sum in lane l. Plain C elsewhere. The source follows c_intrin.py's (dcc_tile_rows, the
+residue dispatch).
 """
 
-X16_16BIT = r"""
+X16 = r"""
+/* code k of output l in one interleaved block: the low nibble, and with fifth bits (GGUF Q5_0 / Q5_1 interleaved,
+   quantization/gguf_blocks.py InterleavedQ5) bit 4 from byte 16 (j % 4) + l of the block's 64 bytes of them */
+static inline uint32_t dcc_x16_code(const uint32_t* pb, const uint8_t* hb, int l, int k) {
+  const int j = k >> 2;
+  uint32_t c = (pb[16 * (j & 3) + l] >> (8 * (k & 3) + 4 * (j >> 2))) & 15u;
+  if (hb) c |= ((hb[16 * (j & 3) + l] >> ((k & 3) + 4 * (j >> 2))) & 1u) << 4;
+  return c;
+}
+#if defined(__AVX2__)
+/* 8 outputs' bytes of fifth bits, each repeated over its output's 4 code bytes */
+static inline __m256i dcc_x16_fifth(const uint8_t* hb) {
+  int64_t v;
+  __builtin_memcpy(&v, hb, 8);
+  return _mm256_shuffle_epi8(_mm256_set1_epi64x(v), _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                                                     4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
+}
+/* 16 in each byte whose bit (the byte's position in `mask4`'s 4 bytes) is set */
+static inline __m256i dcc_bits16(__m256i v, int mask4) {
+  const __m256i m = _mm256_set1_epi32(mask4);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8(16));
+}
+#endif
+
+/* interleaved 4-bit weights (quantization/group.py InterleavedScheme): R activation rows (activations in
+   linear order) against the 16 outputs of one interleaved group, one output per lane: per block, 8
+   vpdpbusd of 16 outputs' 4 codes by 4 activation bytes broadcast, then the block's scales as vectors;
+   out[r * ldo + l] for output l of the group. No horizontal sums. */
+static inline __attribute__((always_inline)) void dcc_x16_rows(
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, float zero,
+    const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
+#if defined(DCC_ZMM)
+  if (!qh) {  /* the 4-bit formats through 512-bit vpdpbusd; the 5-bit ones take the AVX2 path below */
+  __m512 acc[DCC_TILE];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i lo = _mm512_set1_epi8(15);
+  for (int b = 0; b < nb; ++b) {
+    const uint32_t* pb = q + 64 * b;
+    __m512i c[8];
+    for (int j = 0; j < 4; ++j) {
+      const __m512i p = _mm512_loadu_si512(pb + 16 * j);
+      c[j] = _mm512_and_si512(p, lo);
+      c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), lo);
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + 16 * b)));
+    const __m512 cv = m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(m + 16 * b)))
+                        : _mm512_mul_ps(dv, _mm512_set1_ps(-zero));
+    for (int r = 0; r < R; ++r) {
+      const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+      __m512i a = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) a = _mm512_dpbusd_epi32(a, c[j], _mm512_set1_epi32(x[j]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dv, _mm512_set1_ps(dr[r][b])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(cv, _mm512_set1_ps(sr[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (int64_t)r * ldo, acc[r]);
+  return;
+  }
+#endif
+#if defined(__AVX2__)
+  /* AVX2: the 16 outputs in two 8-lane halves; per block, each half's quads go through vpmaddubsw and are added
+     as int16 (|pair sum| <= 2 * 15 * 127, eight of them < 2^15; 5-bit codes: 2 * 31 * 127, four of them) before
+     vpmaddwd into int32 */
+  __m256 acc[DCC_TILE][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; ++b) {
+    const uint32_t* pb = q + 64 * b;
+    for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
+      __m256i c[8];
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
+        c[j] = _mm256_and_si256(p, lo);
+        c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
+        if (qh) {
+          const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
+          c[j] = _mm256_or_si256(c[j], dcc_bits16(hv, 0x08040201));
+          c[j + 4] = _mm256_or_si256(c[j + 4], dcc_bits16(hv, (int)0x80402010));
+        }
+      }
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
+      const __m256 cv = m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + 16 * b + 8 * h)))
+                          : _mm256_mul_ps(dv, _mm256_set1_ps(-zero));
+      for (int r = 0; r < R; ++r) {
+        const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+        __m256i a = _mm256_maddubs_epi16(c[0], _mm256_set1_epi32(x[0]));
+        for (int j = 1; j < 4; ++j) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
+        __m256i a2 = qh ? _mm256_maddubs_epi16(c[4], _mm256_set1_epi32(x[4]))
+                        : _mm256_add_epi16(a, _mm256_maddubs_epi16(c[4], _mm256_set1_epi32(x[4])));
+        for (int j = 5; j < 8; ++j) a2 = _mm256_add_epi16(a2, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
+        const __m256i i32 = qh ? _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(a2, ones))
+                               : _mm256_madd_epi16(a2, ones);
+        const __m256 dot = _mm256_cvtepi32_ps(i32);
+        acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
+    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
+  }
+#else
+  for (int r = 0; r < R; ++r) {
+    for (int l = 0; l < 16; ++l) {
+      float a = 0.0f;
+      for (int b = 0; b < nb; ++b) {
+        const uint32_t* pb = q + 64 * b;
+        int32_t dot = 0;
+        for (int k = 0; k < 32; ++k)
+          dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];
+        const float sc = (float)s[16 * b + l];
+        a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];
+      }
+      out[(int64_t)r * ldo + l] = a;
+    }
+  }
+#endif
+}
+
+static inline void dcc_dot_x16(float* acc, const uint32_t* q, const uint32_t* qh, const half* s, const half* m,
+                               float zero, const int8_t* xq, const float* xd, const float* xsd, int g, int nb) {
+  const int8_t* xr[1] = {xq};
+  const float* dr[1] = {xd};
+  const float* sr[1] = {xsd};
+  const int64_t at = (int64_t)g * nb;
+  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, 1);
+}
+
+static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const uint32_t* qh, const half* s, const half* m,
+                                    float zero, const int8_t* xq, const float* xd, const float* xsd, int g, int nb,
+                                    int t0, int rows) {
+  const int8_t* xr[DCC_TILE];
+  const float* dr[DCC_TILE];
+  const float* sr[DCC_TILE];
+  dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
+  const int64_t at = (int64_t)g * nb;
+#define DCC_X16_ROWS(R) \
+  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
+  DCC_TILE_RESIDUE(DCC_X16_ROWS)
+#undef DCC_X16_ROWS
+}
+
+/* entry points: acc[16] (or acc[DCC_TILE * 16], row-major) for interleaved group g; q5: GGUF Q5_0 / Q5_1. One
+   macro for both activation widths: IMPL is dcc_dot_x16 (int8 codes) or dcc_dot_x16_16 (int16, c_x16.py). */
+#define DCC_X16_ENTRIES(NAME, BITS, XT, IMPL, QH_ARG, QH, M_ARG, M, ZERO)                                             \
+  static inline void dcc_dot_##NAME##_x16_q##BITS(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG          \
+                                                  const XT* xq, const float* xd, const float* xsd, int g, int nb) {    \
+    IMPL(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb);                                                                 \
+  }                                                                                                                   \
+  static inline void dcc_dot_##NAME##_x16_q##BITS##_tile(float* acc, const uint32_t* q, QH_ARG const half* s, M_ARG   \
+                                                         const XT* xq, const float* xd, const float* xsd, int g,      \
+                                                         int nb, int t0, int rows) {                                  \
+    IMPL##_tile(acc, q, QH, s, M, ZERO, xq, xd, xsd, g, nb, t0, rows);                                                \
+  }
+#define DCC_NONE
+#define DCC_COMMA ,
+#define DCC_X16_FORMATS(BITS, XT, IMPL)                                                                               \
+  DCC_X16_ENTRIES(q4_sym, BITS, XT, IMPL, DCC_NONE, 0, DCC_NONE, 0, 8.0f)                                             \
+  DCC_X16_ENTRIES(q4_asym, BITS, XT, IMPL, DCC_NONE, 0, const half* m DCC_COMMA, m, 0.0f)                             \
+  DCC_X16_ENTRIES(q5_sym, BITS, XT, IMPL, const uint32_t* qh DCC_COMMA, qh, DCC_NONE, 0, 16.0f)                       \
+  DCC_X16_ENTRIES(q5_asym, BITS, XT, IMPL, const uint32_t* qh DCC_COMMA, qh, const half* m DCC_COMMA, m, 0.0f)
+DCC_X16_FORMATS(8, int8_t, dcc_dot_x16)
+
 static inline __attribute__((always_inline)) void dcc_x16_rows16(
     float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, float zero,
     const int16_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
@@ -94,6 +258,6 @@ static inline void dcc_dot_x16_16_tile(float* acc, const uint32_t* q, const uint
 #undef DCC_X16_ROWS
 }
 
-/* entry points, as the 8-bit ones (c_intrin.py DCC_X16_FORMATS) */
+/* entry points, as the 8-bit ones (DCC_X16_FORMATS above) */
 DCC_X16_FORMATS(16, int16_t, dcc_dot_x16_16)
 """

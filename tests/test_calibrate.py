@@ -76,7 +76,7 @@ def scheme_shape(model, name):
 
 
 def test_sixteen_bit_linears_take_the_interleaved_layout_too():
-    """The interleaved layout has 8- and 16-bit kernels (targets/c_intrin.py, c_x16.py): the bits do not decide it."""
+    """The interleaved layout has 8- and 16-bit kernels (targets/c_x16.py): the bits do not decide it."""
     loaded = deploycc.load_model(str(make_tiny("llama-wide")))
     names = [n for n, _ in quantized_modules(quantize(loaded, "q4f16_1", groups=True, activations=8).build())]
     choice = {n: 16 if i % 2 else 8 for i, n in enumerate(names)}

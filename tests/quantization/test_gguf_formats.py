@@ -214,7 +214,7 @@ Q5_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q5_0, **{f"blk.{n}.{t}
 @pytest.mark.parametrize("isa,bits", [("x86-64-v3", 8), ("x86-64-v3", 16), ("x86-64-v4", 8), ("generic", 8)])
 def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
     """Q5_0 / Q5_1 linears whose rows come in 16s take the interleaved layout (InterleavedQ5: the file's bytes,
-    rearranged) on x86: its kernels (targets/c_intrin.py, c_x16.py) against the interpreter on identically rounded
+    rearranged) on x86: its kernels (targets/c_x16.py) against the interpreter on identically rounded
     activations, 1e-5 of the largest output; its dequantization bit for bit against gguf-py."""
     from deploycc.quantization import quantize
     from deploycc.quantization.gguf_blocks import INTERLEAVED_Q5
