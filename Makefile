@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 
 # Debian packages for the device backends: PoCL 3.1 (faster than pip's PoCL 3.0) and the Vulkan lavapipe
@@ -16,8 +17,11 @@ PYTEST_ARGS ?=
 # Under CI=true (.ci/run sets it) a package that cannot be installed fails the run; elsewhere it is a warning.
 SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev chromium fonts-liberation \
 	libgl1-mesa-dri oclgrind
+# `make demo` needs only the C compiler of the cpu target, and of Python packages deploycc itself and its `demo`
+# extra (torch, transformers, gguf and accelerate for scripts/fetch_smollm2.py): no Chromium, PoCL, lavapipe or Oclgrind.
+DEMO_SYSTEM_DEPS := gcc libc6-dev
 
-.PHONY: install system-deps test test-fast demo model lint clean
+.PHONY: install demo-install system-deps demo-system-deps docs test test-fast demo model lint clean
 
 # order-only: checked on every install (dpkg -s is cheap) without forcing the pip step to rerun
 $(STAMP): pyproject.toml | system-deps
@@ -25,29 +29,49 @@ $(STAMP): pyproject.toml | system-deps
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev,opencl,webgpu,serve]"
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-system-deps:
+# the full install holds the demo's too (it touches DEMO_STAMP)
+$(DEMO_STAMP): pyproject.toml | demo-system-deps
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[demo]"
+	touch $(DEMO_STAMP)
+
+system-deps: DEPS := $(SYSTEM_DEPS)
+system-deps: LACKING := OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter, the browser tests have no Chromium and the Oclgrind tests skip
+demo-system-deps: DEPS := $(DEMO_SYSTEM_DEPS)
+demo-system-deps: LACKING := the cpu target needs another C compiler (clang, or pip install ziglang)
+system-deps demo-system-deps:
 	@case "$$(printf %s "$${CI:-}" | tr A-Z a-z)" in 1|true|yes) ci=1;; *) ci=;; esac; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
-		[ -z "$$ci" ] || { echo "error: CI=true, but there is no apt-get to install $(SYSTEM_DEPS)"; exit 1; }; \
-		echo "warning: no apt-get: install $(SYSTEM_DEPS) yourself, or the tests that need them skip"; exit 0; \
+		[ -z "$$ci" ] || { echo "error: CI=true, but there is no apt-get to install $(DEPS)"; exit 1; }; \
+		echo "warning: no apt-get: install $(DEPS) yourself, or $(LACKING)"; exit 0; \
 	fi; \
-	missing=""; for p in $(SYSTEM_DEPS); do dpkg -s $$p 2>/dev/null | grep -q "^Status: install ok installed" || missing="$$missing $$p"; done; \
+	missing=""; for p in $(DEPS); do dpkg -s $$p 2>/dev/null | grep -q "^Status: install ok installed" || missing="$$missing $$p"; done; \
 	[ -n "$$missing" ] || exit 0; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
 	echo "apt-get install$$missing"; \
 	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends $$missing && exit 0; \
 	[ -z "$$ci" ] || { echo "error: CI=true, and apt-get could not install$$missing"; exit 1; }; \
-	echo "warning: could not install$$missing; OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter, the browser tests have no Chromium and the Oclgrind tests skip"
+	echo "warning: could not install$$missing; $(LACKING)"
 
 install: $(STAMP)
 
-model: install
+demo-install: $(DEMO_STAMP)
+
+# the demo's checkpoint: needs only the demo's packages
+model: demo-install
 	$(PY) scripts/fetch_smollm2.py
 
-test: install
+# the documentation site (docs/, mkdocs.yml) into build/docs; --strict: any warning (a broken link or anchor, a
+# page left out of the nav) fails the build. NO_MKDOCS_2_WARNING quiets mkdocs-material's banner about MkDocs 2.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d build/docs
+
+test: install docs
 	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
