@@ -83,7 +83,7 @@ def test_q4f16_2_with_an_8_bit_head_reproduces_the_checkpoint(checkpoint):
     """The checkpoint was dequantized from a Q4_1 (layers) / Q8_0 (embedding) GGUF: q4f16_2 (asymmetric
     4-bit, group 32, f16 scale and min) and q8f16_0 (symmetric 8-bit, group 32, f16 scale) are the same
     grids, so re-quantizing recovers the weights exactly and the logits are bit-identical to q0f32's;
-    the 4-bit head alone changes them (perplexity +6.4%, README)."""
+    the 4-bit head alone changes them (perplexity +6.4%, docs/quantization.md)."""
     import numpy as np
 
     from deploycc.session import reference_session

@@ -4,7 +4,7 @@ an 8-bit head, activation precision calibrated per linear by deploycc/calibrate.
 - greedy (`run --temperature 0`), "What is the capital of France?" is answered with Paris (8-bit activations on
   every linear answered "L'Étoile, la Marseur, ...");
 - of benchmarks/agreement.py's 100 everyday chat prompts, the package keeps float32 transformers' first 32 greedy
-  tokens whole on at least AGREEMENT of them (the figure and its spread: README "Activation precision");
+  tokens whole on at least AGREEMENT of them (the figure and its spread: docs/quantization.md, "Activation precision");
 - `verify` passes against the numpy reference that rounds each linear's input as the package records;
 - `verify --kernels` passes: every kernel against its loop-level program on this CPU.
 """
