@@ -14,6 +14,9 @@ Everything lives under $DEPLOYCC_HOME/llama.cpp/ (default ~/.cache/deploycc/llam
                                             llama.cpp's AMX path segfaults on those machines)
     gguf/SmolLM2-135M-Instruct-{TYPE}.gguf  F16 from the HF checkpoint at $DEPLOYCC_HOME/models/SmolLM2-135M-Instruct
                                             (convert_hf_to_gguf.py, gguf-py from the sdist), the rest llama-quantize'd
+    gguf/{SHAPE}-{TYPE}.gguf                with --models: random-weight checkpoints with the shapes of real models
+                                            (SHAPES: Qwen2.5-0.5B, Llama-3.2-1B; SmolLM2's tokenizer, the vocabulary
+                                            padded to the model's), made by transformers under models/{SHAPE}
     logs/                                   the output of every cmake / convert / quantize step
 
 Each step is skipped when its output exists, so a second run costs a second. The build (targets
@@ -120,12 +123,62 @@ def bin_path(native: bool, target: str) -> Path:
     return build_dir(native) / "bin" / target
 
 
-def checkpoint_dir() -> Path:
-    return deploycc_home() / "models" / MODEL_NAME
+def checkpoint_dir(model: str = MODEL_NAME) -> Path:
+    return deploycc_home() / "models" / model
 
 
-def gguf_path(qtype: str) -> Path:
-    return root_dir() / "gguf" / f"{MODEL_NAME}-{qtype}.gguf"
+def gguf_path(qtype: str, model: str = MODEL_NAME) -> Path:
+    return root_dir() / "gguf" / f"{model}-{qtype}.gguf"
+
+
+# Random-weight checkpoints with the shapes (and so the bytes and the arithmetic per token) of real models that
+# cannot be downloaded here; the rope scaling and the tokenizer are not theirs (SmolLM2's tokenizer, its
+# vocabulary padded to the model's size by convert_hf_to_gguf.py), which changes neither speed.
+SHAPES = {
+    "Qwen2.5-0.5B-shaped": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True, "hidden_act": "silu"},
+    "Llama-3.2-1B-shaped": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True, "hidden_act": "silu"},
+}
+SHAPED_TYPES = ("Q4_0", "Q4_K_M")
+
+
+def make_shaped(model: str) -> Path:
+    """The random-weight checkpoint of SHAPES[model] (seed 0, transformers' own initialization, bfloat16
+    safetensors) with SmolLM2's tokenizer files, under $DEPLOYCC_HOME/models/."""
+    out = checkpoint_dir(model)
+    if (out / "config.json").exists() and list(out.glob("*.safetensors")):
+        log(f"{model}: {out} (exists)")
+        return out
+    tok = checkpoint_dir()
+    if not (tok / "tokenizer.json").exists():
+        raise RuntimeError(f"{tok} has no tokenizer.json (make it with scripts/fetch_smollm2.py)")
+    import torch
+    import transformers
+
+    t0 = time.time()
+    log(f"{model}: random weights by transformers (seed 0) -> {out}")
+    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in SHAPES[model].items() if k != "architectures"})
+    cfg.architectures = SHAPES[model]["architectures"]
+    cfg.bos_token_id, cfg.eos_token_id = 1, 2
+    torch.manual_seed(0)
+    net = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    tmp = out.with_name(out.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    net.save_pretrained(tmp, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tok / f).exists():
+            shutil.copy(tok / f, tmp / f)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log(f"{model}: {sum(p.numel() for p in net.parameters()) / 1e6:.0f}M parameters, {time.time() - t0:.0f}s")
+    return out
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -380,12 +433,12 @@ def _convert_input(ckpt: Path) -> Path:
     return staged
 
 
-def convert_f16() -> Path:
-    out = gguf_path("F16")
+def convert_f16(model: str = MODEL_NAME) -> Path:
+    out = gguf_path("F16", model)
     if out.exists():
         log(f"F16: {out} (exists)")
         return out
-    ckpt = checkpoint_dir()
+    ckpt = make_shaped(model) if model in SHAPES else checkpoint_dir()
     if not (ckpt / "config.json").exists() or not list(ckpt.glob("*.safetensors")) \
             or not ((ckpt / "tokenizer.json").exists() or (ckpt / "tokenizer.model").exists()):
         raise RuntimeError(f"{ckpt} is not a transformers checkpoint with safetensors and a tokenizer "
@@ -393,11 +446,18 @@ def convert_f16() -> Path:
     ckpt = _convert_input(ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    logfile = root_dir() / "logs" / "convert-F16.log"
+    logfile = root_dir() / "logs" / f"convert-{model}-F16.log"
     for attempt in range(6):
         py, env = _convert_python()
         log(f"F16: convert_hf_to_gguf.py --outtype f16 {ckpt} ({py})")
-        proc = _run_logged([py, str(src_dir() / "convert_hf_to_gguf.py"), str(ckpt), "--outtype", "f16",
+        script = [str(src_dir() / "convert_hf_to_gguf.py")]
+        if model in SHAPES:
+            # SmolLM2's tokenizer behind another architecture: convert_hf_to_gguf.py knows the pre-tokenizer by a
+            # hash of the tokenizer's output that its llama path skips and its qwen2 path requires; name it
+            script = ["-c", "import runpy, sys; from conversion import base; "
+                            "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'smollm'; "
+                            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')", *script]
+        proc = _run_logged([py, *script, str(ckpt), "--outtype", "f16",
                             "--outfile", str(tmp)], logfile, cwd=src_dir(), env=env, check=False)
         if proc.returncode == 0 and tmp.exists():
             break
@@ -411,16 +471,16 @@ def convert_f16() -> Path:
     return out
 
 
-def quantize(qtypes, llama_quantize: Path, f16: Path) -> dict[str, str]:
+def quantize(qtypes, llama_quantize: Path, f16: Path, model: str = MODEL_NAME) -> dict[str, str]:
     made = {}
     for q in qtypes:
-        out = gguf_path(q)
+        out = gguf_path(q, model)
         if out.exists():
             log(f"{q}: {out} (exists)")
             made[q] = str(out)
             continue
         tmp = out.with_name(out.name + ".part")
-        logfile = root_dir() / "logs" / f"quantize-{q}.log"
+        logfile = root_dir() / "logs" / f"quantize-{model}-{q}.log"
         t0 = time.time()
         proc = _run_logged([str(llama_quantize), str(f16), str(tmp), q, "2"], logfile, check=False)
         if proc.returncode != 0 or not tmp.exists():
@@ -439,11 +499,12 @@ def quantize(qtypes, llama_quantize: Path, f16: Path) -> dict[str, str]:
     return made
 
 
-def ensure(native: bool = False, types=DEFAULT_TYPES) -> dict:
+def ensure(native: bool = False, types=DEFAULT_TYPES, shapes=(), shaped_types=SHAPED_TYPES) -> dict:
     """Build (or find) llama-bench/llama-quantize and the GGUF files; return their paths:
 
     {"llama_bench": str, "llama_quantize": str, "build_dir": str, "native": bool, "src": str,
-     "llama_cpp_python": "0.3.36", "gguf": {"F16": str, "Q4_0": str, ...}}
+     "llama_cpp_python": "0.3.36", "gguf": {"F16": str, "Q4_0": str, ...},
+     "shaped": {SHAPE: {"F16": str, "Q4_0": str, ...}}}
 
     A type llama-quantize refuses without an imatrix is absent from "gguf". The GGUF files do not depend
     on the build (quantizing is deterministic), so the native and AVX2 builds share them."""
@@ -451,12 +512,19 @@ def ensure(native: bool = False, types=DEFAULT_TYPES) -> dict:
         src = fetch_source()
         f16 = convert_f16()         # first: a minute, and it fails fast where the build would take 15
         info = build(native, src)
+        quant = bin_path(native, "llama-quantize")
         gg = {"F16": str(f16)}
-        gg.update(quantize([t for t in types if t != "F16"], bin_path(native, "llama-quantize"), f16))
+        gg.update(quantize([t for t in types if t != "F16"], quant, f16))
+        shaped = {}
+        for m in shapes:
+            if m not in SHAPES:
+                raise RuntimeError(f"unknown model shape {m!r}; known: {', '.join(SHAPES)}")
+            sf16 = convert_f16(m)
+            shaped[m] = {"F16": str(sf16), **quantize([t for t in shaped_types if t != "F16"], quant, sf16, m)}
     return {"llama_bench": str(bin_path(native, "llama-bench")),
-            "llama_quantize": str(bin_path(native, "llama-quantize")),
+            "llama_quantize": str(quant),
             "build_dir": info["build_dir"], "native": native, "src": str(src_dir()),
-            "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION, "gguf": gg}
+            "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION, "gguf": gg, "shaped": shaped}
 
 
 def main(argv=None) -> int:
@@ -466,12 +534,15 @@ def main(argv=None) -> int:
                     help="build-native (-march=native, AMX off) instead of the AVX2-only build-avx2")
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES),
                     help=f"comma-separated llama-quantize types (default {','.join(DEFAULT_TYPES)})")
+    ap.add_argument("--shapes", default="", help=f"also these random-weight model shapes, quantized to "
+                    f"{','.join(SHAPED_TYPES)} (known: {','.join(SHAPES)})")
     ap.add_argument("--bench", action="store_true",
                     help="afterwards run llama-bench -m Q4_K_M -p 128 -n 32 -t 2 as a smoke test")
     ap.add_argument("--json", action="store_true", help="print the paths as one JSON object on stdout")
     a = ap.parse_args(argv)
     t0 = time.time()
-    paths = ensure(native=a.native, types=[t.strip() for t in a.types.split(",") if t.strip()])
+    paths = ensure(native=a.native, types=[t.strip() for t in a.types.split(",") if t.strip()],
+                   shapes=[m for m in a.shapes.split(",") if m])
     log(f"done in {time.time() - t0:.0f}s")
     if a.bench:
         model = paths["gguf"].get("Q4_K_M") or paths["gguf"]["F16"]
@@ -488,6 +559,9 @@ def main(argv=None) -> int:
         print(f"llama-bench:    {paths['llama_bench']}\nllama-quantize: {paths['llama_quantize']}")
         for q, p in paths["gguf"].items():
             print(f"{q + ':':15s} {p}")
+        for m, files in paths["shaped"].items():
+            for q, p in files.items():
+                print(f"{m} {q}: {p}")
     return 0
 
 

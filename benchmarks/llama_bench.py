@@ -2,15 +2,18 @@
 download, interleaved in one run.
 
     .venv/bin/python benchmarks/llama_bench.py [--types Q4_0,Q4_1,Q4_K_M,Q5_K_M,Q8_0] [--prompt-lens 128,512] [--busy 1]
+                                               [--shapes Qwen2.5-0.5B-shaped,Llama-3.2-1B-shaped] [--why]
                                                [--gen 128] [--threads 2] [--repeat 2] [--preset cpu] [--json]
 
 For each GGUF file (SmolLM2-135M-Instruct, made from the f16 conversion by llama.cpp's own `llama-quantize`:
-benchmarks/build_llama_cpp.py, which also builds llama-bench for AVX2 alone), deploycc compiles a package of the
+benchmarks/build_llama_cpp.py, which also builds llama-bench for AVX2 alone; with --shapes, random-weight
+checkpoints with the shapes of Qwen2.5-0.5B and Llama-3.2-1B quantized to Q4_0 and Q4_K_M), deploycc compiles a package of the
 file as stored (cached under $DEPLOYCC_HOME/bench/llama_bench/) and `deploycc bench` measures it; llama-bench
 measures the same file with `-p P -n N -t T -r 1`. Each repeat runs every file, llama-bench then deploycc, so the
 two tools see the same minutes of this VM's drifting memory bandwidth; a read-bandwidth probe (compare.py's) runs
 before and after each repeat. The table gives medians over the repeats, the ratio deploycc / llama-bench, and the
-package's weight bytes against the file's tensor bytes.
+package's weight bytes against the file's tensor bytes. With --why, every deploycc row under 1.2x llama-bench in any
+column gets `deploycc bench --roofline`'s per-kernel table of a decode step after the run (where the time goes).
 """
 from __future__ import annotations
 
@@ -78,6 +81,16 @@ def deploycc_bench(pkg: Path, prompt: int, gen: int) -> dict:
     return json.loads(r.stdout)
 
 
+def roofline(pkg: Path, gen: int) -> dict:
+    """`deploycc bench --roofline`'s decode step: per kernel, its share, bytes and GB/s against the read probe."""
+    r = subprocess.run([sys.executable, "-m", "deploycc", "bench", str(pkg), "--gen-len", str(gen), "--repeat", "1",
+                        "--roofline", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    if r.returncode:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "deploycc bench failed")
+    out = json.loads(r.stdout)
+    return {"profile": out["profile"], "roofline": out["roofline"]}
+
+
 def llama_bench(exe: str, path: Path, prompt: int, gen: int, threads: int) -> dict:
     """{"pp": tok/s at `prompt`, "tg": tok/s over `gen`} from llama-bench's JSON."""
     r = subprocess.run([exe, "-m", str(path), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
@@ -103,13 +116,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--activations", default="auto,8", help="deploycc variants: auto (the default), 8, 16")
     ap.add_argument("--busy", type=int, default=0, help="Keep this many cores busy with another process meanwhile "
                                                         "(the figures under load)")
+    ap.add_argument("--shapes", default="", help="Also random-weight checkpoints of these model shapes "
+                                                 "(build_llama_cpp.SHAPES), at --shaped-types")
+    ap.add_argument("--shaped-types", default="Q4_0,Q4_K_M")
+    ap.add_argument("--why", action="store_true", help="Per-kernel roofline table of each row under 1.2x")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    built = ensure()
-    types = args.types.split(",")
+    shapes = [m for m in args.shapes.split(",") if m]
+    shaped_types = args.shaped_types.split(",")
+    built = ensure(shapes=shapes, shaped_types=shaped_types)
     variants = args.activations.split(",")
     prompts = [int(p) for p in args.prompt_lens.split(",")]
-    files = {t: Path(built["gguf"][t]) for t in types}
+    files = {t: Path(built["gguf"][t]) for t in args.types.split(",") if t}
+    files.update({f"{m} {t}": Path(built["shaped"][m][t]) for m in shapes for t in shaped_types})
+    types = list(files)
     pkgs = {(t, a): package_for(f, args.preset, a) for t, f in files.items() for a in variants}
     samples: dict[str, dict[str, list[float]]] = {t: {} for t in types}
     probes, info = [], ""
@@ -144,9 +164,17 @@ def main(argv: list[str] | None = None) -> None:
         med = {k: statistics.median(v) for k, v in samples[t].items()}
         weights = {a: json.loads((pkgs[t, a] / "manifest.json").read_text())["memory"]["weights_bytes"] for a in variants}
         rows.append({"type": t, "file_tensor_bytes": file_tensor_bytes(files[t]), "package_weight_bytes": weights, **med})
+    why = {}
+    if args.why:
+        for row in rows:
+            for a in variants:
+                worst = min(row[f"deploycc-{a} {k}"] / row[f"llama {k}"] for k in [f"pp{p}" for p in prompts] + ["tg"])
+                if worst < 1.2:
+                    log(f"why: {row['type']} deploycc ({a}) is {worst:.2f}x at worst: bench --roofline")
+                    why[f"{row['type']} deploycc ({a})"] = roofline(pkgs[row["type"], a], args.gen)
     result = {"cpu": cpu_name(), "threads": args.threads, "preset": args.preset, "gen": args.gen, "prompts": prompts,
               "repeat": args.repeat, "variants": variants, "busy_cores": args.busy, "bandwidth_read_gb_s": probes,
-              "llama_bench": built["llama_bench"], "rows": rows,
+              "llama_bench": built["llama_bench"], "rows": rows, "why": why,
               "command": shlex.join([os.path.relpath(sys.executable), os.path.relpath(__file__), *(argv or sys.argv[1:])])}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -177,6 +205,18 @@ def render(r: dict) -> str:
             size = row["package_weight_bytes"][a]
             lines.append(cells(f"deploycc ({a})", f"deploycc-{a}",
                                f"{size / 1e6:.1f} ({size / row['file_tensor_bytes']:.2f}x)"))
+    for name, w in r.get("why", {}).items():
+        p, roof = w["profile"], w["roofline"]
+        probe = min(roof["bandwidth_before"]["all_threads_gb_s"], roof["bandwidth_after"]["all_threads_gb_s"])
+        lines += ["", f"where the time goes, {name}: decode step {p['wall_ms_per_token']:.2f} ms, "
+                      f"{roof['achieved_gb_s']:.1f} GB/s, {100 * roof['roofline_fraction']:.0f}% of the all-thread "
+                      f"read probe ({probe:.1f} GB/s)",
+                  "| kernel | launches / token | ms / token | share | weight MB / launch | GB/s | of roofline |",
+                  "|---|--:|--:|--:|--:|--:|--:|"]
+        for k in p["kernels"][:8]:
+            lines.append(f"| {k['kernel']} | {k['launches_per_token']:.0f} | {k['ms_per_token']:.2f} | "
+                         f"{100 * k['share']:.0f}% | {k['weight_mb_per_launch']:.2f} | {k['gb_s']:.1f} | "
+                         f"{100 * k['roofline_share']:.0f}% |")
     lines += ["", f"command: {r['command']}"]
     return "\n".join(lines)
 
