@@ -5,7 +5,6 @@ its annotation, deduced forward when it is built (see builder.py and the op regi
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,8 +205,3 @@ def with_body(fn: Function, body: SeqExpr, **changes: Any) -> Function:
     return Function(changes.get("name", fn.name), changes.get("params", fn.params), body,
                     changes.get("ret_ann", body.ann), changes.get("attrs", fn.attrs), fn.bounds)
 
-
-def sym_values(e: Expr) -> Sequence[sym.Expr]:
-    if isinstance(e, ShapeExpr):
-        return e.values
-    raise TypeError(f"expected a shape expression, got {type(e).__name__}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import sym
-from .tir import Alloc, Block, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram, V, loads, walk
+from .tir import Alloc, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram, V, loads, walk
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,10 +35,6 @@ class Schedule:
 
 def scheduled(prog: TensorProgram) -> Schedule | None:
     return prog.attrs.get("schedule")
-
-
-def blocks_of(stmt: Stmt) -> list[Block]:
-    return [s for s in walk(stmt) if isinstance(s, Block)]
 
 
 def allocs_of(stmt: Stmt) -> list[Buffer]:

@@ -46,9 +46,6 @@ class IRModule:
     def programs(self) -> dict[str, TensorProgram]:
         return {k: f for k, f in self.functions.items() if isinstance(f, TensorProgram)}
 
-    def py_funcs(self) -> dict[str, PyFunc]:
-        return {k: f for k, f in self.functions.items() if isinstance(f, PyFunc)}
-
     def with_functions(self, functions: dict) -> IRModule:
         return IRModule(dict(functions), dict(self.attrs))
 

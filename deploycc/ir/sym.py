@@ -171,13 +171,6 @@ def _atom_expr(atom: Atom) -> Expr:
     return Expr(((mono, 1),))
 
 
-def _gcd_of(e: Expr) -> int:
-    g = 0
-    for _, c in e.terms:
-        g = math.gcd(g, abs(c))
-    return g
-
-
 def floordiv(a: IntLike, b: IntLike) -> Expr:
     a, b = as_expr(a), as_expr(b)
     if b.is_const:
@@ -496,7 +489,3 @@ def to_c(e: IntLike, name: Callable[[SymVar], str] = lambda v: v.name) -> str:
                 "min": f"min({a}, {b})", "max": f"max({a}, {b})"}[op]
     return _render(as_expr(e), name, binop)
 
-
-def to_wgsl(e: IntLike, name: Callable[[SymVar], str] = lambda v: v.name) -> str:
-    """WGSL expression over i32 values (the same non-negativity argument as for C)."""
-    return to_c(e, name)
