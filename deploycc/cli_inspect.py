@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import click
+import numpy as np
 
 from .errors import DeployError
-from .pipeline import STAGES as PIPELINE_STAGES
+from .pipeline import STOPS
 
 
 def _size(n) -> str:
@@ -22,10 +23,17 @@ def _size(n) -> str:
 
 @click.command(short_help="IR after a pipeline stage, VM bytecode, kernel list or memory plan.")
 @click.argument("model")
-@click.option("--stage", type=click.Choice((*PIPELINE_STAGES, "vm")), default="exported", show_default=True,
+@click.option("--stage", type=click.Choice(STOPS), default="exported", show_default=True,
               help="Pipeline stage whose IR to print; vm: the disassembled VM bytecode (needs --device).")
 @click.option("--device", "device", default=None,
-              help="Device preset name or YAML path (needed for scheduled, vm and kernels).")
+              help="Device preset name or YAML path (needed for scheduled, vm and kernels). With a preset, the "
+                   "model is quantized, calibrated and exported exactly as `compile` does it for that preset.")
+@click.option("--quantization", default=None,
+              help="With --device: the weights' quantization, as compile's (default: the preset's; gguf for a "
+                   "GGUF file).")
+@click.option("--head-quantization", default=None, help="With --device: the output head's, as compile's.")
+@click.option("--activations", type=click.Choice(["auto", "8", "16"]), default="auto", show_default=True,
+              help="With --device on an integer target (cpu): the linears' activation bits, as compile's.")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE", help="Change a preset value, as in compile.")
 @click.option("--kernels", is_flag=True, help="List every kernel and the kernel launches per decode step.")
 @click.option("--memory", is_flag=True,
@@ -39,14 +47,14 @@ def _size(n) -> str:
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
 @click.option("--context-window", type=click.IntRange(min=1), default=None,
               help="Upper bound of total_len (default: from the config, at most the preset's).")
-def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python, functions, revision,
-            context_window):
+def inspect(model, stage, device, quantization, head_quantization, activations, overrides, kernels, memory, as_json,
+            as_python, functions, revision, context_window):
     """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
     its VM bytecode, its kernel list (--kernels) or its memory plan (--memory). MODEL may be a compiled package
     with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to."""
     from . import pipeline, presets
     from .hub import load_model
-    from .package import apply_overrides
+    from .package import apply_overrides, prepare, resolve_quantization
     from .session import export
 
     if kernels and memory:
@@ -61,15 +69,23 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
                           "or --stage vm")
     if overrides and not device:
         raise DeployError("--override changes a device preset; give --device PRESET too")
+    if (quantization or head_quantization) and not device:
+        raise DeployError("--quantization is a package's, for a device: give --device PRESET too")
     preset = apply_overrides(presets.load(device), list(overrides)) if device else None
     target = preset.target if preset else None
     if (kernels or stage in ("scheduled", "vm")) and preset is None:
         raise DeployError(f"{'--kernels' if kernels else f'--stage {stage}'} needs --device PRESET (e.g. cpu-opencl)")
-    loaded = load_model(model, revision)
-    ctx = context_window or (min(preset.context_window, loaded.config.context_window) if preset else None)
-    exported = export(loaded, ctx)
-    if kernels:
-        report = pipeline.kernel_report(exported, target)
+    if preset is None:  # the model as loaded, in float, with no target
+        loaded = load_model(model, revision)
+        exported = export(loaded, context_window)
+        cfg = loaded.config
+    else:  # the very export compile makes
+        quant, head = resolve_quantization(model, preset, quantization, head_quantization)
+        prepared = prepare(model, preset, quant, head, context_window, revision, activations)
+        exported = prepared.exported
+        cfg = prepared.model.config
+    if kernels:  # the package's kernels: the whole compile, to the bytecode
+        report = pipeline.kernel_report(exported, target, pipeline.compile(exported, target, prepared.prefill_chunk))
         if as_json:
             click.echo(json.dumps(report, indent=2))
             return
@@ -78,26 +94,33 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
     if memory:
         from .transform.plan_memory import memory_report
 
-        mod = pipeline.run(exported, target, "scheduled" if preset else "fused")
-        cfg = loaded.config
-        report = memory_report(mod, cfg.num_key_value_heads, cfg.head_dim)
-        if preset and report["kv_cache_bytes"]:  # a package's sliding-window layers keep rings (limits.kv_rows)
-            from .limits import context_window as window_and_chunk
+        if preset is None:
+            report = memory_report(pipeline.run(exported, None, "fused"), cfg.num_key_value_heads, cfg.head_dim)
+        else:  # the package's figures: its constants are weights too, its storages the planned activations
             from .limits import footprint
 
-            ctx, chunk = window_and_chunk(loaded, preset, report["context_window"])
-            kv = footprint(cfg, 0, ctx, chunk).kv_cache
-            report["total_bytes"] += kv - report["kv_cache_bytes"]
+            compiled = pipeline.compile(exported, target, prepared.prefill_chunk)
+            report = memory_report(compiled.module, cfg.num_key_value_heads, cfg.head_dim)
+            consts = sum(4 * int(np.size(a)) for a in compiled.lowered.constants.values())  # written as float32
+            report["weights_bytes"] += consts
+            report["activation_bytes"] = sum(st["bytes"] for st in compiled.lowered.storages)
+            kv = report["kv_cache_bytes"]
+            if kv:  # a package's sliding-window layers keep rings (limits.kv_rows)
+                kv = footprint(cfg, 0, prepared.context_window, prepared.prefill_chunk).kv_cache
+            report["total_bytes"] += consts + kv - report["kv_cache_bytes"]
             report["kv_cache_bytes"] = kv
         if as_json:
             click.echo(json.dumps(report, indent=2))
         else:
             _print_memory(report, preset.name if preset else "fused, no target")
         return
+    compiled = pipeline.compile(exported, target, prepared.prefill_chunk if preset else None, stage)
     if stage == "vm":
-        click.echo(_bytecode_text(loaded, preset, ctx or exported.attrs["context_window"]), nl=False)
+        from .vm import disassemble
+
+        click.echo(disassemble(compiled.lowered.bytecode), nl=False)
         return
-    mod = pipeline.run(exported, target, stage)
+    mod = compiled.module
     if as_python:
         from .topython import module_to_python
 
@@ -107,18 +130,6 @@ def inspect(model, stage, device, overrides, kernels, memory, as_json, as_python
         click.echo(module_to_python(mod, list(functions) or None), nl=False)
         return
     click.echo(str(mod), nl=False)
-
-
-def _bytecode_text(loaded, preset, ctx: int) -> str:
-    """The bytecode exactly as compile_model exports and lowers it (rings and page pool included)."""
-    from .limits import context_window as window_and_chunk
-    from .package import lower_to_vm, pool_of
-    from .session import export
-    from .vm import disassemble
-
-    ctx, chunk = window_and_chunk(loaded, preset, ctx)
-    lowered, _ = lower_to_vm(export(loaded, ctx, chunk, pool_of(preset, ctx, chunk)), preset.target, chunk)
-    return disassemble(lowered.bytecode)
 
 
 def _print_kernels(report: dict, device: str) -> None:
@@ -133,9 +144,12 @@ def _print_kernels(report: dict, device: str) -> None:
     console = Console()
     console.print(table)
     layers = report.get("layers") or 1
-    console.print(f"decode kernel launches per step: {report['decode_launches']} fused, "
-                  f"{report['decode_launches_unfused']} unfused ({layers} layers: "
-                  f"{report['decode_launches'] / layers:.1f} vs {report['decode_launches_unfused'] / layers:.1f} per layer)")
+    fused, unfused = report["decode_launches"], report["decode_launches_unfused"]
+    if unfused is None:  # an integer target: its linears exist only fused (pipeline.kernel_report)
+        console.print(f"decode kernel launches per step: {fused} ({layers} layers: {fused / layers:.1f} per layer)")
+        return
+    console.print(f"decode kernel launches per step: {fused} fused, {unfused} unfused ({layers} layers: "
+                  f"{fused / layers:.1f} vs {unfused / layers:.1f} per layer)")
 
 
 def _print_package_kernels(manifest: dict, as_json: bool) -> None:

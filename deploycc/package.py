@@ -18,22 +18,21 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import pipeline, presets
 from .errors import DeployError
 from .hub import load_model
-from .ir import sym
 from .ir.kernel import Kernel
 from .ir.tir import Intrin, walk
 from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 from .session import PAGE_SIZE, Pool, export
 from .transform.absorb_rounding import rounded_linears
-from .vm import lower_vm
 from .vm.lower import kernel_args
 from .vm.programs import write_programs
 
@@ -93,31 +92,6 @@ def _parse(v: str):
         return v
 
 
-def function_bounds(fn, prefill_chunk: int) -> sym.Bounds:
-    b = sym.Bounds(dict(fn.bounds.lower), dict(fn.bounds.upper))
-    for p in fn.params:
-        for v in p.ann.free_vars():
-            if v.name == "seq_len":
-                b.declare(v, lo=1, hi=prefill_chunk)
-    return b
-
-
-def plans_for(mod, fnames, prefill_chunk: int, bounds: dict):
-    from .transform.plan_memory import plan_memory
-
-    return {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}) for f in fnames}
-
-
-def lower_to_vm(exported, target, prefill_chunk: int):
-    """(Lowered, memory plans): the pipeline, the plans and the bytecode of a package
-    (compile_model, and `deploycc inspect --stage vm`)."""
-    scheduled = pipeline.run(exported, target, "scheduled")
-    fnames = ("prefill", "prefill_all", "decode") + (("step",) if "step" in exported.functions else ())
-    bounds = {f: function_bounds(scheduled[f], prefill_chunk) for f in fnames}
-    plans = plans_for(scheduled, fnames, prefill_chunk, bounds)
-    return lower_vm(scheduled, plans, target, bounds, fnames), plans
-
-
 def pool_of(preset: presets.Preset, ctx: int, chunk: int):
     """The page pool of the package's batched steps: kv_pool_tokens (0: the context window's; at least that) in
     pages of PAGE_SIZE, for at most max_num_sequences sequences (no more than a step's tokens)."""
@@ -137,13 +111,10 @@ def default_device() -> str:
     return "cpu"
 
 
-def compile_model(source: str, device: str | None = None, quantization: str | None = None,
-                  context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
-                  force: bool = False, revision: str | None = None, progress=None,
-                  head_quantization: str | None = None, sign: str | None = None, activations: str | dict = "auto",
-                  verify_kernels: bool = False) -> Path:
-    """sign: a private key file (deploycc/signing.py): the package gets signature.json, over its sealed manifest."""
-    preset = apply_overrides(presets.load(device or default_device()), list(overrides))
+def resolve_quantization(source: str, preset: presets.Preset, quantization: str | None = None,
+                         head_quantization: str | None = None) -> tuple[str, str | None]:
+    """(weights, head) quantization names as compile takes them: a GGUF file keeps its blocks ("gguf") unless told
+    otherwise, anything else gets the preset's; head None: as the weights."""
     from .gguf import is_gguf
 
     from_gguf = Path(source).expanduser().is_file() and is_gguf(Path(source).expanduser())
@@ -153,17 +124,32 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     if head_quantization is not None and head_quantization not in QUANTIZATIONS[:-1]:
         raise DeployError(f"head quantization {head_quantization} is not available; "
                           f"supported: {', '.join(QUANTIZATIONS[:-1])}")
-    # before any model work: a refused output costs nothing
-    out_dir = check_output(Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}"), force)
-    signer = None
-    if sign is not None:
-        from .signing import load_signing_key
+    return quant, None if head_quantization == quant else head_quantization
 
-        signer = load_signing_key(Path(sign))
+
+@dataclass
+class Prepared:
+    """A model made ready for one preset, as a package holds it: quantized (activation bits calibrated), held to
+    the preset's limits (context window, prefill chunk) and exported with the package's rings and page pool."""
+    preset: presets.Preset
+    model: Any
+    quant: str
+    head: str | None
+    context_window: int
+    prefill_chunk: int
+    exported: Any
+    weights_by_type: list | None
+
+
+def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = None,
+            context_window: int | None = None, revision: str | None = None, activations: str | dict = "auto",
+            progress=None) -> Prepared:
+    """Load, quantize and export `source` for `preset` (compile_model, and `deploycc inspect --device`: what
+    inspect prints is what compile ships). quant/head: resolve_quantization's."""
+    from .limits import check_compile
     from .quantization import GGUFModel, quantize
     from .runtime.native import weight_interleave as native_weight_interleave
 
-    head = None if head_quantization == quant else head_quantization
     target = preset.target
     integer = target.kind == "cpu" and target.integer_matmuls
     interleave = integer and native_weight_interleave(target.isa)
@@ -174,8 +160,6 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     bits = (activations if isinstance(activations, dict) else int(activations) if activations != "auto" else 8
             ) if integer else None
     model = quantize(loaded, quant, head, interleave, groups=integer, activations=bits)
-    from .limits import check_compile
-
     ctx, chunk = check_compile(model, preset, context_window)  # context window and device memory, before anything
     step = progress or (lambda *a, **k: None)
     by_type = model.weight_report() if isinstance(model, GGUFModel) else None
@@ -194,12 +178,34 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             Tokenizer.from_dir(model.path, vocab_size=model.config.vocab_size)
         except TokenizerError as e:
             raise DeployError(str(e)) from None
-
     step("export")
     # Sliding-window layers keep rings sized for chunk-token steps; batched steps share a page pool.
     exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk))
+    return Prepared(preset, model, quant, head, ctx, chunk, exported, by_type)
+
+
+def compile_model(source: str, device: str | None = None, quantization: str | None = None,
+                  context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
+                  force: bool = False, revision: str | None = None, progress=None,
+                  head_quantization: str | None = None, sign: str | None = None, activations: str | dict = "auto",
+                  verify_kernels: bool = False) -> Path:
+    """sign: a private key file (deploycc/signing.py): the package gets signature.json, over its sealed manifest."""
+    preset = apply_overrides(presets.load(device or default_device()), list(overrides))
+    quant, head = resolve_quantization(source, preset, quantization, head_quantization)
+    # before any model work: a refused output costs nothing
+    out_dir = check_output(Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}"), force)
+    signer = None
+    if sign is not None:
+        from .signing import load_signing_key
+
+        signer = load_signing_key(Path(sign))
+    prepared = prepare(source, preset, quant, head, context_window, revision, activations, progress)
+    model, ctx, chunk, exported, by_type = (prepared.model, prepared.context_window, prepared.prefill_chunk,
+                                            prepared.exported, prepared.weights_by_type)
+    step = progress or (lambda *a, **k: None)
     step("compile")
-    lowered, plans = lower_to_vm(exported, preset.target, chunk)
+    compiled = pipeline.compile(exported, preset.target, chunk)
+    lowered, plans = compiled.lowered, compiled.plans
     cfg = model.config
     kv_cache = {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
                 "dtype": "float32", **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {}),

@@ -5,12 +5,17 @@
                 programs
     fused       annotate_patterns, fuse_ops, fuse_tensor (+ dead code elimination)
     scheduled   schedule: each program -> kernels for the target (rules in deploycc.schedule)
+    vm          plan_memory (per graph function, seq_len up to the prefill chunk) and lower_vm: the bytecode,
+                kernels, constants and storages a package is written from (compile(); package.py writes them)
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import DeployError
+from .ir import sym
 from .ir.expr import CallTIR, Function, If
 from .ir.kernel import scheduled
 from .ir.module import IRModule
@@ -21,8 +26,21 @@ from .transform.annotate_patterns import annotate_patterns
 from .transform.fuse_ops import fuse_ops
 from .transform.fuse_tensor import fuse_tensor
 from .transform.merge_matmuls import merge_matmuls
+from .transform.plan_memory import plan_memory
+from .vm import lower_vm
 
 STAGES = ("exported", "legalized", "fused", "scheduled")
+STOPS = (*STAGES, "vm")  # where compile() may stop
+
+
+@dataclass
+class Compiled:
+    """What compile() reached: the module after its last stage; at "vm" also each graph function's memory plan
+    and the lowered program (vm/lower.py Lowered: bytecode, kernels, constants, storages)."""
+    stage: str
+    module: IRModule
+    plans: dict | None = None
+    lowered: Any = None
 
 
 def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IRModule]]]:
@@ -59,6 +77,32 @@ def run(mod: IRModule, target=None, stop_after: str = "scheduled", fuse: bool = 
     return mod
 
 
+def function_bounds(fn: Function, prefill_chunk: int) -> sym.Bounds:
+    """fn's declared bounds, with seq_len (a step's token count) at most the prefill chunk."""
+    b = sym.Bounds(dict(fn.bounds.lower), dict(fn.bounds.upper))
+    for p in fn.params:
+        for v in p.ann.free_vars():
+            if v.name == "seq_len":
+                b.declare(v, lo=1, hi=prefill_chunk)
+    return b
+
+
+def compile(exported: IRModule, target, prefill_chunk: int | None = None, stop_after: str = "vm") -> Compiled:
+    """The compiler: exported module -> the stage `stop_after` (one of STOPS). A package is compile(...) to "vm"
+    of the export package.prepare makes; `deploycc inspect --device` stops the very same run earlier."""
+    if stop_after not in STOPS:
+        raise DeployError(f"unknown stage {stop_after!r}; choose one of {', '.join(STOPS)}")
+    if stop_after != "vm":
+        return Compiled(stop_after, run(exported, target, stop_after))
+    if target is None or prefill_chunk is None:
+        raise DeployError("the vm stage needs a device preset (--device)")
+    mod = run(exported, target, "scheduled")
+    fnames = ("prefill", "prefill_all", "decode") + (("step",) if "step" in exported.functions else ())
+    bounds = {f: function_bounds(mod[f], prefill_chunk) for f in fnames}
+    plans = {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}) for f in fnames}
+    return Compiled("vm", mod, plans, lower_vm(mod, plans, target, bounds, fnames))
+
+
 def launches(mod: IRModule, fn: str = "decode") -> list[tuple[str, int]]:
     """(program, kernels it launches) for each call_tir of `fn`, in order."""
     out = []
@@ -79,11 +123,15 @@ def launches(mod: IRModule, fn: str = "decode") -> list[tuple[str, int]]:
     return out
 
 
-def kernel_report(exported: IRModule, target) -> dict:
+def kernel_report(exported: IRModule, target, compiled: Compiled | None = None) -> dict:
     """Kernels of the scheduled module with their pattern kinds and launches per decode step, and
-    the decode launch count with and without fusion."""
-    fused = run(exported, target, "scheduled")
-    unfused = run(exported, target, "scheduled", fuse=False)
+    the decode launch count with and without fusion (None on an integer cpu target: its linears exist only fused
+    with their weights' dequantize, which the integer kernels tensorize). With `compiled` (compile() to "vm" of
+    the same export): the package's kernels, the VM's own (the KV cache's copies) included, and the launches
+    its decode bytecode makes."""
+    fused = compiled.module if compiled is not None else run(exported, target, "scheduled")
+    integer = target.kind == "cpu" and target.integer_matmuls
+    unfused = None if integer else run(exported, target, "scheduled", fuse=False)
     per_program: dict[str, int] = {}
     for prog, _n in launches(fused):
         per_program[prog] = per_program.get(prog, 0) + 1
@@ -93,9 +141,22 @@ def kernel_report(exported: IRModule, target) -> dict:
         for k in s.kernels:
             kernels.append({"name": k.name, "program": name, "pattern": prog.attrs.get("pattern", "?"),
                             "rule": s.rule, "launches_per_decode": per_program.get(name, 0)})
+    decode = sum(n for _, n in launches(fused))
+    if compiled is not None:
+        shipped = compiled.lowered.kernels
+        counts: dict[str, int] = {}
+        for ins in compiled.lowered.bytecode["functions"]["decode"]["instructions"]:
+            if ins.get("fn") == "vm.launch":
+                counts[ins["args"][0]["k"]] = counts.get(ins["args"][0]["k"], 0) + 1
+        listed = {k["name"] for k in kernels}
+        kernels = [k for k in kernels if k["name"] in shipped] + [
+            {"name": n, "program": None, "pattern": "vm", "rule": "kv cache"} for n in shipped if n not in listed]
+        for k in kernels:
+            k["launches_per_decode"] = counts.get(k["name"], 0)
+        decode = sum(counts.values())
     return {
         "kernels": kernels,
-        "decode_launches": sum(n for _, n in launches(fused)),
-        "decode_launches_unfused": sum(n for _, n in launches(unfused)),
+        "decode_launches": decode,
+        "decode_launches_unfused": None if unfused is None else sum(n for _, n in launches(unfused)),
         "layers": exported.attrs.get("num_layers"),
     }

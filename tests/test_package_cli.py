@@ -390,6 +390,32 @@ def test_inspect_vm_is_the_package_bytecode(opencl_package, model_dir):
     assert_one_line_error(cli("inspect", model_dir, "--stage", "vm"), "--stage vm needs --device")
 
 
+def test_inspect_is_what_compile_ships(model_dir, tmp_path):
+    """On the integer cpu target (quantized, activation bits calibrated, weights interleaved where the CPU has
+    AVX2), `inspect --device cpu` runs compile's own export: its bytecode is the package's, its kernels are the
+    package's kernels, its memory figures the manifest's."""
+    require_cc()
+    from deploycc.vm import disassemble
+
+    pkg = tmp_path / "pkg"
+    r = cli("compile", model_dir, "--device", "cpu", "--quantization", "q4f16_2", "-o", pkg)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    args = (model_dir, "--device", "cpu", "--quantization", "q4f16_2")
+    vm = cli("inspect", *args, "--stage", "vm")
+    assert vm.returncode == 0, vm.stderr
+    assert vm.stdout == disassemble(json.loads((pkg / "bytecode.json").read_text()))
+    kernels = json.loads(cli("inspect", *args, "--kernels", "--json").stdout)
+    assert {k["name"] for k in kernels["kernels"]} == set(manifest["kernels"]["entries"])
+    assert any("dequantize" in k["name"] for k in kernels["kernels"])  # the quantized model, not the float one
+    decode = json.loads((pkg / "bytecode.json").read_text())["functions"]["decode"]["instructions"]
+    assert kernels["decode_launches"] == sum(i.get("fn") == "vm.launch" for i in decode) > 0
+    memory = json.loads(cli("inspect", *args, "--memory", "--json").stdout)
+    for key in ("weights_bytes", "kv_cache_bytes", "activation_bytes"):
+        assert memory[key] == manifest["memory"][key], key
+    assert memory["context_window"] == manifest["bounds"]["context_window"]
+
+
 @pytest.mark.parametrize("device", [None, "cpu-opencl"])
 def test_inspect_memory(model_dir, device):
     extra = ("--device", device) if device else ()

@@ -157,9 +157,9 @@ def test_the_package_interpreter_agrees_with_deploycc(fixture, device):
     """runtime/loopir.py on each program's JSON form against deploycc/ir/tir_interp.py on the program, on the
     inputs the check draws: equal but for float32 summation order (loopir sums products with einsum)."""
     import deploycc
-    from deploycc import presets
+    from deploycc import pipeline, presets
     from deploycc.ir.tir_interp import run_program as interpret
-    from deploycc.package import lower_to_vm, pool_of
+    from deploycc.package import pool_of
     from deploycc.quantization import quantize
     from deploycc.runtime import loopir
     from deploycc.runtime.kernel_check import Ranges, make_inputs
@@ -171,7 +171,7 @@ def test_the_package_interpreter_agrees_with_deploycc(fixture, device):
     model = quantize(deploycc.load_model(str(make_tiny(fixture))), "q4f16_2" if integer else "q4f16_1",
                      groups=integer, activations=8 if integer else None)
     ctx, chunk = 32, 8
-    lowered, _ = lower_to_vm(export(model, ctx, chunk, pool_of(preset, ctx, chunk)), preset.target, chunk)
+    lowered = pipeline.compile(export(model, ctx, chunk, pool_of(preset, ctx, chunk)), preset.target, chunk).lowered
     ranges = Ranges({"bounds": {"prefill_chunk": chunk, "context_window": ctx},
                      "kv_cache": {"pool": {"sequences": 4, "page_size": 16}}})
     rng = np.random.default_rng(0)
