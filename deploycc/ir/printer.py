@@ -27,8 +27,9 @@ from .expr import (
     TupleGetItem,
     Var,
 )
+from .kernel import Schedule
 from .module import ExternFunc, IRModule, PyFunc
-from .tir import Alloc, Barrier, Block, For, IfThenElse, Seq, Store, TensorProgram, V
+from .tir import Alloc, Barrier, Block, For, IfThenElse, Intrin, Seq, Store, TensorProgram, V
 
 BIN_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
            "eq": "==", "ne": "!=", "and": "and", "or": "or", "shr": ">>", "shl": "<<", "bitand": "&", "bitor": "|"}
@@ -211,9 +212,7 @@ class _Printer:
             lines.append(f"{indent}    {self.store(st.body)}")
             return lines
         if isinstance(st, Alloc):
-            b = st.buffer
-            return ([f"{indent}{self.buf(b)} = alloc(({', '.join(self.s(d) for d in b.shape)}{',' if len(b.shape) == 1 else ''}), "
-                     f'"{b.dtype}", "{b.scope}")'] + self.stmt(st.body, indent))
+            return [indent + self.alloc_text(st.buffer)] + self.stmt(st.body, indent)
         if isinstance(st, IfThenElse):
             lines = [f"{indent}if {self.value(st.cond)}:"] + self.stmt(st.then_body, indent + "    ")
             if st.else_body is not None:
@@ -221,18 +220,43 @@ class _Printer:
             return lines
         if isinstance(st, Barrier):
             return [f"{indent}barrier(\"{st.scope}\")"]
+        if isinstance(st, Intrin):  # a tensorized intrinsic, by name (the renderer's table has its code)
+            args = [self.buf(b) for b in st.buffers] + [self.s(i) for i in st.ints]
+            writes = f"  # writes {', '.join(self.buf(b) for b in st.writes)}" if st.writes else ""
+            return [f"{indent}{st.name}({', '.join(args)}){writes}"]
         raise TypeError(f"cannot print {type(st).__name__}")
+
+    def alloc_text(self, b) -> str:
+        return f'{self.buf(b)} = alloc(({", ".join(self.s(d) for d in b.shape)}{"," if len(b.shape) == 1 else ""}), ' \
+               f'"{b.dtype}", "{b.scope}")'
+
+    def schedule(self, s: Schedule, indent: str) -> list[str]:
+        """A schedule's kernels as loop nests under the program they implement: thread loops, lanes and vectors
+        as For kinds, tensorized intrinsics by name."""
+        lines = [f"{indent}# scheduled ({s.rule or 'no rule'}): {len(s.kernels)} kernel(s)"]
+        lines += [f"{indent}{self.alloc_text(b)}" for b in s.workspace]
+        for k in s.kernels:
+            args = [self.buf(b) for b in k.buffers] + [f"{self.sv(v)}: int" for v in k.scalars]
+            writes = f"  # writes {', '.join(self.buf(b) for b in k.buffers if b in k.written)}" if k.written else ""
+            lines.append(f"{indent}kernel {k.name}({', '.join(args)}), groups={self.s(k.groups)}, "
+                         f"threads={k.threads}:{writes}")
+            lines += self.stmt(k.body, indent + "    ")
+        return lines
 
     def program(self, name: str, p: TensorProgram) -> list[str]:
         params = ", ".join(
             f"{self.buf(b)}: Buffer(({', '.join(self.s(d) for d in b.shape)}{',' if len(b.shape) == 1 else ''}), \"{b.dtype}\")"
             for b in p.params)
         head = ["@tensor_program" + (f"(num_outputs={p.num_outputs})" if p.num_outputs != 1 else "")]
-        attrs = {k: v for k, v in p.attrs.items() if not k.startswith("_")}
+        attrs = {k: v for k, v in p.attrs.items() if not k.startswith("_") and not isinstance(v, Schedule)}
         if attrs:
             head.append(f"@attrs({', '.join(f'{k}={self.attr(v)}' for k, v in sorted(attrs.items()))})")
         sp = "".join(f", {self.sv(v)}: int" for v in p.sym_params)
-        return head + [f"def {name}({params}{sp}):"] + self.stmt(p.body, "    ")
+        lines = head + [f"def {name}({params}{sp}):"] + self.stmt(p.body, "    ")
+        for s in p.attrs.values():
+            if isinstance(s, Schedule):
+                lines += self.schedule(s, "    ")
+        return lines
 
 
 def module_text(mod: IRModule) -> str:
