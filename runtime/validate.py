@@ -523,7 +523,7 @@ class _FunctionCheck:
         unknown = sorted(set(ins) - {"op", "fn", "args", "dst"})
         if unknown:
             fail(w, f"has the unknown field {show(unknown[0])}")
-        op = need_str(ins["op"], f"{w}.op", ("call", "ret"))  # goto and if: no compiler emits them yet
+        op = need_str(ins["op"], f"{w}.op", ("call", "ret"))  # the format's two opcodes
         args = need_list(ins["args"], f"{w}.args", 0, MAX_ITEMS)
         if op == "ret":
             if not last or "fn" in ins or "dst" in ins:

@@ -1,4 +1,4 @@
-"""The register VM: bytecode (call / ret / goto / if) turned into prepared calls at load time.
+"""The register VM: bytecode (two opcodes, call and ret) turned into prepared calls at load time.
 
 Every instruction becomes a Python closure with its operands resolved: kernels looked up, symbolic
 expressions compiled to small functions of the shape heap, registers to indices. The per-token loop
@@ -98,8 +98,6 @@ class VM:
         if op == "ret":
             get = self.operand(ins["args"][0], fn)
             return ("ret", get)
-        if op in ("goto", "if"):
-            raise VMError(f"{op} is not produced by this compiler version")
         if op != "call":
             raise VMError(f"unknown opcode {op!r}")
         name, args, dst = ins["fn"], ins["args"], ins.get("dst")

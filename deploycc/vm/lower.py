@@ -1,6 +1,7 @@
-"""lower_vm: scheduled graph functions -> VM bytecode (four opcodes; everything else a builtin).
+"""lower_vm: scheduled graph functions -> VM bytecode (two opcodes; everything else a builtin).
 
-Opcodes: `call` (a named builtin, writing an optional register), `ret`, `goto`, `if`. Arguments are
+Opcodes: `call` (a named builtin, writing an optional register) and `ret`. The models' graph functions have no
+control flow (an `If` binding is refused here: "cannot lower If"), so the format has no `goto` or `if`. Arguments are
 registers `{"r": i}`, symbolic integers on the shape heap `{"s": <sym json>}`, immediates `{"i": v}`,
 strings `{"str": v}`, kernels `{"k": name}` and KV-cache buffers `{"kv": [reg, "k"|"v", layer]}`.
 
