@@ -1,0 +1,139 @@
+# ruff: noqa: E501  (expected IR text is kept verbatim)
+"""Schedule rules stated as text: a small program before and after its rule, on the adreno preset (an OpenCL GPU:
+the rules' GPU shapes). The printer shows a scheduled program's kernels as loop nests under the program (thread
+loops, shared and local allocations, barriers); the texts were read and checked by hand once, then frozen, so a
+change to a rule shows here as a diff of loops rather than only as a speed or a failure elsewhere."""
+from transform.test_fusion_text import module
+
+from deploycc import op, presets  # noqa: F401  (op registers the ops)
+from deploycc.ir import BlockBuilder, Tensor, Var
+from deploycc.ir.printer import program_text
+from deploycc.schedule import schedule_program
+from deploycc.transform import legalize
+from deploycc.transform.annotate_patterns import annotate_patterns
+from deploycc.transform.fuse_ops import fuse_ops
+from deploycc.transform.fuse_tensor import fuse_tensor
+
+
+def scheduled(name: str) -> str:
+    fused = fuse_tensor(fuse_ops(annotate_patterns(module())))
+    return program_text(schedule_program(fused[name], presets.load("adreno").target))
+
+
+def decode_linear() -> str:
+    """A decode step's linear: one row of 64 activations against 16 outputs."""
+    bb = BlockBuilder()
+    x, w = Var("x", Tensor((1, 64))), Var("w", Tensor((16, 64)))
+    with bb.function("main", [x, w], auto_dataflow=True):
+        bb.finish(bb.call("linear", x, w))
+    return program_text(schedule_program(legalize(bb.module)["linear"], presets.load("adreno").target))
+
+
+def test_matmul_rule_tiles_with_the_prologue_in_the_tile_load_and_the_epilogue_after():
+    assert scheduled("fused_dequantize_linear_add") == MATMUL
+
+
+def test_row_rule_one_thread_per_element():
+    assert scheduled("fused_exp_multiply") == ROW
+
+
+def test_gemv_rule_one_group_per_output_with_a_shared_tree():
+    assert decode_linear() == GEMV
+
+
+def test_no_scheduled_line_is_long():
+    for text in (MATMUL, ROW, GEMV):
+        assert max(len(line) for line in text.splitlines()) < 200
+
+
+MATMUL = """@tensor_program
+@attrs(pattern="OUTPUT_EWISE_FUSIBLE")
+def fused_dequantize_linear_add(a0: Buffer((16, 8), "int32"), a1: Buffer((16,), "float32"), a2: Buffer((n, 8), "float32"), a3: Buffer((n, 16), "float32"), out: Buffer((n, 16), "float32")):
+    t1 = alloc((n, 16), "float32", "global")
+    block matmul(i0: S[n], i1: S[16], k: R[8]):
+        init: t1[i0, i1] = 0.0
+        t1[i0, i1] = (t1[i0, i1] + (a2[i0, k] * (float32(a0[i1, k]) * a1[i1])))
+    block add(i0_1: S[n], i1_1: S[16]):
+        out[i0_1, i1_1] = (t1[i0_1, i1_1] + a3[i0_1, i1_1])
+    # scheduled (matmul): 1 kernel(s)
+    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=(n + 15) // 16, threads=256:  # writes out
+        for g in range((n + 15) // 16, thread "group"):
+            for t in range(256, thread "local"):
+                As = alloc((16, 16), "float32", "shared")
+                Bs = alloc((16, 16), "float32", "shared")
+                acc = alloc((1,), "float32", "local")
+                acc[0] = 0.0
+                for kt in range(1):
+                    if ((t // 16 + 16 * g < n) and (t % 16 + 16 * kt < 8)):
+                        As[t // 16, t % 16] = a2[t // 16 + 16 * g, t % 16 + 16 * kt]
+                    else:
+                        As[t // 16, t % 16] = 0.0
+                    if ((t // 16 < 16) and (t % 16 + 16 * kt < 8)):
+                        Bs[t // 16, t % 16] = (float32(a0[t // 16, t % 16 + 16 * kt]) * a1[t // 16])
+                    else:
+                        Bs[t // 16, t % 16] = 0.0
+                    barrier("shared")
+                    for kk in range(16):
+                        acc[0] = (acc[0] + (As[t // 16, kk] * Bs[t % 16, kk]))
+                    barrier("shared")
+                if ((t // 16 + 16 * g < n) and (t % 16 < 16)):
+                    t1_1 = alloc((1,), "float32", "local")
+                    t1_1[0] = acc[0]
+                    out[t // 16 + 16 * g, t % 16] = (t1_1[0] + a3[t // 16 + 16 * g, t % 16])
+"""
+
+ROW = """@tensor_program
+@attrs(pattern="ELEMENTWISE")
+def fused_exp_multiply(a0: Buffer((16 * n,), "float32"), out: Buffer((16 * n,), "float32"), n: int):
+    block multiply(i0: S[16 * n]):
+        out[i0] = (exp(a0[i0]) * a0[i0])
+    # scheduled (row): 1 kernel(s)
+    kernel fused_exp_multiply(a0, out, n: int), groups=(16 * n + 127) // 128, threads=128:  # writes out
+        for g in range((16 * n + 127) // 128, thread "group"):
+            for t in range(128, thread "local"):
+                if (t + 128 * g < 16 * n):
+                    out[t + 128 * g] = (exp(a0[t + 128 * g]) * a0[t + 128 * g])
+"""
+
+GEMV = """@tensor_program
+@attrs(op="linear")
+def linear(x: Buffer((1, 64), "float32"), w: Buffer((16, 64), "float32"), y: Buffer((1, 16), "float32")):
+    block matmul(i0: S[1], i1: S[16], k: R[64]):
+        init: y[i0, i1] = 0.0
+        y[i0, i1] = (y[i0, i1] + (x[i0, k] * w[i1, k]))
+    # scheduled (gemv): 1 kernel(s)
+    kernel linear(x, w, y), groups=16, threads=128:  # writes y
+        for g in range(16, thread "group"):
+            for t in range(128, thread "local"):
+                red = alloc((128,), "float32", "shared")
+                acc = alloc((1,), "float32", "local")
+                acc[0] = 0.0
+                for kk in range(1):
+                    if (t + 128 * kk < 64):
+                        acc[0] = (acc[0] + (x[g // 16, t + 128 * kk] * w[g % 16, t + 128 * kk]))
+                red[t] = acc[0]
+                barrier("shared")
+                if (t < 64):
+                    red[t] = (red[t] + red[t + 64])
+                barrier("shared")
+                if (t < 32):
+                    red[t] = (red[t] + red[t + 32])
+                barrier("shared")
+                if (t < 16):
+                    red[t] = (red[t] + red[t + 16])
+                barrier("shared")
+                if (t < 8):
+                    red[t] = (red[t] + red[t + 8])
+                barrier("shared")
+                if (t < 4):
+                    red[t] = (red[t] + red[t + 4])
+                barrier("shared")
+                if (t < 2):
+                    red[t] = (red[t] + red[t + 2])
+                barrier("shared")
+                if (t < 1):
+                    red[t] = (red[t] + red[t + 1])
+                barrier("shared")
+                if (t == 0):
+                    y[g // 16, g % 16] = (0.0 + red[0])
+"""
