@@ -111,6 +111,6 @@ def expand_ranges(bufs: list, split: dict) -> list:
 
 
 def _entry(k: Kernel) -> str:
-    from .targets.cstyle import _ident
+    from .targets.cstyle import ident
 
-    return _ident(k.name)
+    return ident(k.name)

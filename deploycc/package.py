@@ -31,13 +31,15 @@ from .ir.kernel import Kernel
 from .ir.tir import Intrin, walk
 from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
+
+# deploycc.quantization's names; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF
+# sources). The runtime's table, which checks a package's manifest against it; LANGUAGES: kind -> kernel language
+from .runtime.validate import LANGUAGES, QUANTIZATIONS
 from .session import PAGE_SIZE, Pool, export
 from .transform.absorb_rounding import rounded_linears
 from .vm.lower import kernel_args
 from .vm.programs import write_programs
 
-# deploycc.quantization; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF sources)
-QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")
 SHARD_BYTES = 512 << 20
@@ -286,7 +288,7 @@ def _verify_kernels(pkg: Path) -> None:
 
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:
     from .execute import render
-    from .targets.cstyle import _ident
+    from .targets.cstyle import ident
     from .targets.wgsl import render as render_wgsl
     from .targets.wgsl import split_bytes
 
@@ -296,12 +298,12 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
     entries = {}
     if kind == "webgpu":
         for k in kernels:
-            fname = f"{_ident(k.name)}.wgsl"
+            fname = f"{ident(k.name)}.wgsl"
             source = render_wgsl([k], preset.target)
             (kdir / fname).write_text(source)
-            entries[k.name] = {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads}
+            entries[k.name] = {"file": f"kernels/{fname}", "entry": ident(k.name), "threads": k.threads}
             if "enable f16;" in source:  # and a variant for adapters without shader-f16: f16 read from u32 words
-                packed = f"{_ident(k.name)}.nof16.wgsl"
+                packed = f"{ident(k.name)}.nof16.wgsl"
                 try:
                     (kdir / packed).write_text(render_wgsl([k], preset.target, packed_f16=True))
                 except ValueError as e:  # not a limit: a kernel the packed variant cannot express
@@ -313,10 +315,10 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
     else:
         fname = {"opencl": "kernels.cl", "cuda": "kernels.cu", "cpu": "kernels.c"}[kind]
         (kdir / fname).write_text(render(kernels, preset.target))
-        entries = {k.name: {"file": f"kernels/{fname}", "entry": _ident(k.name), "threads": k.threads} for k in kernels}
+        entries = {k.name: {"file": f"kernels/{fname}", "entry": ident(k.name), "threads": k.threads} for k in kernels}
     for k in kernels:  # the calling convention the runtime checks every launch against at load
         entries[k.name]["args"] = kernel_args(k)
-    return {"language": {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl", "cpu": "c"}[kind], "entries": entries}
+    return {"language": LANGUAGES[kind], "entries": entries}
 
 
 def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset, activations: dict) -> dict:

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kvcache import KV_META
 from .symexpr import compile_expr
-from .validate import INT32_MAX, KV_META, SHAPE_VARS, fail, kv_rows, nbytes, show
+from .validate import INT32_MAX, SHAPE_VARS, fail, kv_rows, nbytes, show
 
 LIMIT = 1 << 62
 

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from .devices import DeviceError, open_device
-from .kvcache import ContextWindowFull, KVCache, PagedKVCache
+from .kvcache import KV_META, ContextWindowFull, KVCache, PagedKVCache
 from .package import PackageError, load_params, read_manifest, verify
 from .safetensors_io import SafetensorsError
-from .validate import KV_META
 from .vm import NP, VM, DTensor, VMError
 
 INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',

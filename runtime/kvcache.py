@@ -15,6 +15,8 @@ import numpy as np
 
 from .vm import DTYPE_BYTES, DTensor
 
+KV_META = ("pos", "seq", "slot", "pages", "last")  # kv.meta's tensors of a batched step (nn.Cache.META)
+
 
 class ContextWindowFull(ValueError):
     pass

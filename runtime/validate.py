@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from .kvcache import KV_META
 from .package import PackageError
 from .vm import BUILTINS, DTYPE_BYTES
 
@@ -22,7 +23,6 @@ QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "
 # The shape variables vm.match_shape binds (deploycc/vm/lower.py): a step's tokens, the cached positions after
 # it, and in a batched step its sequences and the width of their page tables.
 SHAPE_VARS = ("seq_len", "total_len", "batch", "pages_len")
-KV_META = ("pos", "seq", "slot", "pages", "last")  # kv.meta's tensors of a batched step (nn.Cache.META)
 FUNCTIONS = ("prefill", "prefill_all", "decode", "step")  # what the engines call (step: runtime/batch.py) ...
 REQUIRED_FUNCTIONS = FUNCTIONS[:3]  # ... and what every package has (step: where kv_cache has a pool)
 NUM_INPUTS = 2  # input_ids and the KV cache
@@ -45,7 +45,8 @@ MAX_EXPR_DEPTH = 16
 MAX_EXPR_NODES = 256
 MAX_NAME = 512
 
-# targets/base.py: Target and its RANGES (the runtime cannot import the compiler)
+# Target's integer fields and their ranges, defined here for both sides (targets/base.py imports them: the runtime
+# cannot import the compiler)
 TARGET_INTS = {"max_threads_per_block": (1, 4096), "threads_per_block": (1, 4096), "subgroup_size": (1, 128),
                "max_shared_memory": (1, 1 << 30), "max_storage_binding": (4, 1 << 48), "max_storage_buffers": (4, 1024),
                "max_buffer_size": (4, 1 << 48), "max_grid": (1, INT32_MAX), "row_tile_m": (1, 64), "row_tile_n": (1, 16),
@@ -53,7 +54,7 @@ TARGET_INTS = {"max_threads_per_block": (1, 4096), "threads_per_block": (1, 4096
 TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math", "integer_matmuls")
 _ARCH = re.compile(r"(sm_\d{2,3}[a-z]?)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")  # targets/base.py
+ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")  # a cpu package's instruction set (targets/base.py imports it)
 _FLAG = re.compile(r"[a-z0-9_]{1,32}")
 
 
@@ -376,10 +377,17 @@ def check_native_bytecode(m: dict, bc: dict) -> None:
             fail(f"{w}.functions.{fname}.epilogue", "disagrees with bytecode.json on what builds the result")
 
 
+# names a kernel's function must not take: the kernel languages' library functions and the cpu target's own
+LIBRARY_NAMES = frozenset("""exp exp2 log log2 sqrt rsqrt sin cos tan tanh erf pow fabs abs floor ceil round fmin fmax
+    min max select clamp mix sign fma dot free malloc memcpy memset printf abort exit""".split())
+
+
 def entry_name(name: str) -> str:
-    """The function a kernel is compiled as (targets/cstyle.py: _ident)."""
+    """The function a kernel is compiled as (the renderers name every kernel and step function with it): an
+    identifier, suffixed with _ where it would be a library function's name or the cpu target's dcc_ prefix."""
     out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-    return out if out and not out[0].isdigit() else "_" + out
+    out = out if out and not out[0].isdigit() else "_" + out
+    return out + "_" if out in LIBRARY_NAMES or out.startswith("dcc_") else out
 
 
 def _check_kernel_args(a, where: str) -> int:

@@ -10,30 +10,19 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, fields
 
+from deploycc.runtime.validate import ISAS, TARGET_INTS
+
 KINDS = ("opencl", "cuda", "webgpu", "cpu")
 # The most threads a block may have, per kind: CUDA's 1024 on every architecture, WebGPU's largest
 # maxComputeInvocationsPerWorkgroup (1024 on desktop adapters), OpenCL's largest on devices we know
 # (PoCL on a CPU reports 4096).
 MAX_THREADS = {"cuda": 1024, "webgpu": 1024, "opencl": 4096, "cpu": 4096}
 GiB = 1 << 30
-# field -> (lowest, highest) allowed, inclusive.
-RANGES = {
-    "max_threads_per_block": (1, 4096),
-    "threads_per_block": (1, 4096),
-    "subgroup_size": (1, 128),
-    "max_shared_memory": (1, 1 << 30),
-    "max_storage_binding": (4, 1 << 48),
-    "max_storage_buffers": (4, 1024),
-    "max_buffer_size": (4, 1 << 48),
-    "max_grid": (1, (1 << 31) - 1),
-    "row_tile_m": (1, 64),
-    "row_tile_n": (1, 16),
-    "memory_bytes": (0, 1 << 50),
-    "num_threads": (0, 256),
-}
+# field -> (lowest, highest) allowed, inclusive; the runtime's table (runtime/validate.py TARGET_INTS), which checks
+# a package's target with the same ranges. vector_width is checked against VECTOR_WIDTHS instead.
+RANGES = {k: v for k, v in TARGET_INTS.items() if k != "vector_width"}
 # The instruction sets a cpu-target package is built for (gcc/clang -march names; "native": the compiling
-# machine's). The runtime refuses a package whose ISA the CPU lacks (runtime/native.py: ISA_FLAGS).
-ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")
+# machine's): runtime/validate.py ISAS. The runtime refuses a package whose ISA the CPU lacks (runtime/native.py).
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 _ARCH = re.compile(r"^(sm_\d{2,3}[a-z]?)?$")  # passed to nvcc as -arch=: a name, never an option string
 

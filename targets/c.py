@@ -20,7 +20,7 @@ from .c_intrin import INTRINSICS
 from .c_pool import POOL_SOURCE
 from .c_stored import STORED_INTRINSICS
 from .c_x16 import X16
-from .cstyle import CStyleRenderer, _ident
+from .cstyle import CStyleRenderer, ident
 
 PREAMBLE = """#include <math.h>
 #include <stdint.h>
@@ -136,7 +136,7 @@ class CRenderer(CStyleRenderer):
 
     def launcher(self, k: Kernel) -> str:
         """`NAME__launch(b, s, groups)`: the kernel on every pool thread, each on its share of the groups."""
-        name = _ident(k.name)
+        name = ident(k.name)
         args = [f"({'' if b in k.written else 'const '}{self.ctype(b.dtype)}*)c->b[{i}]"
                 for i, b in enumerate(k.buffers)]
         args += [f"c->s[{i}]" for i in range(len(k.scalars))]

@@ -11,6 +11,7 @@ from deploycc.ir import sym
 from deploycc.ir.kernel import Kernel
 from deploycc.ir.printer import Namer
 from deploycc.ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, V
+from deploycc.runtime.validate import entry_name as ident
 
 BINOPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
           "eq": "==", "ne": "!=", "and": "&&", "or": "||", "shr": ">>", "shl": "<<", "bitand": "&", "bitor": "|"}
@@ -38,7 +39,7 @@ class CStyleRenderer:
         true false let var fn loop array ptr storage uniform workgroup function select min max exp sqrt""".split())
 
     def name(self, obj, hint: str) -> str:
-        hint = _ident(hint)
+        hint = ident(hint)
         return self.names(obj, hint + "_" if hint in self.reserved else hint)
 
     def ctype(self, dtype: str) -> str:
@@ -179,7 +180,7 @@ class CStyleRenderer:
 
     def signature(self, k: Kernel) -> str:
         params = [self.buffer_param(b, b in k.written) for b in k.buffers] + [self.scalar_param(v) for v in k.scalars]
-        return f"{self.kernel_prefix} {_ident(k.name)}({', '.join(params)})"
+        return f"{self.kernel_prefix} {ident(k.name)}({', '.join(params)})"
 
     def kernel(self, k: Kernel) -> str:
         self.names = Namer()
@@ -197,11 +198,3 @@ class CStyleRenderer:
 
 # Math and library functions of C, OpenCL C, CUDA and WGSL that a kernel of the same name would
 # shadow or clash with (a program of op `exp` is named `exp`): kernel symbols get a trailing "_".
-LIBRARY_NAMES = frozenset("""exp exp2 log log2 sqrt rsqrt sin cos tan tanh erf pow fabs abs floor ceil round fmin fmax
-    min max select clamp mix sign fma dot free malloc memcpy memset printf abort exit""".split())
-
-
-def _ident(s: str) -> str:
-    out = "".join(c if c.isalnum() or c == "_" else "_" for c in s)
-    out = out if out and not out[0].isdigit() else "_" + out
-    return out + "_" if out in LIBRARY_NAMES or out.startswith("dcc_") else out

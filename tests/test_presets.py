@@ -150,3 +150,32 @@ def test_overrides():
         apply_overrides(p, ["prefill_chunk"])
     with pytest.raises(DeployError, match="target: unknown key 'nope'"):
         apply_overrides(p, ["target.nope=1"])
+
+
+def test_the_runtime_and_the_compiler_share_one_table_of_target_fields():
+    """runtime/validate.py defines the target's integer fields and ranges, its ISAs, languages and quantization
+    names once; the compiler imports them (targets/base.py, deploycc/package.py), so the two cannot disagree on what
+    a package may say. Every integer field of Target is range-checked on both sides, and nothing else is."""
+    from dataclasses import fields
+
+    from deploycc.package import QUANTIZATIONS as compiled
+    from deploycc.quantization import QUANTIZATION
+    from deploycc.runtime import validate
+    from deploycc.targets import base
+
+    ints = {f.name for f in fields(base.Target) if f.type in ("int", int)}
+    assert set(validate.TARGET_INTS) == ints
+    assert base.ISAS is validate.ISAS and compiled is validate.QUANTIZATIONS
+    assert set(validate.LANGUAGES) == set(base.MAX_THREADS)
+    assert set(compiled) == set(QUANTIZATION) | {"gguf"}
+
+
+@pytest.mark.parametrize("name, entry", [("fused_add", "fused_add"), ("exp", "exp_"), ("dcc_pool", "dcc_pool_"),
+                                         ("3d.x", "_3d_x")])
+def test_one_entry_name_for_renderer_and_validator(name, entry):
+    """A kernel's function name: the renderers write it and the package validator expects it from the same
+    function (a kernel named like a library function gets a suffix on both sides)."""
+    from deploycc.runtime.validate import entry_name
+    from deploycc.targets.cstyle import ident
+
+    assert ident(name) == entry_name(name) == entry

@@ -18,7 +18,7 @@ from ..ir import sym
 from ..ir.builder import BlockBuilder
 from ..ir.expr import Constant, Expr, ShapeExpr, TupleGetItem, Var
 from ..ir.module import IRModule
-from ..runtime.validate import KV_META
+from ..runtime.kvcache import KV_META
 
 
 class Tracer:

@@ -16,7 +16,7 @@ from ..ir import annotation as A
 from ..ir import sym, tir
 from ..ir.op import register
 from ..ir.tir import Alloc, Block, Buffer, Seq, Store
-from ..runtime.validate import KV_META
+from ..runtime.kvcache import KV_META
 from ._common import OpError, ShapeMap, emit_tir, known_shape, same, shape_values
 
 # ---- rotary embedding (rotate-half form, HF Llama/Qwen2) --------------------------------------

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 
+from ..runtime.kvcache import KV_META
 from ..runtime.native import HEAP, LOWERED_FROM, NativeError, lowered_digests, step_split, step_weights
-from ..runtime.validate import KV_META
-from ..targets.cstyle import _ident
+from ..targets.cstyle import ident
 
 
 class NativeLoweringError(ValueError):
@@ -94,7 +94,7 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
             raise NativeLoweringError(f"{fname}: {fn} after the prologue has no native lowering")
     if ret is None:
         raise NativeLoweringError(f"{fname}: no ret")
-    name = _ident(fname)
+    name = ident(fname)
     text = "\n".join([f"static void dcc_step_{name}(void* ctx, int tid, int nt) {{",
                       "  const dcc_ctx* c = (const dcc_ctx*)ctx;",
                       "  void* const* dcc_w = c->w; void* const* dcc_st = c->st; void* const* dcc_kv = c->kv;",
@@ -147,7 +147,7 @@ def _launch(args: list, regs: dict, entries: dict, heap: list[str], pending_w: s
     groups = _expr(args[1]["s"], heap)
     call = [_pointer(t) for t in tensors] + [_expr(a["s"], heap) for a in args[sep + 1:]]
     lines += [f"  {{ const int G = {groups}; /* {kname} */",
-              f"    if (G > 0) {_ident(entries[kname]['entry'])}({', '.join(call)}, "
+              f"    if (G > 0) {ident(entries[kname]['entry'])}({', '.join(call)}, "
               f"dcc_share(G, tid, nt, 0), dcc_share(G, tid, nt, 1)); }}"]
     return lines
 

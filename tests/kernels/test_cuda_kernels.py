@@ -34,8 +34,8 @@ def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
     source = render(kernels, p.target)
     ptx = compile_cuda(source, p.target.arch)
     usage = ptxas_check(ptx, p.target.arch)
-    from deploycc.targets.cstyle import _ident
+    from deploycc.targets.cstyle import ident
 
-    assert {_ident(k.name) for k in kernels} <= set(usage), "every kernel is in the PTX"
+    assert {ident(k.name) for k in kernels} <= set(usage), "every kernel is in the PTX"
     spills = {name: u for name, u in usage.items() if u["spill_stores"]}
     assert not spills, f"register spills: {spills}"
