@@ -36,6 +36,9 @@ def _size(n) -> str:
               help="With --device on an integer target (cpu): the linears' activation bits, as compile's.")
 @click.option("--override", "overrides", multiple=True, metavar="KEY=VALUE", help="Change a preset value, as in compile.")
 @click.option("--kernels", is_flag=True, help="List every kernel and the kernel launches per decode step.")
+@click.option("--source", "source", default=None, metavar="KERNEL",
+              help="Print KERNEL's source as the package's kernel file holds it for --device's target (OpenCL C, "
+                   "WGSL, CUDA C or C); `--kernels` lists the names.")
 @click.option("--memory", is_flag=True,
               help="The memory plan: weights, KV cache, activations with and without planning (prefill 128/256/512, decode).")
 @click.option("--json", "as_json", is_flag=True, help="With --kernels or --memory: print one JSON object.")
@@ -47,8 +50,8 @@ def _size(n) -> str:
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
 @click.option("--context-window", type=click.IntRange(min=1), default=None,
               help="Upper bound of total_len (default: from the config, at most the preset's).")
-def inspect(model, stage, device, quantization, head_quantization, activations, overrides, kernels, memory, as_json,
-            as_python, functions, revision, context_window):
+def inspect(model, stage, device, quantization, head_quantization, activations, overrides, kernels, source, memory,
+            as_json, as_python, functions, revision, context_window):
     """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
     its VM bytecode, its kernel list (--kernels) or its memory plan (--memory). MODEL may be a compiled package
     with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to."""
@@ -73,8 +76,11 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
         raise DeployError("--quantization is a package's, for a device: give --device PRESET too")
     preset = apply_overrides(presets.load(device), list(overrides)) if device else None
     target = preset.target if preset else None
-    if (kernels or stage in ("scheduled", "vm")) and preset is None:
-        raise DeployError(f"{'--kernels' if kernels else f'--stage {stage}'} needs --device PRESET (e.g. cpu-opencl)")
+    if source and (kernels or memory or as_python):
+        raise DeployError("--source prints one kernel; it does not combine with --kernels, --memory or --as-python")
+    if (kernels or source or stage in ("scheduled", "vm")) and preset is None:
+        what = "--kernels" if kernels else "--source" if source else f"--stage {stage}"
+        raise DeployError(f"{what} needs --device PRESET (e.g. cpu-opencl)")
     if preset is None:  # the model as loaded, in float, with no target
         loaded = load_model(model, revision)
         exported = export(loaded, context_window)
@@ -84,6 +90,15 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
         prepared = prepare(model, preset, quant, head, context_window, revision, activations)
         exported = prepared.exported
         cfg = prepared.model.config
+    if source:  # one kernel of the package, rendered for the target
+        from .execute import kernel_source
+
+        shipped = pipeline.compile(exported, target, prepared.prefill_chunk).lowered.kernels
+        if source not in shipped:
+            raise DeployError(f"no kernel {source!r} for {preset.name}; `deploycc inspect MODEL --device "
+                              f"{preset.name} --kernels` lists the {len(shipped)} kernels (e.g. {', '.join(sorted(shipped)[:3])})")
+        click.echo(kernel_source(shipped[source], target), nl=False)
+        return
     if kernels:  # the package's kernels: the whole compile, to the bytecode
         report = pipeline.kernel_report(exported, target, pipeline.compile(exported, target, prepared.prefill_chunk))
         if as_json:

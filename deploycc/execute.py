@@ -28,6 +28,18 @@ def render(kernels: list[Kernel], target) -> str:
     return r.render(kernels, target)
 
 
+def kernel_source(k: Kernel, target) -> str:
+    """One kernel's source as the package's kernel file holds it, without what every kernel of the file shares
+    (the target's types, intrinsics and thread pool: the part the file of no kernel has too)."""
+    full, shared = render([k], target), render([], target)
+    n = 0
+    for a, b in zip(full.splitlines(keepends=True), shared.splitlines(keepends=True)):
+        if a != b:
+            break
+        n += len(a)
+    return full[n:].lstrip("\n")
+
+
 def launch_grid(groups: int, max_grid: int) -> tuple[int, int, int]:
     """Linear group count -> a grid within each dimension's limit (kernels recombine the index)."""
     if groups <= max_grid:

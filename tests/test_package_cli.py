@@ -416,6 +416,20 @@ def test_inspect_is_what_compile_ships(model_dir, tmp_path):
     assert memory["context_window"] == manifest["bounds"]["context_window"]
 
 
+@pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu"])
+def test_inspect_source_is_the_packages_kernel_text(compiled, model_dir, preset):
+    """`inspect --source KERNEL` prints the kernel as the package's kernel file holds it."""
+    pkg, _ = compiled(preset)
+    entries = json.loads((pkg / "manifest.json").read_text())["kernels"]["entries"]
+    name = next(n for n in sorted(entries) if n.startswith("fused_"))
+    r = cli("inspect", model_dir, "--device", preset, "--source", name)
+    assert r.returncode == 0, r.stderr
+    assert entries[name]["entry"] in r.stdout and len(r.stdout.splitlines()) > 3
+    assert r.stdout in (pkg / entries[name]["file"]).read_text()
+    assert_one_line_error(cli("inspect", model_dir, "--device", preset, "--source", "no_such_kernel"),
+                          "no kernel 'no_such_kernel'", "--kernels")
+
+
 @pytest.mark.parametrize("device", [None, "cpu-opencl"])
 def test_inspect_memory(model_dir, device):
     extra = ("--device", device) if device else ()
