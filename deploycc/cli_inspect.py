@@ -57,7 +57,7 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
     with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to."""
     from . import pipeline, presets
     from .hub import load_model
-    from .package import apply_overrides, prepare, resolve_quantization
+    from .package import apply_overrides, kv_cache_bytes, prepare, resolve_quantization
     from .session import export
 
     if kernels and memory:
@@ -112,16 +112,12 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
         if preset is None:
             report = memory_report(pipeline.run(exported, None, "fused"), cfg.num_key_value_heads, cfg.head_dim)
         else:  # the package's figures: its constants are weights too, its storages the planned activations
-            from .limits import footprint
-
             compiled = pipeline.compile(exported, target, prepared.prefill_chunk)
             report = memory_report(compiled.module, cfg.num_key_value_heads, cfg.head_dim)
             consts = sum(4 * int(np.size(a)) for a in compiled.lowered.constants.values())  # written as float32
             report["weights_bytes"] += consts
             report["activation_bytes"] = sum(st["bytes"] for st in compiled.lowered.storages)
-            kv = report["kv_cache_bytes"]
-            if kv:  # a package's sliding-window layers keep rings (limits.kv_rows)
-                kv = footprint(cfg, 0, prepared.context_window, prepared.prefill_chunk).kv_cache
+            kv = kv_cache_bytes(compiled.lowered, cfg, prepared.context_window) if report["kv_cache_bytes"] else 0
             report["total_bytes"] += consts + kv - report["kv_cache_bytes"]
             report["kv_cache_bytes"] = kv
         if as_json:

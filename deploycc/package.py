@@ -133,10 +133,7 @@ def resolve_quantization(source: str, preset: presets.Preset, quantization: str 
 class Prepared:
     """A model made ready for one preset, as a package holds it: quantized (activation bits calibrated), held to
     the preset's limits (context window, prefill chunk) and exported with the package's rings and page pool."""
-    preset: presets.Preset
     model: Any
-    quant: str
-    head: str | None
     context_window: int
     prefill_chunk: int
     exported: Any
@@ -183,7 +180,7 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
     step("export")
     # Sliding-window layers keep rings sized for chunk-token steps; batched steps share a page pool.
     exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk))
-    return Prepared(preset, model, quant, head, ctx, chunk, exported, by_type)
+    return Prepared(model, ctx, chunk, exported, by_type)
 
 
 def compile_model(source: str, device: str | None = None, quantization: str | None = None,
@@ -402,9 +399,13 @@ def kv_rows(lowered, cfg) -> list[int]:
     return [lowered.kv_rows.get(layer, 0) for layer in range(cfg.num_hidden_layers)]
 
 
+def kv_cache_bytes(lowered, cfg, ctx: int) -> int:
+    """The package's KV cache: K and V of every layer, float32, a ring's rows or the whole context window."""
+    return 2 * sum(r or ctx for r in kv_rows(lowered, cfg)) * cfg.num_key_value_heads * cfg.head_dim * 4
+
+
 def _memory_summary(plans, lowered, params_index, cfg, ctx) -> dict:
     weights = sum(int(np.prod(p["shape"])) * np.dtype(p["dtype"]).itemsize for p in params_index)
-    kv = 2 * sum(r or ctx for r in kv_rows(lowered, cfg)) * cfg.num_key_value_heads * cfg.head_dim * 4
-    return {"weights_bytes": weights, "kv_cache_bytes": kv,
+    return {"weights_bytes": weights, "kv_cache_bytes": kv_cache_bytes(lowered, cfg, ctx),
             "activation_bytes": sum(s["bytes"] for s in lowered.storages),
             "unplanned_activation_bytes": {f: getattr(p, "unplanned_bytes", None) for f, p in plans.items()}}

@@ -15,9 +15,16 @@ from deploycc.transform.fuse_ops import fuse_ops
 from deploycc.transform.fuse_tensor import fuse_tensor
 
 
+def schedule_text(prog) -> str:
+    """What scheduling adds to a program's text; the program's own text (frozen in test_fusion_text for the fused
+    ones) must print unchanged above it."""
+    text, plain = program_text(schedule_program(prog, presets.load("adreno").target)), program_text(prog)
+    assert text.startswith(plain.rstrip("\n") + "\n    # scheduled")
+    return text[len(plain):]
+
+
 def scheduled(name: str) -> str:
-    fused = fuse_tensor(fuse_ops(annotate_patterns(module())))
-    return program_text(schedule_program(fused[name], presets.load("adreno").target))
+    return schedule_text(fuse_tensor(fuse_ops(annotate_patterns(module())))[name])
 
 
 def decode_linear() -> str:
@@ -26,7 +33,7 @@ def decode_linear() -> str:
     x, w = Var("x", Tensor((1, 64))), Var("w", Tensor((16, 64)))
     with bb.function("main", [x, w], auto_dataflow=True):
         bb.finish(bb.call("linear", x, w))
-    return program_text(schedule_program(legalize(bb.module)["linear"], presets.load("adreno").target))
+    return schedule_text(legalize(bb.module)["linear"])
 
 
 def test_matmul_rule_tiles_with_the_prologue_in_the_tile_load_and_the_epilogue_after():
@@ -46,16 +53,7 @@ def test_no_scheduled_line_is_long():
         assert max(len(line) for line in text.splitlines()) < 200
 
 
-MATMUL = """@tensor_program
-@attrs(pattern="OUTPUT_EWISE_FUSIBLE")
-def fused_dequantize_linear_add(a0: Buffer((16, 8), "int32"), a1: Buffer((16,), "float32"), a2: Buffer((n, 8), "float32"), a3: Buffer((n, 16), "float32"), out: Buffer((n, 16), "float32")):
-    t1 = alloc((n, 16), "float32", "global")
-    block matmul(i0: S[n], i1: S[16], k: R[8]):
-        init: t1[i0, i1] = 0.0
-        t1[i0, i1] = (t1[i0, i1] + (a2[i0, k] * (float32(a0[i1, k]) * a1[i1])))
-    block add(i0_1: S[n], i1_1: S[16]):
-        out[i0_1, i1_1] = (t1[i0_1, i1_1] + a3[i0_1, i1_1])
-    # scheduled (matmul): 1 kernel(s)
+MATMUL = """    # scheduled (matmul): 1 kernel(s)
     kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=(n + 15) // 16, threads=256:  # writes out
         for g in range((n + 15) // 16, thread "group"):
             for t in range(256, thread "local"):
@@ -82,12 +80,7 @@ def fused_dequantize_linear_add(a0: Buffer((16, 8), "int32"), a1: Buffer((16,), 
                     out[t // 16 + 16 * g, t % 16] = (t1_1[0] + a3[t // 16 + 16 * g, t % 16])
 """
 
-ROW = """@tensor_program
-@attrs(pattern="ELEMENTWISE")
-def fused_exp_multiply(a0: Buffer((16 * n,), "float32"), out: Buffer((16 * n,), "float32"), n: int):
-    block multiply(i0: S[16 * n]):
-        out[i0] = (exp(a0[i0]) * a0[i0])
-    # scheduled (row): 1 kernel(s)
+ROW = """    # scheduled (row): 1 kernel(s)
     kernel fused_exp_multiply(a0, out, n: int), groups=(16 * n + 127) // 128, threads=128:  # writes out
         for g in range((16 * n + 127) // 128, thread "group"):
             for t in range(128, thread "local"):
@@ -95,13 +88,7 @@ def fused_exp_multiply(a0: Buffer((16 * n,), "float32"), out: Buffer((16 * n,), 
                     out[t + 128 * g] = (exp(a0[t + 128 * g]) * a0[t + 128 * g])
 """
 
-GEMV = """@tensor_program
-@attrs(op="linear")
-def linear(x: Buffer((1, 64), "float32"), w: Buffer((16, 64), "float32"), y: Buffer((1, 16), "float32")):
-    block matmul(i0: S[1], i1: S[16], k: R[64]):
-        init: y[i0, i1] = 0.0
-        y[i0, i1] = (y[i0, i1] + (x[i0, k] * w[i1, k]))
-    # scheduled (gemv): 1 kernel(s)
+GEMV = """    # scheduled (gemv): 1 kernel(s)
     kernel linear(x, w, y), groups=16, threads=128:  # writes y
         for g in range(16, thread "group"):
             for t in range(128, thread "local"):
