@@ -35,6 +35,23 @@ static inline __m256i dcc_bits16(__m256i v, int mask4) {
 }
 #endif
 
+/* plain C, for either activation width (xr's element type differs, the code does not) */
+#define DCC_X16_PLAIN                                                                                              \
+  for (int r = 0; r < R; ++r) {                                                                                    \
+    for (int l = 0; l < 16; ++l) {                                                                                 \
+      float a = 0.0f;                                                                                              \
+      for (int b = 0; b < nb; ++b) {                                                                               \
+        const uint32_t* pb = q + 64 * b;                                                                           \
+        int32_t dot = 0;                                                                                           \
+        for (int k = 0; k < 32; ++k)                                                                               \
+          dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];    \
+        const float sc = (float)s[16 * b + l];                                                                     \
+        a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];                     \
+      }                                                                                                            \
+      out[(int64_t)r * ldo + l] = a;                                                                               \
+    }                                                                                                              \
+  }
+
 /* interleaved 4-bit weights (quantization/group.py InterleavedScheme): R activation rows (activations in
    linear order) against the 16 outputs of one interleaved group, one output per lane: per block, 8
    vpdpbusd of 16 outputs' 4 codes by 4 activation bytes broadcast, then the block's scales as vectors;
@@ -114,20 +131,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
     _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
   }
 #else
-  for (int r = 0; r < R; ++r) {
-    for (int l = 0; l < 16; ++l) {
-      float a = 0.0f;
-      for (int b = 0; b < nb; ++b) {
-        const uint32_t* pb = q + 64 * b;
-        int32_t dot = 0;
-        for (int k = 0; k < 32; ++k)
-          dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];
-        const float sc = (float)s[16 * b + l];
-        a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];
-      }
-      out[(int64_t)r * ldo + l] = a;
-    }
-  }
+  DCC_X16_PLAIN
 #endif
 }
 
@@ -218,20 +222,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
     _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
   }
 #else
-  for (int r = 0; r < R; ++r) {
-    for (int l = 0; l < 16; ++l) {
-      float a = 0.0f;
-      for (int b = 0; b < nb; ++b) {
-        const uint32_t* pb = q + 64 * b;
-        int32_t dot = 0;
-        for (int k = 0; k < 32; ++k)
-          dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];
-        const float sc = (float)s[16 * b + l];
-        a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];
-      }
-      out[(int64_t)r * ldo + l] = a;
-    }
-  }
+  DCC_X16_PLAIN
 #endif
 }
 
