@@ -145,6 +145,12 @@ SHAPES = {
         "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
         "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": True, "hidden_act": "silu"},
+    # SmolLM2-135M's own shape, for machines the real file cannot reach (benchmarks/gpu_check.sh on a lent GPU)
+    "SmolLM2-135M-shaped": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True, "hidden_act": "silu"},
 }
 SHAPED_TYPES = ("Q4_0", "Q4_K_M")
 

@@ -452,11 +452,12 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
 @click.option("--device", default=None, help="Compile an uncompiled MODEL for this preset first (cached).")
 @click.option("--profile", is_flag=True,
-              help="Also break a decode step down: device time per kernel, host (VM + enqueue) time (OpenCL).")
+              help="Also break a decode step down: device time per kernel, host (VM + enqueue) time (cpu, OpenCL, "
+                   "CUDA).")
 @click.option("--roofline", is_flag=True,
-              help="cpu: with --profile's table, this machine's read bandwidth before and after (one thread, all "
-                   "threads), the bytes a decode step reads, achieved GB/s and the fraction of the roofline, per step "
-                   "and per kernel.")
+              help="cpu and cuda: with --profile's table, the read bandwidth before and after (cpu: one thread, all "
+                   "threads; cuda: the GPU's memory), the bytes a decode step reads, achieved GB/s and the fraction "
+                   "of the roofline, per step and per kernel.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--sequences", default=None, metavar="N,N,...",
               help="Batched decode of this many sequences at once (e.g. 1,4,8): the serving capacity of the batched step.")
@@ -491,7 +492,7 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline,
         before = rl.probe(opened[0])
         if before is None:
             raise DeployError(f"--roofline needs a cpu package compiled by this deploycc (its native module has the "
-                              f"bandwidth probe); recompile {package}")
+                              f"bandwidth probe) or a cuda one; recompile {package}")
         r["profile"] = profile_decode(opened[0], prompt_len)
         r["roofline"] = rl.roofline(opened[0], r["profile"], before, rl.probe(opened[0]), prompt_len)
     elif profile:

@@ -55,7 +55,7 @@ try:
     from runtime.cli import main  # the package's own copy of the runtime
 except ImportError as e:  # a Python without the runtime's dependencies: say which, without a traceback
     sys.exit(f"error: this package needs the Python module {e.name!r}, which {sys.executable} lacks; "
-             f"pip install numpy safetensors tokenizers jinja2 and the device binding (pyopencl, wgpu or pycuda)")
+             f"pip install numpy safetensors tokenizers jinja2 and the device binding (pyopencl, wgpu or cupy-cuda12x)")
 
 main(os.path.dirname(os.path.abspath(__file__)))
 '''

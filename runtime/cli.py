@@ -403,12 +403,13 @@ def mb(n) -> str:
 def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
     """Where a decode step's time goes: wall time per token, the device time of every kernel (profiling
     events), and the host's own time to run the step's bytecode and enqueue its launches, measured with
-    the device held idle (so kernels do not compete with it for the cores). OpenCL and cpu. On cpu the
+    the device held idle (so kernels do not compete with it for the cores). OpenCL, CUDA and cpu. On cpu the
     package's step runs as one native call: host time is the decode step's time outside that call, and
     the kernels are timed running the same bytecode launch by launch."""
     dev = engine.device
     if not hasattr(dev, "start_profile"):
-        raise UsageError(f"--profile needs the opencl or cpu backend; this package runs on {engine.manifest['preset']['backend']}")
+        raise UsageError(f"--profile needs the opencl, cuda or cpu backend; this package runs on "
+                         f"{engine.manifest['preset']['backend']}")
     window = int(engine.context_window)
     if prompt_len + 3 * steps + 8 > window:
         raise UsageError(f"--prompt-len {prompt_len} leaves no room for {3 * steps + 8} profiled decode steps in the "

@@ -20,7 +20,7 @@ from .vm import NP, VM, DTensor, VMError
 
 INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',
            "webgpu": "pip install wgpu (and apt-get install mesa-vulkan-drivers libvulkan1 for a CPU)",
-           "cuda": "pip install pycuda (needs an NVIDIA GPU and driver)"}
+           "cuda": "pip install cupy-cuda12x (or cupy-cuda13x; needs an NVIDIA GPU and driver)"}
 
 
 class Engine:

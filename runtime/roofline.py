@@ -21,6 +21,9 @@ PROBE_BYTES = 256 << 20
 def probe(engine, tries: int = 3) -> dict | None:
     """{"one_thread_gb_s", "all_threads_gb_s", "threads"}, or None when the package's native module lacks the probe
     (compiled by an older deploycc) or the package is not a cpu package."""
+    if hasattr(engine.device, "read_probe"):  # a GPU: its memory, read by its own kernel
+        gb_s = engine.device.read_probe()
+        return {"one_thread_gb_s": gb_s, "all_threads_gb_s": gb_s, "threads": None, "device": engine.device.name}
     lib = next((lib for lib in getattr(engine.device, "libs", []) if hasattr(lib, "dcc_read_probe")), None)
     if lib is None:
         return None
@@ -74,6 +77,13 @@ def roofline(engine, profile: dict, before: dict, after: dict, context: int) -> 
 
 def roofline_lines(r: dict) -> list[str]:
     b, a = r["bandwidth_before"], r["bandwidth_after"]
+    if b.get("device"):
+        head = (f"read bandwidth of {b['device']} (before / after the decode): {b['all_threads_gb_s']:.0f} / "
+                f"{a['all_threads_gb_s']:.0f} GB/s")
+        return [head, f"a decode step at context {r['context']} reads {r['weight_bytes_per_step'] / 1e6:.1f} MB of weights "
+                f"and {r['kv_bytes_per_step'] / 1e6:.1f} MB of KV cache: {r['step_ms']:.2f} ms per step is "
+                f"{r['achieved_gb_s']:.1f} GB/s, {100 * r['roofline_fraction']:.1f}% of the lower probe "
+                f"(its limit: {r['roofline_tok_s']:.0f} tok/s)"]
     return [f"read bandwidth (the package's pool; before / after the decode): one thread {b['one_thread_gb_s']:.1f} / "
             f"{a['one_thread_gb_s']:.1f} GB/s, all threads {b['all_threads_gb_s']:.1f} / {a['all_threads_gb_s']:.1f} GB/s",
             f"a decode step at context {r['context']} reads {r['weight_bytes_per_step'] / 1e6:.1f} MB of weights and "

@@ -52,6 +52,8 @@ def require_device(kind: str, f16: bool = False):
     try:
         device = open_device(kind)
     except DeviceError as e:
+        if kind == "cuda":  # no machine of the project has an NVIDIA GPU, CI's included: one is lent now and then
+            pytest.skip(f"no CUDA GPU here ({e}): these run on a machine with one and CuPy")
         missing(f"no {kind} device on this machine: {e}")
     if f16 and not getattr(device, "has_f16", False):
         missing(f"{kind} adapter {device.name} has no shader-f16 (install Mesa's lavapipe: mesa-vulkan-drivers)")

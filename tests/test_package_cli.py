@@ -529,12 +529,12 @@ def test_output_that_is_not_a_package_is_refused(model_dir, tmp_path):
 def test_no_runtime_for_the_backend(model_dir, tmp_path):
     import importlib.util
 
-    if importlib.util.find_spec("pycuda") is not None:
-        pytest.skip("pycuda is installed here")
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
     r = cli("compile", model_dir, "--device", "h100", "-o", tmp_path / "cuda")
     assert r.returncode == 0, r.stderr
-    assert_one_line_error(cli("run", tmp_path / "cuda", "--prompt", "hi"), "no cuda runtime", "pycuda")
-    assert_one_line_error(run_package(tmp_path / "cuda", "chat"), "no cuda runtime", "pycuda")
+    assert_one_line_error(cli("run", tmp_path / "cuda", "--prompt", "hi"), "no cuda runtime", "cupy")
+    assert_one_line_error(run_package(tmp_path / "cuda", "chat"), "no cuda runtime", "cupy")
 
 
 def test_interrupted_compile_leaves_no_package(model_dir, tmp_path, monkeypatch):

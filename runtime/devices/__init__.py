@@ -1,4 +1,4 @@
-"""Device backends behind one interface: opencl (pyopencl), webgpu (wgpu-py), cuda (pycuda), cpu (native C
+"""Device backends behind one interface: opencl (pyopencl), webgpu (wgpu-py), cuda (CuPy), cpu (native C
 through ctypes), host (numpy).
 
 Importing this package needs numpy only; a backend imports its binding when it is opened, and a

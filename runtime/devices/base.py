@@ -1,6 +1,6 @@
 """The device interface shared by every backend: buffers, kernel builds, launches.
 
-A backend owns its binding (pyopencl, wgpu, pycuda, numpy) and imports it lazily, so this module and
+A backend owns its binding (pyopencl, wgpu, cupy, numpy) and imports it lazily, so this module and
 the package `__init__` import with numpy alone. Kernel ABI, identical for every kernel language:
 buffer parameters first (b0..bN), then 32-bit int scalars (s0..sM); `launch` takes its args in the
 same order, Buffers then Python ints.

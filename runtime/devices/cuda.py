@@ -1,15 +1,17 @@
-"""CUDA backend (pycuda) and offline CUDA C -> PTX compilation (nvcc, ptxas).
+"""CUDA backend (CuPy: NVRTC and the CUDA driver) and offline CUDA C -> PTX compilation (nvcc, ptxas).
 
 Kernel ABI: `extern "C" __global__ void NAME(T* __restrict__ b0, ..., int s0, ...)`, launched over
-`grid` blocks of `block` threads on the legacy default stream, so copies and launches are ordered
-and a download sees every earlier launch.
+`grid` blocks of `block` threads on CuPy's current stream (the legacy default stream unless the caller
+set another), so copies and launches are ordered and a download sees every earlier launch.
+
+CuPy's wheels (cupy-cuda12x, cupy-cuda13x) are binary: no toolkit build, only the driver. Kernels are
+compiled at load by NVRTC, with the toolkit's include directory when one is found (cuda_fp16.h).
 
 `compile_cuda` and `ptxas_check` need only the CUDA toolkit binaries, not a GPU: they let the
 compiler check its CUDA output on machines without a driver.
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import re
@@ -22,73 +24,71 @@ import numpy as np
 
 from .base import Buffer, Device, DeviceError, Kernel, first_lines
 
-INSTALL_HINT = "pip install pycuda (the deploycc[cuda] extra; it builds against the CUDA toolkit and needs libcuda)"
+INSTALL_HINT = ("pip install cupy-cuda12x (the deploycc[cuda] extra; cupy-cuda13x for a CUDA 13 driver): "
+                "binary wheels that need an NVIDIA driver")
 
 
-def _pycuda():
+def _cupy():
     try:
-        import pycuda.driver as drv
+        import cupy
     except ImportError as e:
-        raise DeviceError(f"the CUDA backend needs pycuda ({e}): {INSTALL_HINT}") from None
-    return drv
+        raise DeviceError(f"the CUDA backend needs CuPy ({e}): {INSTALL_HINT}") from None
+    return cupy
+
+
+def _count(cupy) -> int:
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:  # no driver, no GPU, or a driver older than the wheel's CUDA
+        return 0
 
 
 def enumerate_devices() -> list[dict]:
-    drv = _pycuda()
-    try:
-        drv.init()
-        n = drv.Device.count()
-    except drv.Error:  # no driver / no GPU
-        return []
+    cupy = _cupy()
     out = []
-    for i in range(n):
-        d = drv.Device(i)
-        cc = d.compute_capability()
-        out.append({"kind": "cuda", "name": d.name(), "details": {
-            "device_index": i, "arch": f"sm_{cc[0]}{cc[1]}", "total_memory": d.total_memory(), "default": i == 0}})
+    for i in range(_count(cupy)):
+        props = cupy.cuda.runtime.getDeviceProperties(i)
+        out.append({"kind": "cuda", "name": _text(props["name"]), "details": {
+            "device_index": i, "arch": f"sm_{props['major']}{props['minor']}", "total_memory": props["totalGlobalMem"],
+            "default": i == 0}})
     return out
+
+
+def _text(name) -> str:
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 class CUDADevice(Device):
     kind = "cuda"
 
     def __init__(self, device: int = 0):
-        drv = self._drv = _pycuda()
-        try:
-            drv.init()
-            count = drv.Device.count()
-        except drv.Error as e:
-            raise DeviceError(f"CUDA driver unavailable: {first_lines(e, 1)}") from None
+        cupy = self._cupy = _cupy()
+        count = _count(cupy)
+        if count == 0:
+            raise DeviceError("CUDA driver unavailable or no NVIDIA GPU found (CuPy sees 0 devices)")
         if not 0 <= device < count:
             raise DeviceError(f"CUDA device index {device} out of range: {count} GPU(s) found")
-        self.cu_device = drv.Device(device)
-        self.context = self.cu_device.retain_primary_context()
-        self.context.push()
-        atexit.register(self._release)
-        cc = self.cu_device.compute_capability()
-        self.arch = f"sm_{cc[0]}{cc[1]}"
-        self.name = f"{self.cu_device.name()} ({self.arch})"
-        a = drv.device_attribute
-        self.limits = {"max_threads_per_block": self.cu_device.get_attribute(a.MAX_THREADS_PER_BLOCK),
-                       "max_shared_memory_per_block": self.cu_device.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
-                       "warp_size": self.cu_device.get_attribute(a.WARP_SIZE),
-                       "total_memory": self.cu_device.total_memory()}
-        self.has_f16 = cc >= (5, 3)
+        self.cu_device = cupy.cuda.Device(device)
+        self.cu_device.use()
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        self.arch = f"sm_{props['major']}{props['minor']}"
+        self.name = f"{_text(props['name'])} ({self.arch})"
+        self.limits = {"max_threads_per_block": props["maxThreadsPerBlock"],
+                       "max_shared_memory_per_block": props["sharedMemPerBlock"],
+                       "warp_size": props["warpSize"], "total_memory": props["totalGlobalMem"]}
+        self.has_f16 = (props["major"], props["minor"]) >= (5, 3)
         self._modules: dict[tuple[str, tuple[str, ...]], object] = {}
-
-    def _release(self) -> None:
-        if self.context is not None:
-            self.context.pop()
-            self.context = None
+        self.events: list | None = None  # (kernel, start event, end event, weight bytes) of each launch while profiling
+        self.weight_ids: set[int] = set()  # the weights' buffers (the engine says which): bytes a launch streams
 
     # -- memory ----------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
         nbytes = self._check_alloc(nbytes)
-        drv = self._drv
+        cupy = self._cupy
         try:
-            h = drv.mem_alloc(max(4, nbytes))
-            drv.memset_d8(h, 0, max(4, nbytes))
-        except drv.Error as e:
+            with self.cu_device:
+                h = cupy.zeros(max(4, nbytes), dtype=cupy.uint8)
+        except (cupy.cuda.memory.OutOfMemoryError, cupy.cuda.runtime.CUDARuntimeError) as e:
             raise DeviceError(f"CUDA allocation of {nbytes} bytes failed: {first_lines(e, 1)}") from None
         return Buffer(h, nbytes, self)
 
@@ -96,44 +96,45 @@ class CUDADevice(Device):
         array = np.ascontiguousarray(array)
         buf = self.alloc(array.nbytes)
         if array.nbytes:
-            self._drv.memcpy_htod(buf.handle, array)
+            buf.handle[:array.nbytes].set(array.reshape(-1).view(np.uint8))
         return buf
 
     def write(self, buf: Buffer, array: np.ndarray) -> None:
         array = self._host_bytes(buf, array)
         if array.nbytes:
-            self._drv.memcpy_htod(buf.handle, array)
+            buf.handle[:array.nbytes].set(array.reshape(-1).view(np.uint8))
 
     def download(self, buf: Buffer, shape, dtype) -> np.ndarray:
         n = self._read_size(buf, shape, dtype)
-        out = np.empty(shape, dtype)
-        if n:
-            self._drv.memcpy_dtoh(out, buf.handle)
-        return out
+        if not n:
+            return np.empty(shape, dtype)
+        return buf.handle[:n].get().view(dtype).reshape(shape)
 
     # -- kernels ---------------------------------------------------------------------------------------
     def build(self, source: str, names: list[str], options: dict | None = None) -> dict[str, Kernel]:
-        from pycuda.compiler import SourceModule
-
+        cupy = self._cupy
         options = dict(options or {})
-        flags = ("-O3",) + (("--use_fast_math",) if options.pop("fast_math", False) else ())
+        flags = ("--std=c++17",) + (("--use_fast_math",) if options.pop("fast_math", False) else ())
         if options:
             raise DeviceError(f"unknown CUDA build option(s): {', '.join(sorted(options))} (known: fast_math)")
+        inc = cuda_include_dir()
+        flags += (f"-I{inc}",) if inc else ()
         key = (hashlib.sha256(source.encode()).hexdigest(), flags)
         module = self._modules.get(key)
-        if module is None:
-            try:
-                module = SourceModule(source, options=list(flags), arch=self.arch, no_extern_c=True,
-                                      include_dirs=[d for d in [cuda_include_dir()] if d])
-            except self._drv.CompileError as e:
-                raise DeviceError(f"CUDA build failed for {self.arch}: {first_lines(e.stderr or e.msg)}") from None
-            self._modules[key] = module
         kernels = {}
-        for name in names:
-            try:
-                kernels[name] = Kernel(name, module.get_function(name), self, {"format": None})
-            except self._drv.Error:
-                raise DeviceError(f"CUDA module has no kernel {name!r} (is it declared extern \"C\"?)") from None
+        try:
+            with self.cu_device:
+                if module is None:
+                    module = cupy.RawModule(code=source, options=flags, backend="nvrtc")
+                    module.compile()
+                    self._modules[key] = module
+                for name in names:
+                    kernels[name] = Kernel(name, module.get_function(name), self)
+        except cupy.cuda.compiler.CompileException as e:
+            raise DeviceError(f"CUDA build failed for {self.arch}: {first_lines(str(e))}") from None
+        except cupy.cuda.driver.CUDADriverError as e:
+            raise DeviceError(f"CUDA module load failed for {self.arch}: {first_lines(str(e), 1)} "
+                              f"(is every kernel in {names} declared extern \"C\"?)") from None
         return kernels
 
     def launch(self, kernel: Kernel, args: list, grid, block) -> None:
@@ -143,18 +144,75 @@ class CUDADevice(Device):
             return
         if block[0] * block[1] * block[2] > self.limits["max_threads_per_block"]:
             raise DeviceError(f"{kernel.name}: block {block} exceeds {self.limits['max_threads_per_block']} threads")
-        fmt = "P" * len(bufs) + "i" * len(ints)
-        if kernel.meta["format"] != fmt:  # prepare once per argument pattern
-            kernel.handle.prepare(fmt)
-            kernel.meta["format"] = fmt
+        args = (*[b.handle for b in bufs], *[np.int32(i) for i in ints])
         try:
-            kernel.handle.prepared_async_call(grid, block, None, *[int(b.handle) for b in bufs], *ints)
-        except self._drv.Error as e:
+            if self.events is None:
+                kernel.handle(grid, block, args)
+                return
+            start, end = self._cupy.cuda.Event(), self._cupy.cuda.Event()
+            start.record()
+            kernel.handle(grid, block, args)
+            end.record()
+            self.events.append((kernel.name, start, end, sum(b.nbytes for b in bufs if id(b) in self.weight_ids)))
+        except self._cupy.cuda.driver.CUDADriverError as e:
             raise DeviceError(f"CUDA launch of {kernel.name} (grid {grid}, block {block}) failed: "
-                              f"{first_lines(e, 1)}") from None
+                              f"{first_lines(str(e), 1)}") from None
+
+    # -- bench --profile / --roofline -----------------------------------------------------------------
+    def start_profile(self) -> None:
+        """From now on every launch is timed by a pair of CUDA events around it."""
+        self.synchronize()
+        self.events = []
+
+    def take_profile(self) -> list[tuple[str, float, int]]:
+        """(kernel name, device seconds, weight bytes) of the launches since start_profile (waits for them)."""
+        self.synchronize()
+        get = self._cupy.cuda.get_elapsed_time
+        out = [(name, get(start, end) * 1e-3, streamed) for name, start, end, streamed in self.events or []]
+        self.events = None
+        return out
+
+    def gate(self):
+        """Nothing to hold back: launches are asynchronous and the GPU shares no cores with the host, so the host's
+        own time to run a step's bytecode is what the caller measures anyway."""
+        return lambda: None
+
+    def read_probe(self, nbytes: int = 1 << 30, tries: int = 5) -> float:
+        """Device memory read bandwidth, GB/s: best of `tries` passes of 16-byte loads over `nbytes` (XORed, so
+        the loads cannot be dropped), timed with events."""
+        cupy = self._cupy
+        fn = self.build(_PROBE, ["dcc_read_probe"])["dcc_read_probe"].handle
+        words = nbytes // 16
+        data, sink = cupy.ones(words * 4, dtype=cupy.uint32), cupy.zeros(1, dtype=cupy.uint32)
+        blocks = 16 * cupy.cuda.runtime.getDeviceProperties(self.cu_device.id)["multiProcessorCount"]
+        best = float("inf")
+        for _ in range(tries + 1):  # the first pass warms up
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            fn((blocks, 1, 1), (512, 1, 1), (data, np.uint64(words), sink))
+            end.record()
+            end.synchronize()
+            best = min(best, cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+        return words * 16 / best / 1e9
 
     def synchronize(self) -> None:
-        self._drv.Context.synchronize()
+        try:
+            self.cu_device.synchronize()
+        except self._cupy.cuda.runtime.CUDARuntimeError as e:
+            raise DeviceError(f"CUDA synchronize failed (a kernel faulted?): {first_lines(str(e), 1)}") from None
+
+
+_PROBE = r"""
+extern "C" __global__ void dcc_read_probe(const uint4* __restrict__ p, unsigned long long n, unsigned int* out) {
+  uint4 acc = make_uint4(0u, 0u, 0u, 0u);
+  unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    uint4 v = p[i];
+    acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) out[0] = 1u;
+}
+"""
 
 
 # -- offline compilation (toolkit binaries only) ----------------------------------------------------------

@@ -73,11 +73,11 @@ def test_bad_ptx_is_a_device_error():
         ptxas_check(".version 9.0\n.target sm_90\n.address_size 64\nnot ptx at all\n", "sm_90")
 
 
-def test_missing_pycuda_names_the_package():
+def test_missing_cupy_names_the_package():
     try:
-        import pycuda.driver  # noqa: F401
+        import cupy  # noqa: F401
     except ImportError:
-        with pytest.raises(DeviceError, match="pip install pycuda"):
+        with pytest.raises(DeviceError, match="pip install cupy-cuda12x"):
             open_device("cuda")
     else:
-        pytest.skip("pycuda is installed")
+        pytest.skip("CuPy is installed")

@@ -28,7 +28,7 @@ from deploycc.transform.merge_matmuls import function_params
 
 CONTEXT = 72
 LOGIT_TOL = 5e-5
-PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cpu": "cpu"}
+PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cpu": "cpu", "cuda": "h100"}
 
 
 @pytest.fixture(scope="session", params=sorted(PRESETS))

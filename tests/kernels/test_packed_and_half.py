@@ -24,7 +24,7 @@ def unpack_program(rows: int, words: int) -> tir.TensorProgram:
     return tir.TensorProgram("unpack", (Q, S, O), body)
 
 
-@pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu"])
+@pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu", "h100"])
 def test_unpack_nibbles_with_half_scales(preset):
     target = presets.load(preset).target
     device = require_device(target.kind, f16=target.kind == "webgpu")

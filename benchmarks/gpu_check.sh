@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The checks of a session that is lent an NVIDIA GPU (the workplace's device tool), in one command that fits a short
+# lease: every CUDA and WebGPU kernel test on the GPU, then SmolLM2-shaped and Llama-3.2-1B-shaped packages
+# (random weights: the real GGUF does not fit what travels) compiled for h100 and cpu-webgpu (wgpu on the GPU's Vulkan driver), verified against
+# the numpy reference, and benchmarked against the GPU's own read bandwidth (bench --roofline).
+#
+# Prepared on the CPU machine, in the repository root (what travels: .whl and .gl, .gpu):
+#   pip wheel --no-deps --no-build-isolation -w .whl .       # deploycc itself
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl wgpu cffi pycparser rendercanvas gguf
+#   apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (into .gl)
+#   .gpu/tok: SmolLM2's tokenizer.json, tokenizer_config.json, chat_template.jinja
+# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all]; logs and JSON land in $OUT.
+set -u
+STAGE=${1:-all}
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$ICD" ] && export VK_DRIVER_FILES=$ICD
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DEPLOYCC_HOME=/tmp/dcchome
+PY="python3 -P"  # -P: the checkout's deploycc/ (its runtime lives beside it) must not shadow the installed wheel
+t0=$(date +%s)
+stamp() { echo "== $(( $(date +%s) - t0 ))s: $*"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+$PY - <<'EOF'
+import cupy, wgpu
+print("cupy", cupy.__version__, "wgpu", wgpu.__version__)
+from deploycc.runtime.devices import available
+for d in available():
+    print(d["kind"], d["name"], {k: v for k, v in d["details"].items() if k in ("arch", "backend", "error", "adapter_type")})
+EOF
+
+# the checkpoints (transformers, seed 0) with SmolLM2's tokenizer: built while the tests run
+mkdir -p $DEPLOYCC_HOME/models/SmolLM2-135M-Instruct
+cp .gpu/tok/* $DEPLOYCC_HOME/models/SmolLM2-135M-Instruct/
+LOGS=/tmp/gpu-check-logs; mkdir -p $LOGS
+$PY -c "import sys; sys.path.insert(0, 'benchmarks'); import build_llama_cpp as b
+b.make_shaped('SmolLM2-135M-shaped'); b.make_shaped('Llama-3.2-1B-shaped')" >"$LOGS/checkpoints.log" 2>&1 &
+CKPT=$!
+
+if [ "$STAGE" != packages ]; then
+  stamp "kernel tests on the GPU (cuda, webgpu)"
+  timeout 300 $PY -m pytest -q -p no:cacheprovider -n 8 -rs --durations=5 \
+      tests/kernels/test_model_kernels.py tests/kernels/test_paged_attention.py tests/kernels/test_cpu_attention.py \
+      tests/kernels/test_packed_and_half.py tests/kernels/test_cuda_kernels.py tests/devices/test_cuda_compile.py \
+      -k "cuda or h100 or webgpu or rtx4090 or compile or include" 2>&1 | tee "$LOGS/tests.log" | grep -v "PytestBenchmarkWarning\|warner(" | tail -30
+fi
+wait $CKPT; tail -3 "$LOGS/checkpoints.log"
+[ "$STAGE" = tests ] && exit 0
+
+M=$DEPLOYCC_HOME/models
+dcc() { $PY -m deploycc "$@"; }
+stamp "compile"
+for spec in "SmolLM2-135M-shaped h100 q4f16_1" "SmolLM2-135M-shaped h100 q0f16" "SmolLM2-135M-shaped cpu-webgpu q4f16_1" \
+            "Llama-3.2-1B-shaped h100 q4f16_1"; do
+  set -- $spec
+  ( timeout 240 $PY -m deploycc compile "$M/$1" --device "$2" --quantization "$3" -o "/tmp/pkg/$1-$2-$3" \
+      >"$LOGS/compile-$1-$2-$3.log" 2>&1; echo "compile $spec: rc $? $(tail -1 $LOGS/compile-$1-$2-$3.log)" ) &
+done
+wait
+for spec in "SmolLM2-135M-shaped h100 q4f16_1" "SmolLM2-135M-shaped cpu-webgpu q4f16_1"; do
+  set -- $spec
+  stamp "verify $spec"
+  timeout 120 $PY -m deploycc verify "/tmp/pkg/$1-$2-$3" --steps 4 2>&1 | tail -6
+done
+for spec in "SmolLM2-135M-shaped h100 q4f16_1" "SmolLM2-135M-shaped h100 q0f16" "Llama-3.2-1B-shaped h100 q4f16_1" \
+            "SmolLM2-135M-shaped cpu-webgpu q4f16_1"; do
+  set -- $spec
+  stamp "bench $spec"
+  extra=""; [ "$2" = h100 ] && extra="--roofline"
+  timeout 150 $PY -m deploycc bench "/tmp/pkg/$1-$2-$3" --repeat 2 $extra --json >"$OUT/bench-$1-$2-$3.json" 2>"$LOGS/bench-$1-$2-$3.err"
+  echo "rc $?"; tail -2 "$LOGS/bench-$1-$2-$3.err"
+  $PY - "$OUT/bench-$1-$2-$3.json" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f"no result: {e}")
+print(f"  {r['preset']} on {r['device']}: prefill {r['prefill_tok_s']:.1f} tok/s, decode {r['decode_tok_s']:.1f} tok/s")
+p = r.get("profile")
+if p:
+    print(f"  decode step {p['wall_ms_per_token']:.2f} ms wall, {p['kernel_ms_per_token']:.3f} ms in {p['launches_per_token']:.0f} "
+          f"kernels, host {p['host_ms_per_token']:.2f} ms")
+    for k in p["kernels"][:8]:
+        print(f"    {k['kernel'][:48]:48s} x{k['launches_per_token']:3.0f} {k['us_each']:8.1f} us {k.get('gb_s', 0):7.1f} GB/s")
+roof = r.get("roofline")
+if roof:
+    print(f"  read probe {roof['bandwidth_before']['all_threads_gb_s']:.0f} GB/s; step reads {roof['weight_bytes_per_step']/1e6:.1f} MB "
+          f"weights + {roof['kv_bytes_per_step']/1e6:.1f} MB KV: {roof['achieved_gb_s']:.1f} GB/s "
+          f"({100 * roof['roofline_fraction']:.2f}%), limit {roof['roofline_tok_s']:.0f} tok/s")
+EOF
+done
+stamp "done"
