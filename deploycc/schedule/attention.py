@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
-from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
 from ..op.attention import capped, window_and_cap
 from .lowering import reduce_lanes, thread_grid
 
@@ -39,6 +39,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     t, row = (paged.t, None) if paged else keys_of(prog)
     if getattr(target, "kind", "") == "cpu" and (not paged or paged.size % BLOCK == 0):
         return _blocked(prog, target)
+    if getattr(target, "kind", "") != "cpu" and target.workgroup_gemv and split_threads(target, d.value) >= 2:
+        return _split(prog, target)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
     window, cap = window_and_cap(prog.attrs)
@@ -236,6 +238,116 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
         return body
 
     return _kernel(prog, target, h * n, body_of)
+
+
+STATIC_SHARED = 48 * 1024  # CUDA's static __shared__ limit (more needs dynamic shared memory and an attribute)
+
+
+def split_threads(target, d: int) -> int:
+    """Threads per (head, query) block of the split form: a power of two up to threads_per_block whose partial
+    results (max, sum and a head_dim accumulator each, float32) fit in the target's shared memory."""
+    budget = min(int(target.max_shared_memory), STATIC_SHARED)
+    t = 1
+    while t * 2 <= target.threads_per_block and t * 2 * (d + 3) * 4 <= budget:
+        t *= 2
+    return t
+
+
+def _split(prog: TensorProgram, target) -> Schedule:
+    """The GPU form: one block of T threads per (head, query); the threads split its keys (thread u takes keys
+    u, u + T, ...), each keeping its own online-softmax maximum, sum and accumulator in registers, so a decode
+    step works T threads per head instead of one. One barrier, then the partials meet in shared memory:
+    thread u writes out elements c = u, u + T, ... of the head, each the T accumulators weighed by
+    exp(m_u - max) over the T sums weighed alike (flash-decoding's combine, inside one block)."""
+    Q, K, Vb = prog.params[:3]
+    O = prog.params[-1]
+    n, h, d = Q.shape
+    paged = Paged.of(prog)
+    t, row = (paged.t, None) if paged else keys_of(prog)
+    group = sym.floordiv(h, K.shape[1])
+    scale = float(prog.attrs["scale"])
+    window, cap = window_and_cap(prog.attrs)
+    D = d.value
+    T = split_threads(target, D)
+    g, u = sym.SymVar("g"), sym.SymVar("u")
+    G, U = sym.as_expr(g), sym.as_expr(u)
+    hh, i = sym.floordiv(G, n), sym.mod(G, n)
+    kv = sym.floordiv(hh, group)
+    z = (sym.as_expr(0),)
+    m, l, sc, corr, pr, mx, tot, out = (Buffer(x, (1,), "float32", "local")
+                                        for x in ("m", "l", "s", "corr", "p", "mx", "tot", "o"))
+    acc = Buffer("acc", (D,), "float32", "local")
+    sm_m, sm_l = Buffer("sm_m", (T,), "float32", "shared"), Buffer("sm_l", (T,), "float32", "shared")
+    P = D + 1  # a thread's partial accumulator, padded so the T threads' stores fall in different banks
+    sm_acc = Buffer("sm_acc", (T * P,), "float32", "shared")
+
+    def over(name, extent, f) -> Stmt:
+        v = sym.SymVar(name)
+        return For(v, sym.as_expr(extent), f(sym.as_expr(v)))
+
+    def step(J) -> Stmt:
+        """Key row J into this thread's running maximum, sum and accumulator (one exp per key)."""
+        new_max = Seq((
+            Store(corr, z, tir.unary("exp", m[0] - sc[0])),
+            Store(l, z, l[0] * corr[0] + 1.0),
+            over("c", D, lambda c: Store(acc, (c,), acc[c] * corr[0] + Vb[J, kv, c])),
+            Store(m, z, sc[0]),
+        ))
+        weighed = Seq((
+            Store(pr, z, tir.unary("exp", sc[0] - m[0])),
+            Store(l, z, l[0] + pr[0]),
+            over("c", D, lambda c: Store(acc, (c,), acc[c] + pr[0] * Vb[J, kv, c])),
+        ))
+        return Seq((
+            Store(sc, z, tir.const(0.0)),
+            over("c", D, lambda c: Store(sc, z, sc[0] + Q[i, hh, c] * K[J, kv, c])),
+            Store(sc, z, capped(sc[0] * scale, cap)),
+            IfThenElse(sc[0].cmp("gt", m[0]), new_max, weighed),
+        ))
+
+    jj = sym.SymVar("jj")
+    j = sym.as_expr(jj) * T + U
+    if paged:  # every key the page table names; those the query does not see are skipped
+        count = t
+        visit = IfThenElse(paged.sees(i, j, window), step(paged.row(i, j)))
+    else:
+        limit, first = visible_keys(i, t, n, window)
+        count = limit - first
+        visit = step(row(j + first))
+    keys = For(jj, sym.floordiv(count + (T - 1), T), IfThenElse(tir.index(j).cmp("lt", tir.index(count)), visit))
+
+    def combine(c) -> Stmt:
+        """Output element c of the head from the T partials."""
+        w = lambda v: tir.unary("exp", sm_m[v] - mx[0])
+        return Seq((
+            Store(mx, z, tir.const(NEG)),
+            over("v", T, lambda v: Store(mx, z, tir.vmax(mx[0], sm_m[v]))),
+            Store(tot, z, tir.const(0.0)), Store(out, z, tir.const(0.0)),
+            over("v", T, lambda v: Seq((Store(tot, z, tot[0] + sm_l[v] * w(v)),
+                                        Store(out, z, out[0] + sm_acc[v * P + c] * w(v))))),
+            Store(O, (i, hh, c), out[0] / tot[0]),
+        ))
+
+    cc = sym.SymVar("cc")
+    c_at = sym.as_expr(cc) * T + U
+    body: Stmt = Seq((
+        Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
+        over("c", D, lambda c: Store(acc, (c,), tir.const(0.0))),
+        keys,
+        Store(sm_m, (U,), m[0]), Store(sm_l, (U,), l[0]),
+        over("c", D, lambda c: Store(sm_acc, (U * P + c,), acc[c])),
+        Barrier(),
+        For(cc, sym.as_expr((D + T - 1) // T), IfThenElse(tir.index(c_at).cmp("lt", tir.index(D)), combine(c_at))),
+    ))
+    for buf in (m, l, sc, corr, pr, mx, tot, out, acc):
+        body = Alloc(buf, body)
+    for buf in (sm_m, sm_l, sm_acc):
+        body = Alloc(buf, body)
+    rows = h * n
+    body = For(g, rows, For(u, sym.as_expr(T), body, "thread", "local"), "thread", "group")
+    bufs, written = global_buffers(body, list(prog.params))
+    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, rows, T, written)
+    return Schedule((k,), (), "attention")
 
 
 def _kernel(prog: TensorProgram, target, rows, body_of) -> Schedule:

@@ -61,7 +61,9 @@ def test_blocked_attention_matches_reference(n, total, h, kvh):
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-6)
 
 
-PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "webgpu": "cpu-webgpu"}
+# the cpu and cpu-opencl presets take the one-thread-per-row form; adreno (on PoCL), cpu-webgpu and h100 the
+# split form (a block of threads per row splits the keys and combines in shared memory)
+PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "adreno": "adreno", "webgpu": "cpu-webgpu", "cuda": "h100"}
 
 
 @pytest.mark.parametrize("backend", sorted(PRESETS))
@@ -82,12 +84,14 @@ def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap, r
     j % rows. Against attention_reference at 2e-6 (OpenCL/WGSL: 1e-5, their native exp)."""
     if backend == "cpu":
         require_cc()
-    device = require_device(backend)
     target = presets.load(PRESETS[backend]).target
+    device = require_device(target.kind)
     d, scale = 32, 0.125
     attrs = {"window": window, **({"softcap": cap} if cap else {})}
     prog = schedule_program(attention_program(n, h, kvh, d, scale, ring, **attrs), target)
     assert prog.attrs["schedule"].rule == "attention"
+    split = "sm_acc" in render(list(prog.attrs["schedule"].kernels), target)  # the threads' partials meet
+    assert split == (backend in ("adreno", "webgpu", "cuda")), "the form the presets take"
     rng = np.random.default_rng(n * 1000 + total)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     k = rng.standard_normal((total, kvh, d)).astype(np.float32)

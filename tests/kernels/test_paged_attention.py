@@ -12,7 +12,7 @@ import pytest
 from conftest import require_cc, require_device
 
 from deploycc import presets
-from deploycc.execute import KernelRunner
+from deploycc.execute import KernelRunner, render
 from deploycc.ir import annotation as A
 from deploycc.ir import sym
 from deploycc.ir.expr import Call, Var
@@ -22,7 +22,9 @@ from deploycc.op.attention import RefPagedCache, paged_attention_reference
 from deploycc.schedule import schedule_program
 from deploycc.vm.lower import kv_copy_paged_program
 
-PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "webgpu": "cpu-webgpu"}
+# the cpu and cpu-opencl presets take the one-thread-per-row form; adreno (on PoCL), cpu-webgpu and h100 the
+# split form (a block of threads per row splits the keys and combines in shared memory)
+PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "adreno": "adreno", "webgpu": "cpu-webgpu", "cuda": "h100"}
 
 
 def paged_program(n: int, h: int, kvh: int, d: int, rows: int, **attrs):
@@ -66,8 +68,8 @@ def scatter(rng, starts, counts, page_size, pages, kvh, d):
 def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, window, cap):
     if backend == "cpu":
         require_cc()
-    device = require_device(backend)
     target = presets.load(PRESETS[backend]).target
+    device = require_device(target.kind)
     d, scale, size, pages = 32, 0.125, 16, 24
     attrs = {"scale": scale, "page_size": size, **({"window": window} if window else {}),
              **({"softcap": cap} if cap else {})}
@@ -84,6 +86,8 @@ def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, wind
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     prog = schedule_program(paged_program(n, h, kvh, d, pages * size, **attrs), target)
     assert prog.attrs["schedule"].rule == "attention"
+    split = "sm_acc" in render(list(prog.attrs["schedule"].kernels), target)  # the threads' partials meet
+    assert split == (backend in ("adreno", "webgpu", "cuda")), "the form the presets take"
     out = np.zeros((n, h, d), np.float32)
     KernelRunner(device, target)(prog, [q, k, v, m["pages"], m["seq"], m["pos"], out], [])
     want = paged_attention_reference(q, k, v, m["pages"], m["seq"], m["pos"], scale, size, window, cap)
@@ -95,8 +99,8 @@ def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, wind
 def test_kv_copy_paged_writes_the_slots(backend):
     if backend == "cpu":
         require_cc()
-    device = require_device(backend)
     target = presets.load(PRESETS[backend]).target
+    device = require_device(target.kind)
     rng = np.random.default_rng(7)
     cache = scatter(rng, [5, 0, 30], [3, 1, 9], 16, 12, 2, 8)
     slot = cache.meta["slot"]
