@@ -35,18 +35,68 @@ static inline __m256i dcc_bits16(__m256i v, int mask4) {
 }
 #endif
 
+/* K-quant scales (quantization/gguf_stored.py InterleavedK): a super-block's 12 planes of 16 lanes' packed 6-bit
+   scales and minimums -> o[32 s + l] the scale and o[32 s + 16 + l] the minimum of sub-block s, lane l (ggml's
+   get_scale_min_k4, 16 lanes at a time) */
+static inline void dcc_k_unpack(const uint8_t* p, uint8_t* o) {
+#if defined(__AVX2__)
+  __m128i P[12];
+  for (int i = 0; i < 12; ++i) P[i] = _mm_loadu_si128((const __m128i*)(p + 16 * i));
+  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+  for (int j = 0; j < 4; ++j) {
+    _mm_storeu_si128((__m128i*)(o + 32 * j), _mm_and_si128(P[j], m63));
+    _mm_storeu_si128((__m128i*)(o + 32 * j + 16), _mm_and_si128(P[j + 4], m63));
+    const __m128i top_s = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(P[j], 6), m3), 4);
+    const __m128i top_m = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(P[j + 4], 6), m3), 4);
+    _mm_storeu_si128((__m128i*)(o + 32 * (j + 4)), _mm_or_si128(_mm_and_si128(P[j + 8], m15), top_s));
+    _mm_storeu_si128((__m128i*)(o + 32 * (j + 4) + 16),
+                     _mm_or_si128(_mm_and_si128(_mm_srli_epi16(P[j + 8], 4), m15), top_m));
+  }
+#else
+  for (int l = 0; l < 16; ++l)
+    for (int j = 0; j < 4; ++j) {
+      o[32 * j + l] = p[16 * j + l] & 63;
+      o[32 * j + 16 + l] = p[16 * (j + 4) + l] & 63;
+      o[32 * (j + 4) + l] = (p[16 * (j + 8) + l] & 15) | ((p[16 * j + l] >> 6) << 4);
+      o[32 * (j + 4) + 16 + l] = (p[16 * (j + 8) + l] >> 4) | ((p[16 * (j + 4) + l] >> 6) << 4);
+    }
+#endif
+}
+#if defined(__AVX2__)
+/* lanes 8h .. 8h + 7 of block b's weight scale and minimum term: the f16 s and m (or -zero * s) of the interleaved
+   formats, or a K-quant's d * sc and -(dmin * mn), kb its super-block's unpacked sub-block bytes (dcc_k_unpack) */
+static inline void dcc_x16_scales(const half* s, const half* m, const uint8_t* kb, float zero, int b, int h,
+                                  __m256* dv, __m256* cv) {
+  if (kb) {
+    const int at = 16 * (b >> 3) + 8 * h;
+    const uint8_t* sb = kb + 32 * (b & 7) + 8 * h;
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)sb)));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(sb + 16))));
+    *dv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + at))), sc);
+    *cv = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + at))), mn));
+    return;
+  }
+  *dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
+  *cv = m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + 16 * b + 8 * h))) : _mm256_mul_ps(*dv, _mm256_set1_ps(-zero));
+}
+#endif
+
 /* plain C, for either activation width (xr's element type differs, the code does not) */
 #define DCC_X16_PLAIN                                                                                              \
+  uint8_t kb[256];                                                                                                 \
   for (int r = 0; r < R; ++r) {                                                                                    \
     for (int l = 0; l < 16; ++l) {                                                                                 \
       float a = 0.0f;                                                                                              \
       for (int b = 0; b < nb; ++b) {                                                                               \
         const uint32_t* pb = q + 64 * b;                                                                           \
+        if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);                                             \
         int32_t dot = 0;                                                                                           \
         for (int k = 0; k < 32; ++k)                                                                               \
           dot += (int32_t)dcc_x16_code(pb, qh ? (const uint8_t*)(qh + 16 * b) : 0, l, k) * xr[r][32 * b + k];    \
-        const float sc = (float)s[16 * b + l];                                                                     \
-        a += sc * dr[r][b] * (float)dot + (m ? (float)m[16 * b + l] : -zero * sc) * sr[r][b];                     \
+        const float sc = ks ? (float)s[16 * (b >> 3) + l] * (float)kb[32 * (b & 7) + l] : (float)s[16 * b + l];     \
+        const float mn = ks ? -((float)m[16 * (b >> 3) + l] * (float)kb[32 * (b & 7) + 16 + l])                    \
+                            : (m ? (float)m[16 * b + l] : -zero * sc);                                              \
+        a += sc * dr[r][b] * (float)dot + mn * sr[r][b];                                                           \
       }                                                                                                            \
       out[(int64_t)r * ldo + l] = a;                                                                               \
     }                                                                                                              \
@@ -57,24 +107,34 @@ static inline __m256i dcc_bits16(__m256i v, int mask4) {
    vpdpbusd of 16 outputs' 4 codes by 4 activation bytes broadcast, then the block's scales as vectors;
    out[r * ldo + l] for output l of the group. No horizontal sums. */
 static inline __attribute__((always_inline)) void dcc_x16_rows(
-    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, float zero,
-    const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, const uint8_t* ks,
+    float zero, const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
 #if defined(DCC_ZMM)
   if (!qh) {  /* the 4-bit formats through 512-bit vpdpbusd; the 5-bit ones take the AVX2 path below */
   __m512 acc[DCC_TILE];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i lo = _mm512_set1_epi8(15);
+  uint8_t kb[256];
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
+    if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
     __m512i c[8];
     for (int j = 0; j < 4; ++j) {
       const __m512i p = _mm512_loadu_si512(pb + 16 * j);
       c[j] = _mm512_and_si512(p, lo);
       c[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), lo);
     }
-    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + 16 * b)));
-    const __m512 cv = m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(m + 16 * b)))
-                        : _mm512_mul_ps(dv, _mm512_set1_ps(-zero));
+    __m512 dv, cv;
+    if (ks) {  /* a K-quant: d * sc and -(dmin * mn) of the block's sub-block */
+      const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(kb + 32 * (b & 7)))));
+      const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(kb + 32 * (b & 7) + 16))));
+      dv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + 16 * (b >> 3)))), sc);
+      cv = _mm512_sub_ps(_mm512_setzero_ps(),
+                         _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(m + 16 * (b >> 3)))), mn));
+    } else {
+      dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + 16 * b)));
+      cv = m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(m + 16 * b))) : _mm512_mul_ps(dv, _mm512_set1_ps(-zero));
+    }
     for (int r = 0; r < R; ++r) {
       const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
       __m512i a = _mm512_setzero_si512();
@@ -94,8 +154,10 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  uint8_t kb[256];
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
+    if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
     for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
       __m256i c[8];
       for (int j = 0; j < 4; ++j) {
@@ -108,9 +170,8 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
           c[j + 4] = _mm256_or_si256(c[j + 4], dcc_bits16(hv, (int)0x80402010));
         }
       }
-      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
-      const __m256 cv = m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + 16 * b + 8 * h)))
-                          : _mm256_mul_ps(dv, _mm256_set1_ps(-zero));
+      __m256 dv, cv;
+      dcc_x16_scales(s, m, ks ? kb : 0, zero, b, h, &dv, &cv);
       for (int r = 0; r < R; ++r) {
         const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
         __m256i a = _mm256_maddubs_epi16(c[0], _mm256_set1_epi32(x[0]));
@@ -141,7 +202,8 @@ static inline void dcc_dot_x16(float* acc, const uint32_t* q, const uint32_t* qh
   const float* dr[1] = {xd};
   const float* sr[1] = {xsd};
   const int64_t at = (int64_t)g * nb;
-  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, 1);
+  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, 0, zero, xr, dr, sr, nb,
+               1);
 }
 
 static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const uint32_t* qh, const half* s, const half* m,
@@ -153,7 +215,7 @@ static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const uint32_
   dcc_tile_rows(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
   const int64_t at = (int64_t)g * nb;
 #define DCC_X16_ROWS(R) \
-  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
+  dcc_x16_rows(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, 0, zero, xr, dr, sr, nb, R)
   DCC_TILE_RESIDUE(DCC_X16_ROWS)
 #undef DCC_X16_ROWS
 }
@@ -180,14 +242,16 @@ static inline void dcc_dot_x16_tile(float* acc, const uint32_t* q, const uint32_
 DCC_X16_FORMATS(8, int8_t, dcc_dot_x16)
 
 static inline __attribute__((always_inline)) void dcc_x16_rows16(
-    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, float zero,
-    const int16_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, const uint8_t* ks,
+    float zero, const int16_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i nib = _mm256_set1_epi8(15), order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  uint8_t kb[256];
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
+    if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
     for (int h = 0; h < 2; ++h) {
       __m256i lo[DCC_TILE], hi[DCC_TILE];  /* int32 pair sums of outputs 8h..8h+3 and 8h+4..8h+7 */
       for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
@@ -207,9 +271,8 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
           hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(c1, xb));
         }
       }
-      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
-      const __m256 cv = m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(m + 16 * b + 8 * h)))
-                          : _mm256_mul_ps(dv, _mm256_set1_ps(-zero));
+      __m256 dv, cv;
+      dcc_x16_scales(s, m, ks ? kb : 0, zero, b, h, &dv, &cv);
       for (int r = 0; r < R; ++r) {
         const __m256i sums = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), order);
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
@@ -232,8 +295,8 @@ static inline void dcc_dot_x16_16(float* acc, const uint32_t* q, const uint32_t*
   const float* dr[1] = {xd};
   const float* sr[1] = {xsd};
   const int64_t at = (int64_t)g * nb;
-  dcc_x16_rows16(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb,
-                 1);
+  dcc_x16_rows16(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, 0, zero, xr, dr, sr,
+                 nb, 1);
 }
 static inline void dcc_dot_x16_16_tile(float* acc, const uint32_t* q, const uint32_t* qh, const half* s,
                                        const half* m, float zero, const int16_t* xq, const float* xd, const float* xsd,
@@ -244,11 +307,47 @@ static inline void dcc_dot_x16_16_tile(float* acc, const uint32_t* q, const uint
   dcc_tile_rows16(xq, xd, xsd, nb, t0, rows, xr, dr, sr);
   const int64_t at = (int64_t)g * nb;
 #define DCC_X16_ROWS(R) \
-  dcc_x16_rows16(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, zero, xr, dr, sr, nb, R)
+  dcc_x16_rows16(acc, 16, q + at * 64, qh ? qh + at * 16 : 0, s + at * 16, m ? m + at * 16 : 0, 0, zero, xr, dr, sr, nb, R)
   DCC_TILE_RESIDUE(DCC_X16_ROWS)
 #undef DCC_X16_ROWS
 }
 
 /* entry points, as the 8-bit ones (DCC_X16_FORMATS above) */
 DCC_X16_FORMATS(16, int16_t, dcc_dot_x16_16)
+
+/* K-quants interleaved (quantization/gguf_stored.py InterleavedK): codes and fifth bits as above, sub [N/16, K/256,
+   48] the 12 planes of packed 6-bit scales and minimums, s / m [N/16, K/256, 16] d and dmin. XT, ROWS, TILE_ROWS:
+   the activation width's element type, rows function and tile-row gatherer. */
+#define DCC_XK_ENTRIES(NAME, BITS, XT, ROWS, TILE_ROWS, QH_ARG, QH)                                                  \
+  static inline void dcc_dot_##NAME##_x16_q##BITS(float* acc, const uint32_t* q, QH_ARG const uint32_t* sub,        \
+                                                  const half* s, const half* m, const XT* xq, const float* xd,        \
+                                                  const float* xsd, int g, int nb) {                                  \
+    const XT* xr[1] = {xq};                                                                                         \
+    const float* dr[1] = {xd};                                                                                      \
+    const float* sr[1] = {xsd};                                                                                     \
+    const int64_t at = (int64_t)g * nb;                                                                             \
+    ROWS(acc, 16, q + at * 64, QH, s + at * 2, m + at * 2, (const uint8_t*)(sub + at * 6), 0.0f, xr, dr, sr, nb, 1); \
+  }                                                                                                                 \
+  static inline void dcc_dot_##NAME##_x16_q##BITS##_tile(float* acc, const uint32_t* q, QH_ARG const uint32_t* sub, \
+                                                         const half* s, const half* m, const XT* xq, const float* xd, \
+                                                         const float* xsd, int g, int nb, int t0, int rows) {         \
+    const XT* xr[DCC_TILE];                                                                                         \
+    const float* dr[DCC_TILE];                                                                                      \
+    const float* sr[DCC_TILE];                                                                                      \
+    TILE_ROWS(xq, xd, xsd, nb, t0, rows, xr, dr, sr);                                                               \
+    const int64_t at = (int64_t)g * nb;                                                                             \
+    DCC_TILE_RESIDUE(DCC_XK_ROWS_##BITS)                                                                            \
+  }
+#define DCC_XK_ROWS(ROWS, QH, R) \
+  ROWS(acc, 16, q + at * 64, QH, s + at * 2, m + at * 2, (const uint8_t*)(sub + at * 6), 0.0f, xr, dr, sr, nb, R)
+#define DCC_XK_ROWS_8(R) DCC_XK_ROWS(dcc_x16_rows, DCC_XK_QH, R)
+#define DCC_XK_ROWS_16(R) DCC_XK_ROWS(dcc_x16_rows16, DCC_XK_QH, R)
+#define DCC_XK_QH 0
+DCC_XK_ENTRIES(q4_k, 8, int8_t, dcc_x16_rows, dcc_tile_rows, DCC_NONE, 0)
+DCC_XK_ENTRIES(q4_k, 16, int16_t, dcc_x16_rows16, dcc_tile_rows16, DCC_NONE, 0)
+#undef DCC_XK_QH
+#define DCC_XK_QH (qh + at * 16)
+DCC_XK_ENTRIES(q5_k, 8, int8_t, dcc_x16_rows, dcc_tile_rows, const uint32_t* qh DCC_COMMA, qh + at * 16)
+DCC_XK_ENTRIES(q5_k, 16, int16_t, dcc_x16_rows16, dcc_tile_rows16, const uint32_t* qh DCC_COMMA, qh + at * 16)
+#undef DCC_XK_QH
 """

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import DeployError
 from .base import Scheme, mark_activations, quantized_modules, swap_modules
-from .gguf_blocks import BLOCK_SCHEMES, INTERLEAVED_Q5, GGUFBlockScheme, GGUFModel, keep_blocks
+from .gguf_blocks import BLOCK_SCHEMES, INTERLEAVED_K, INTERLEAVED_Q5, GGUFBlockScheme, GGUFModel, keep_blocks
 from .group import GroupScheme, InterleavedScheme
 from .none import NoQuantize, StoreHalf
 
@@ -43,7 +43,8 @@ INTERLEAVED: dict[str, Scheme] = {
 
 def scheme_by_name(name: str) -> Scheme:
     """A scheme by its `name` (what a dequantize program's attrs record): ours or a GGUF block format."""
-    for s in (*QUANTIZATION.values(), *INTERLEAVED.values(), *BLOCK_SCHEMES.values(), *INTERLEAVED_Q5.values()):
+    for s in (*QUANTIZATION.values(), *INTERLEAVED.values(), *BLOCK_SCHEMES.values(), *INTERLEAVED_Q5.values(),
+              *INTERLEAVED_K.values()):
         if s.name == name:
             return s
     raise KeyError(f"no quantization scheme named {name}")

@@ -31,11 +31,21 @@ from ..errors import DeployError
 from ..hub import transformed
 from ..ir import tir
 from .base import QuantizedEmbedding, QuantizedLinear, Scheme, mark_activations
-from .gguf_stored import INTERLEAVED_Q5, LAYOUTS, PARAM_ORDER, QK_K, STORED, InterleavedQ5, StoredScheme
+from .gguf_stored import (
+    INTERLEAVED_K,
+    INTERLEAVED_Q5,
+    LAYOUTS,
+    PARAM_ORDER,
+    QK_K,
+    STORED,
+    InterleavedK,
+    InterleavedQ5,
+    StoredScheme,
+)
 from .group import InterleavedScheme, pack_codes
 
-__all__ = ["BLOCK_SCHEMES", "CONVERT_TO", "FLOAT_TYPES", "GGUFBlockScheme", "GGUFModel", "INTERLEAVED_Q5", "LAYOUTS",
-           "PARAM_ORDER", "QK_K", "InterleavedQ5", "StoredScheme", "keep_blocks"]
+__all__ = ["BLOCK_SCHEMES", "CONVERT_TO", "FLOAT_TYPES", "GGUFBlockScheme", "GGUFModel", "INTERLEAVED_K", "INTERLEAVED_Q5",
+           "LAYOUTS", "PARAM_ORDER", "QK_K", "InterleavedK", "InterleavedQ5", "StoredScheme", "keep_blocks"]
 
 BLOCK = 32
 
@@ -178,9 +188,10 @@ class GGUFModel:
             from . import QUANTIZATION
 
             return QUANTIZATION["q0f16"] if self.base.weights.qtype(hf) == "F16" else None
-        if (self.interleave and isinstance(module, nn.Linear) and block.qtype in INTERLEAVED_Q5
-                and INTERLEAVED_Q5[block.qtype].fits(module.out_features, module.in_features)):
-            return INTERLEAVED_Q5[block.qtype]
+        for table in (INTERLEAVED_Q5, INTERLEAVED_K):  # the file's bytes, 16 rows interleaved
+            if (self.interleave and isinstance(module, nn.Linear) and block.qtype in table
+                    and table[block.qtype].fits(module.out_features, module.in_features)):
+                return table[block.qtype]
         if not (self.groups and isinstance(block, GGUFBlockScheme)):
             return block
         from . import INTERLEAVED, QUANTIZATION
@@ -268,7 +279,7 @@ class GGUFModel:
                     raw = self.base.weights.raw(hf)
                 if scheme is block:  # kept as stored (K-quants always)
                     packed = scheme.from_blocks(raw)
-                elif isinstance(scheme, InterleavedQ5):  # the same bytes, 16 rows interleaved
+                elif isinstance(scheme, (InterleavedQ5, InterleavedK)):  # the same bytes, 16 rows interleaved
                     packed = scheme.interleave(block.from_blocks(raw))
                 else:  # moved into our group layout, value for value
                     packed = block.to_group(raw)

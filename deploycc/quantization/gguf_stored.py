@@ -1,6 +1,6 @@
 """GGUF block formats kept as their stored bytes (StoredScheme, one layout table: LAYOUTS): Q5_0, Q5_1, IQ4_NL,
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; and Q5_0 / Q5_1 with rows interleaved in 16s for the cpu target's kernels
-(InterleavedQ5). gguf_blocks.py holds Q4_0 / Q4_1 / Q8_0, the GGUF model and the conversion rule."""
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; and Q5_0 / Q5_1 (InterleavedQ5) and Q4_K / Q5_K (InterleavedK) with rows
+interleaved in 16s for the cpu target's kernels. gguf_blocks.py holds Q4_0 / Q4_1 / Q8_0, the GGUF model and the conversion rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -354,5 +354,125 @@ class InterleavedQ5(Scheme):
         return d * q + _f(bufs[3][g, b, lane])
 
 
+@dataclass(frozen=True)
+class InterleavedK(Scheme):
+    """Q4_K / Q5_K blocks with 16 rows interleaved, for the cpu target's kernels (targets/c_x16.py), the file's bytes
+    rearranged (the package weighs what the file does). For rows 16 g .. 16 g + 15, `q_weight` [N/16, K/32, 64] holds
+    the low nibbles as InterleavedScheme does, `q_high` (Q5_K) [N/16, K/32, 16] the fifth bits as InterleavedQ5 does;
+    `q_sub` [N/16, K/256, 48] the super-block's 12 bytes of packed 6-bit scales and minimums as 12 planes of 16
+    lanes (byte 16 p + l: row l's byte p), so a kernel unpacks the 8 sub-blocks' scales of 16 rows with a few vector
+    operations per super-block instead of scalar work per sub-block and row; `q_scale` and `q_min` [N/16, K/256, 16]
+    the rows' d and dmin. Value: (d * sc6) * q - dmin * m6, as StoredScheme's."""
+
+    qtype: str = "Q4_K"
+    lanes: int = 16
+
+    def fits(self, rows: int, cols: int) -> bool:
+        return rows % self.lanes == 0 and cols % QK_K == 0
+
+    def integer_activations(self, rows: int, cols: int) -> bool:
+        return self.fits(rows, cols) and cols <= 1 << 16
+
+    @property
+    def plain_scheme(self) -> StoredScheme:
+        return STORED[self.qtype]
+
+    def param_shapes(self, rows: int, cols: int):
+        if not self.fits(rows, cols):
+            raise ValueError(f"{self.name} interleaves rows in 16s and needs whole super-blocks: got [{rows}, {cols}]")
+        g, nb, ns, L = rows // self.lanes, cols // BLOCK, cols // QK_K, self.lanes
+        shapes = {"q_weight": ((g, nb, 4 * L), "uint32")}
+        if self.qtype == "Q5_K":
+            shapes["q_high"] = ((g, nb, L), "uint32")
+        shapes.update({"q_sub": ((g, ns, 3 * L), "uint32"), "q_scale": ((g, ns, L), "float16"),
+                       "q_min": ((g, ns, L), "float16")})
+        return shapes
+
+    def _codes(self, plain: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+        """(codes [rows, cols] in value order, fifth bits [rows, cols] or None) of StoredScheme's parameters."""
+        qs = plain["q_weight"].astype("<u4").view(np.uint8)
+        rows, ns = qs.shape[0], plain["q_scale"].shape[1]
+        qs = qs.reshape(rows, ns, 4, 32)  # chunk c: sub-block 2c in the low nibbles, 2c + 1 in the high ones
+        codes = np.stack([qs & 15, qs >> 4], axis=3).reshape(rows, ns * QK_K)
+        if self.qtype != "Q5_K":
+            return codes, None
+        qh = plain["q_high"].astype("<u4").view(np.uint8).reshape(rows, ns, 1, 32)  # bit s of byte i: value 32 s + i
+        bits = (qh >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1
+        return codes, bits.reshape(rows, ns * QK_K)
+
+    def interleave(self, plain: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """StoredScheme's parameters of this format -> this layout."""
+        codes, fifth = self._codes(plain)
+        rows, cols = codes.shape
+        g, L, ns, nb = rows // self.lanes, self.lanes, cols // QK_K, cols // BLOCK
+        if fifth is None:
+            low = InterleavedScheme("low", bits=4, symmetric=True)
+            out = {"q_weight": low.interleave({"q_weight": pack_codes(codes, 4)}, cols)["q_weight"]}
+        else:  # as a Q5_0 tensor of the same codes: InterleavedQ5 puts the low nibbles and the fifth bits in place
+            qs = (codes.reshape(rows, nb, 2, 16)[:, :, 0] | (codes.reshape(rows, nb, 2, 16)[:, :, 1] << 4))
+            high = (fifth.reshape(rows, nb, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=2)
+            x = INTERLEAVED_Q5["Q5_0"].interleave({
+                "q_weight": np.ascontiguousarray(qs.astype(np.uint8)).view("<u4").reshape(rows, nb * 4).astype(np.uint32),
+                "q_high": high.astype(np.uint32), "q_scale": np.zeros((rows, nb), np.float16)})
+            out = {"q_weight": x["q_weight"], "q_high": x["q_high"]}
+        sub = plain["q_sub"].astype("<u4").view(np.uint8).reshape(g, L, ns, 12)
+        out["q_sub"] = np.ascontiguousarray(sub.transpose(0, 2, 3, 1)).view("<u4").reshape(g, ns, 3 * L).astype(np.uint32)
+        for k in ("q_scale", "q_min"):
+            out[k] = np.ascontiguousarray(plain[k].reshape(g, L, ns).transpose(0, 2, 1))
+        return {k: out[k] for k in self.param_shapes(rows, cols)}
+
+    def plain(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This layout -> StoredScheme's parameters."""
+        g, nb, _ = packed["q_weight"].shape
+        L, ns = self.lanes, nb // 8
+        rows = g * L
+        if self.qtype == "Q5_K":
+            x = INTERLEAVED_Q5["Q5_0"].plain({"q_weight": packed["q_weight"], "q_high": packed["q_high"],
+                                               "q_scale": np.zeros((g, nb, L), np.float16)})
+            qs = x["q_weight"].astype("<u4").view(np.uint8).reshape(rows, nb, 16)
+            codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(rows, ns * QK_K)
+            fifth = ((x["q_high"][:, :, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+            fifth = fifth.reshape(rows, ns, 8, 32)  # [row, super-block, sub-block s, byte i]
+            qh = (fifth << np.arange(8, dtype=np.uint8)[None, None, :, None]).sum(axis=2).astype(np.uint8)
+        else:
+            low = InterleavedScheme("low", bits=4, symmetric=True).plain(
+                {"q_weight": packed["q_weight"], "q_scale": np.zeros((g, nb, L), np.float16)})
+            codes = ((low["q_weight"][:, :, None] >> np.arange(0, 32, 4, dtype=np.uint32)) & 15).astype(np.uint8)
+            codes = codes.reshape(rows, ns * QK_K)
+        c = codes.reshape(rows, ns, 4, 2, 32)
+        qs = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).astype(np.uint8)
+        out = {"q_weight": np.ascontiguousarray(qs).view("<u4").reshape(rows, ns * 32).astype(np.uint32)}
+        if self.qtype == "Q5_K":
+            out["q_high"] = np.ascontiguousarray(qh).view("<u4").reshape(rows, ns * 8).astype(np.uint32)
+        sub = np.ascontiguousarray(packed["q_sub"]).astype("<u4").view(np.uint8).reshape(g, ns, 12, L)
+        out["q_sub"] = np.ascontiguousarray(sub.transpose(0, 3, 1, 2)).view("<u4").reshape(rows, ns * 3).astype(np.uint32)
+        for k in ("q_scale", "q_min"):
+            out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(rows, ns))
+        return out
+
+    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
+        return self.plain_scheme.dequantize(self.plain(packed), cols)
+
+    def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
+        L = self.lanes
+        buf = dict(zip(self.param_shapes(L, QK_K), bufs))
+        g, lane = r // L, r % L
+        b, sb = c // BLOCK, c // QK_K
+        quad = (c % BLOCK) // 4
+        q = _bits(buf["q_weight"][g, b, lane + (quad % 4) * L], (c % 4) * 8 + (quad // 4) * 4, 15)
+        if "q_high" in buf:
+            at = (quad % 4) * L + lane
+            high = _bits(buf["q_high"][g, b, at // 4], (at % 4) * 8 + (c % 4) + 4 * (quad // 4), 1)
+            q = tir.bitwise("bitor", q, tir.bitwise("shl", high, 4))
+
+        def byte(_name, i):  # byte i of row r's 12, in plane i
+            at = 16 * i + lane
+            return _bits(buf["q_sub"][g, sb, at // 4], 8 * (at % 4), 255)
+
+        scale, mins = _k_scale_min(byte, (c % QK_K) // BLOCK)
+        return (_f(buf["q_scale"][g, sb, lane]) * _f(scale)) * _f(q) - _f(buf["q_min"][g, sb, lane]) * _f(mins)
+
+
 STORED = {q: StoredScheme(f"gguf_{q.lower()}", qtype=q) for q in LAYOUTS}
 INTERLEAVED_Q5 = {q: InterleavedQ5(f"gguf_{q.lower()}x16", qtype=q) for q in ("Q5_0", "Q5_1")}
+INTERLEAVED_K = {q: InterleavedK(f"gguf_{q.lower()}x16", qtype=q) for q in ("Q4_K", "Q5_K")}

@@ -47,7 +47,7 @@ OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values 
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128),
            "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0), "q5_sym_x16": (5, True, 16),
-           "q5_asym_x16": (5, False, 0)}
+           "q5_asym_x16": (5, False, 0), "q4_k_x16": (4, False, 0), "q5_k_x16": (5, False, 0)}
 ACTIVATION_BITS = (8, 16)  # op/linalg.py round_activations; 16 where calibration says 8 costs too much
 LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
 
@@ -74,7 +74,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     fmt = _format(w_expr, n_it.var, k_it.var, N, K.value, prog)
     stored = None
     if fmt is None:
-        found = _format_stored(w_expr, n_it.var, k_it.var, N, K.value, prog)
+        found = _format_kx16(w_expr, n_it.var, k_it.var, N, K.value, prog) or \
+            _format_stored(w_expr, n_it.var, k_it.var, N, K.value, prog)
         if found is None:
             return None
         fmt, stored = (found[0], None, None, None), found[1]
@@ -139,12 +140,12 @@ class Matmul:
     def sums(self) -> int:
         """Activation code sums (d * sum) per block of 32: 2 for the stored formats (one per half, as the
         K-quants' sub-blocks of 16 need), else 1."""
-        return 2 if self.stored is not None else 1
+        return 2 if self.stored is not None and not self.interleaved else 1
 
     def quantize(self, xq: Buffer, xd: Buffer, xs: Buffer, coords: dict, row) -> Intrin:
         """Activations of one row (the spatial iterators at `coords`) into row `row` of xq/xd/xs."""
         off = Substitute(syms={**coords, self.k: sym.as_expr(0)}, fresh=False).expr(self.x_flat)
-        if self.stored is not None:
+        if self.stored is not None and not self.interleaved:
             kind = "k"
         else:
             kind = "pairs" if FORMATS[self.fmt][0] == 4 and not self.interleaved else "linear"
@@ -368,19 +369,35 @@ def _format_stored(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog
     """("gguf_<type>", its packed buffers in parameter order) when W(n, k) equals a GGUF format kept as stored
     (quantization/gguf_blocks.py StoredScheme), recognised as the others are: evaluated at random points on random
     parameters, against the format's reference dequantization (gguf-py's)."""
-    from itertools import permutations
-
     from ..quantization.gguf_stored import STORED
 
+    return _match_layouts(w, n, k, N, K, prog, {f"gguf_{q.lower()}": s for q, s in STORED.items()}, 2)
+
+
+def _format_kx16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: TensorProgram):
+    """("q4_k_x16" or "q5_k_x16", its buffers in parameter order) when W(n, k) equals a K-quant with rows interleaved
+    in 16s (quantization/gguf_stored.py InterleavedK), recognised likewise against the layout's dequantization."""
+    from ..quantization.gguf_stored import INTERLEAVED_K
+
+    return _match_layouts(w, n, k, N, K, prog, {f"q{q[1]}_k_x16": s for q, s in INTERLEAVED_K.items()}, 3)
+
+
+def _match_layouts(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: TensorProgram, schemes: dict,
+                   rank: int):
+    """(name, the buffers in the scheme's parameter order) of the first of `schemes` (name -> scheme, parameters of
+    `rank` dimensions) whose dequantization W(n, k) equals at 64 random points on random parameters."""
+    from itertools import permutations
+
     bufs = list(dict.fromkeys(ld.arg[0] for ld in tir.loads(w)))
-    if not N.is_const or any(b.scope != "global" or b not in prog.params or len(b.shape) != 2 or
+    if not N.is_const or any(b.scope != "global" or b not in prog.params or len(b.shape) != rank or
                              not all(sym.as_expr(d).is_const for d in b.shape) for b in bufs):
         return None
     dims = {b: (tuple(sym.as_expr(d).value for d in b.shape), b.dtype) for b in bufs}
     rng = np.random.default_rng(0)
     nn, kk = rng.integers(0, N.value, 64), rng.integers(0, K, 64)
-    for qtype, scheme in STORED.items():
-        if K % scheme.block:
+    for name, scheme in schemes.items():
+        fits = getattr(scheme, "fits", None)  # the interleaved layouts' rows in 16s; the stored formats' whole blocks
+        if not (fits(N.value, K) if fits else K % scheme.block == 0):
             continue
         shapes = [(tuple(shape), dtype) for shape, dtype in scheme.param_shapes(N.value, K).values()]
         if len(shapes) != len(bufs):
@@ -396,5 +413,5 @@ def _format_stored(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog
                 return None
             want = scheme.dequantize(dict(zip(scheme.param_shapes(N.value, K), (arrays[b] for b in order))), K)
             if got.shape == (64,) and np.allclose(got, want[nn, kk], rtol=1e-6, atol=1e-6):
-                return f"gguf_{qtype.lower()}", tuple(order)
+                return name, tuple(order)
     return None

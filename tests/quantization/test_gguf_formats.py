@@ -238,6 +238,42 @@ def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
     assert {"qgemv-q5_sym_x16", "qgemm-q5_sym_x16", "qgemv-q5_asym_x16", "qgemm-q5_asym_x16"} <= ran, ran
 
 
+
+K_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, **{f"blk.{n}.{t}.weight": Q.Q4_K if n == 0 else Q.Q5_K
+                                                                 for n in (0, 1) for t in ("attn_q", "attn_k",
+                                                                 "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                                                 "ffn_down")}}
+
+
+@pytest.mark.parametrize("isa,bits", [("x86-64-v3", 8), ("x86-64-v3", 16), ("x86-64-v4", 8), ("x86-64-v4", 16),
+                                      ("generic", 8)])
+def test_interleaved_k_quant_kernels_match_the_interpreter(tmp_path, isa, bits):
+    """Q4_K / Q5_K linears whose rows come in 16s take the interleaved layout (InterleavedK: the file's bytes,
+    rearranged, the 6-bit scales as 12 planes of 16 rows that the kernel unpacks per super-block) on x86: its
+    kernels (targets/c_x16.py) against the interpreter on identically rounded activations, 1e-5 of the largest
+    output; its dequantization, numpy and the loop-level program, bit for bit against gguf-py; its bytes the file's."""
+    from deploycc.ir.tir_interp import run_program
+    from deploycc.quantization import quantize
+    from deploycc.quantization.gguf_blocks import INTERLEAVED_K
+
+    rng = np.random.default_rng(6)
+    for qtype, scheme in INTERLEAVED_K.items():
+        raw = blocks(qtype, 32, 512, rng)
+        want = gguf.quants.dequantize(raw, Q[qtype]).reshape(32, 512)
+        plain = scheme.plain_scheme.from_blocks(raw)
+        packed = scheme.interleave(plain)
+        assert sum(a.nbytes for a in packed.values()) == raw.nbytes
+        assert all(np.array_equal(plain[k].view(np.uint8), v.view(np.uint8)) for k, v in scheme.plain(packed).items())
+        np.testing.assert_array_equal(scheme.dequantize(packed, 512), want)
+        out = np.zeros((32, 512), np.float32)
+        run_program(scheme.program(32, 512), [*packed.values(), out], [])
+        np.testing.assert_array_equal(out, want)
+    path, _ = write_tiny(tmp_path, K_MIX, **K_SHAPE)
+    model = quantize(deploycc.load_model(str(path)), "gguf", interleave=True, groups=True, activations=bits)
+    assert {s.name for s in model.quantized_names().values()} >= {"gguf_q4_kx16", "gguf_q5_kx16"}
+    ran = _check_kernels(model, isa, bits)
+    assert {"qgemv-q4_k_x16", "qgemm-q4_k_x16", "qgemv-q5_k_x16", "qgemm-q5_k_x16"} <= ran, ran
+
 # what llama-quantize's Q4_K_M writes (Q5_0 where a row is not whole 256-value super-blocks, Q4_K, Q6_K, Q8_0)
 Q4_K_M_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, "blk.0.attn_q.weight": Q.Q5_0,
               "blk.0.attn_k.weight": Q.Q5_0, "blk.0.attn_v.weight": Q.Q8_0, "blk.0.attn_output.weight": Q.Q5_0,
