@@ -267,19 +267,16 @@ VALUES = {"Q5_0": _q5_0, "Q5_1": _q5_1, "IQ4_NL": _iq4_nl, "Q2_K": _q2_k, "Q3_K"
 
 
 @dataclass(frozen=True)
-class InterleavedQ5(Scheme):
-    """Q5_0 / Q5_1 blocks with 16 rows interleaved (a compile-time layout transform for the cpu target's AVX2 and
-    AVX-512 kernels, as InterleavedScheme for the 4-bit formats): `q_weight` [N/16, K/32, 64] holds the low nibbles
-    exactly as InterleavedScheme does (word 16 j + l: row 16 g + l, byte i: columns 32 b + 4 j + i in the low
-    nibble and 32 b + 4 (j + 4) + i in the high one); `q_high` [N/16, K/32, 16] the fifth bits, byte 16 j + l of a
-    block holding bit i for column 4 j + i and bit 4 + i for column 4 (j + 4) + i of row l; `q_scale` (and Q5_1's
-    `q_min`) [N/16, K/32, 16]. The same bytes as the file (22 or 24 per 32 values), rearranged."""
+class _Interleaved16(Scheme):
+    """What the stored formats with 16 rows interleaved share (InterleavedQ5, InterleavedK): the rows come in 16s and
+    the columns in whole blocks of `unit`; `plain` puts the file's layout back, so the reference is StoredScheme's."""
 
     qtype: str = "Q5_0"
     lanes: int = 16
+    unit = BLOCK  # the columns' granularity: a block (Q5_0 / Q5_1) or a super-block (the K-quants)
 
     def fits(self, rows: int, cols: int) -> bool:
-        return rows % self.lanes == 0 and cols % BLOCK == 0
+        return rows % self.lanes == 0 and cols % self.unit == 0
 
     def integer_activations(self, rows: int, cols: int) -> bool:
         return self.fits(rows, cols) and cols <= 1 << 16
@@ -287,6 +284,22 @@ class InterleavedQ5(Scheme):
     @property
     def plain_scheme(self) -> StoredScheme:
         return STORED[self.qtype]
+
+    def plain(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
+        return self.plain_scheme.dequantize(self.plain(packed), cols)
+
+
+@dataclass(frozen=True)
+class InterleavedQ5(_Interleaved16):
+    """Q5_0 / Q5_1 blocks with 16 rows interleaved (a compile-time layout transform for the cpu target's AVX2 and
+    AVX-512 kernels, as InterleavedScheme for the 4-bit formats): `q_weight` [N/16, K/32, 64] holds the low nibbles
+    exactly as InterleavedScheme does (word 16 j + l: row 16 g + l, byte i: columns 32 b + 4 j + i in the low
+    nibble and 32 b + 4 (j + 4) + i in the high one); `q_high` [N/16, K/32, 16] the fifth bits, byte 16 j + l of a
+    block holding bit i for column 4 j + i and bit 4 + i for column 4 (j + 4) + i of row l; `q_scale` (and Q5_1's
+    `q_min`) [N/16, K/32, 16]. The same bytes as the file (22 or 24 per 32 values), rearranged."""
 
     def param_shapes(self, rows: int, cols: int):
         if not self.fits(rows, cols):
@@ -335,9 +348,6 @@ class InterleavedQ5(Scheme):
                 "q_high": (hb << np.arange(32, dtype=np.uint64)).sum(axis=2).astype(np.uint32),
                 **{k: low[k] for k in ("q_scale", "q_min") if k in low}}
 
-    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
-        return self.plain_scheme.dequantize(self.plain(packed), cols)
-
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
         L = self.lanes
         g, lane = r // L, r % L
@@ -355,7 +365,7 @@ class InterleavedQ5(Scheme):
 
 
 @dataclass(frozen=True)
-class InterleavedK(Scheme):
+class InterleavedK(_Interleaved16):
     """Q4_K / Q5_K blocks with 16 rows interleaved, for the cpu target's kernels (targets/c_x16.py), the file's bytes
     rearranged (the package weighs what the file does). For rows 16 g .. 16 g + 15, `q_weight` [N/16, K/32, 64] holds
     the low nibbles as InterleavedScheme does, `q_high` (Q5_K) [N/16, K/32, 16] the fifth bits as InterleavedQ5 does;
@@ -365,17 +375,7 @@ class InterleavedK(Scheme):
     the rows' d and dmin. Value: (d * sc6) * q - dmin * m6, as StoredScheme's."""
 
     qtype: str = "Q4_K"
-    lanes: int = 16
-
-    def fits(self, rows: int, cols: int) -> bool:
-        return rows % self.lanes == 0 and cols % QK_K == 0
-
-    def integer_activations(self, rows: int, cols: int) -> bool:
-        return self.fits(rows, cols) and cols <= 1 << 16
-
-    @property
-    def plain_scheme(self) -> StoredScheme:
-        return STORED[self.qtype]
+    unit = QK_K
 
     def param_shapes(self, rows: int, cols: int):
         if not self.fits(rows, cols):
@@ -449,9 +449,6 @@ class InterleavedK(Scheme):
         for k in ("q_scale", "q_min"):
             out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(rows, ns))
         return out
-
-    def dequantize(self, packed: dict[str, np.ndarray], cols: int) -> np.ndarray:
-        return self.plain_scheme.dequantize(self.plain(packed), cols)
 
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
         L = self.lanes

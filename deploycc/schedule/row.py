@@ -15,15 +15,21 @@ from ..ir.tir import Alloc, Block, Buffer, Seq, Stmt, TensorProgram, V, loads
 from .lowering import localize, lower_rows, reduce_lanes, thread_grid, unravel
 
 
-def rule(prog: TensorProgram, target) -> Schedule | None:
+def row_form(prog: TensorProgram) -> tuple[list[Block], list[Buffer], int] | None:
+    """(blocks, intermediates, p) when the program is blocks alone sharing p >= 1 leading row iterators."""
     stmts = strip_allocs(prog.body)
     if not stmts or not all(isinstance(s, Block) for s in stmts):
         return None
-    blocks: list[Block] = stmts
     intermediates = allocs_of(prog.body)
-    p = _common_rows(blocks, intermediates + list(prog.outputs))
-    if p == 0:
+    p = _common_rows(stmts, intermediates + list(prog.outputs))
+    return (stmts, intermediates, p) if p else None
+
+
+def rule(prog: TensorProgram, target) -> Schedule | None:
+    found = row_form(prog)
+    if found is None:
         return None
+    blocks, intermediates, p = found
     if _whole_rows(blocks, p, target):
         p -= 1
     locals_: list[tuple[Buffer, Buffer]] = []

@@ -14,12 +14,12 @@ GEMV's weight reduction) is left to the other rules. Targets opt in with `workgr
 from __future__ import annotations
 
 from ..ir import sym, tir
-from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers, strip_allocs
-from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, unravel
-from .row import _common_rows
+from .row import row_form
 
 MIN_ROW = 32  # shorter rows stay one per thread: less than a warp of work
 
@@ -27,13 +27,11 @@ MIN_ROW = 32  # shorter rows stay one per thread: less than a warp of work
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if getattr(target, "kind", "") == "cpu" or not target.workgroup_gemv:
         return None
-    stmts = strip_allocs(prog.body)
-    if not stmts or not all(isinstance(s, Block) for s in stmts):
+    found = row_form(prog)
+    if found is None:
         return None
-    blocks: list[Block] = stmts
-    intermediates = allocs_of(prog.body)
-    p = _common_rows(blocks, intermediates + list(prog.outputs))
-    if p == 0 or any(len(b.iters) != p + 1 for b in blocks) or not any(b.reduce for b in blocks):
+    blocks, intermediates, p = found
+    if any(len(b.iters) != p + 1 for b in blocks) or not any(b.reduce for b in blocks):
         return None
     if any(len(buf.shape) != p for buf in intermediates):
         return None  # an intermediate with a value per element would need the whole row in shared memory
