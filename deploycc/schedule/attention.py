@@ -53,45 +53,14 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         z = (sym.as_expr(0),)
         m, l, s, corr, pr = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "s", "corr", "p"))
         acc = Buffer("acc", (d,), "float32", "local")
-        j, c, c1, c2, c3 = (sym.SymVar(x) for x in ("j", "c", "c", "c", "c"))
+        j, c2, c3 = (sym.SymVar(x) for x in ("j", "c", "c"))
         if paged:
             J = paged.row(i, sym.as_expr(j))
         else:
             limit, first = visible_keys(i, t, n, window)
             J = row(sym.as_expr(j) + first)
-        if d.value % lanes == 0:  # the score as a lanes loop: vector code where the target renders it
-            ko = sym.SymVar("ko")
-            score: Stmt = For(ko, sym.as_expr(d.value // lanes), Seq(tuple(
-                Store(s, z, s[0] + Q[i, hh, sym.as_expr(ko) * lanes + q] * K[J, kv, sym.as_expr(ko) * lanes + q])
-                for q in range(lanes))), kind="lanes")
-        else:
-            k = sym.SymVar("k")
-            score = For(k, d, Store(s, z, s[0] + Q[i, hh, sym.as_expr(k)] * K[J, kv, sym.as_expr(k)]))
-        def over_d(var, store_of) -> Stmt:
-            """`for var in range(d): store_of(index)`, as a "vector" loop of `lanes` stores when it divides d."""
-            if d.value % lanes:
-                return For(var, d, store_of(sym.as_expr(var)))
-            return For(var, sym.as_expr(d.value // lanes), Seq(tuple(
-                store_of(sym.as_expr(var) * lanes + q) for q in range(lanes))), kind="vector")
-
-        # One exp per key: a new maximum rescales what was summed so far, any other key is weighed.
-        new_max = Seq((
-            Store(corr, z, tir.unary("exp", m[0] - s[0])),
-            Store(l, z, l[0] * corr[0] + 1.0),
-            over_d(c, lambda e: Store(acc, (e,), acc[e] * corr[0] + Vb[J, kv, e])),
-            Store(m, z, s[0]),
-        ))
-        weighed = Seq((
-            Store(pr, z, tir.unary("exp", s[0] - m[0])),
-            Store(l, z, l[0] + pr[0]),
-            over_d(c1, lambda e: Store(acc, (e,), acc[e] + pr[0] * Vb[J, kv, e])),
-        ))
-        step = Seq((
-            Store(s, z, tir.const(0.0)),
-            score,
-            Store(s, z, capped(s[0] * scale, cap)),
-            IfThenElse(s[0].cmp("gt", m[0]), new_max, weighed),
-        ))
+        over_d = _over_d(d.value, lanes)
+        step = key_step(Q, K, Vb, i, hh, kv, J, scale, cap, (m, l, s, corr, pr, acc), over_d, lanes)
         if paged:  # every key the page table names; those the query does not see are skipped
             keys = For(j, t, IfThenElse(paged.sees(i, sym.as_expr(j), window), step))
         else:  # the keys this query may see (causal, after the cached ones)
@@ -107,6 +76,51 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return body
 
     return _kernel(prog, target, h * n, body_of)
+
+
+def _over_d(d: int, lanes: int):
+    """`over_d(var, store_of)`: `for var in range(d): store_of(index)`, as a "vector" loop of `lanes` stores when it
+    divides d."""
+    def over_d(var, store_of) -> Stmt:
+        if d % lanes:
+            return For(var, sym.as_expr(d), store_of(sym.as_expr(var)))
+        return For(var, sym.as_expr(d // lanes), Seq(tuple(
+            store_of(sym.as_expr(var) * lanes + q) for q in range(lanes))), kind="vector")
+    return over_d
+
+
+def key_step(Q, K, Vb, i, hh, kv, J, scale: float, cap: float, bufs, over_d, lanes: int) -> Stmt:
+    """Key row J into one thread's running maximum m, sum l and accumulator acc (bufs: m, l, s, corr, p, acc): the
+    score (a "lanes" loop, vector code where the target renders it, when lanes divides head_dim), scaled and capped;
+    then one exp per key: a new maximum rescales what was summed so far, any other key is weighed."""
+    m, l, s, corr, pr, acc = bufs
+    d = sym.as_expr(acc.shape[0]).value
+    z = (sym.as_expr(0),)
+    if d % lanes == 0:
+        ko = sym.SymVar("ko")
+        score: Stmt = For(ko, sym.as_expr(d // lanes), Seq(tuple(
+            Store(s, z, s[0] + Q[i, hh, sym.as_expr(ko) * lanes + q] * K[J, kv, sym.as_expr(ko) * lanes + q])
+            for q in range(lanes))), kind="lanes")
+    else:
+        k = sym.SymVar("k")
+        score = For(k, sym.as_expr(d), Store(s, z, s[0] + Q[i, hh, sym.as_expr(k)] * K[J, kv, sym.as_expr(k)]))
+    new_max = Seq((
+        Store(corr, z, tir.unary("exp", m[0] - s[0])),
+        Store(l, z, l[0] * corr[0] + 1.0),
+        over_d(sym.SymVar("c"), lambda e: Store(acc, (e,), acc[e] * corr[0] + Vb[J, kv, e])),
+        Store(m, z, s[0]),
+    ))
+    weighed = Seq((
+        Store(pr, z, tir.unary("exp", s[0] - m[0])),
+        Store(l, z, l[0] + pr[0]),
+        over_d(sym.SymVar("c"), lambda e: Store(acc, (e,), acc[e] + pr[0] * Vb[J, kv, e])),
+    ))
+    return Seq((
+        Store(s, z, tir.const(0.0)),
+        score,
+        Store(s, z, capped(s[0] * scale, cap)),
+        IfThenElse(s[0].cmp("gt", m[0]), new_max, weighed),
+    ))
 
 
 class Paged:
@@ -285,25 +299,11 @@ def _split(prog: TensorProgram, target) -> Schedule:
         v = sym.SymVar(name)
         return For(v, sym.as_expr(extent), f(sym.as_expr(v)))
 
+    lanes = reduce_lanes(target)
+    over_d = _over_d(D, lanes)
+
     def step(J) -> Stmt:
-        """Key row J into this thread's running maximum, sum and accumulator (one exp per key)."""
-        new_max = Seq((
-            Store(corr, z, tir.unary("exp", m[0] - sc[0])),
-            Store(l, z, l[0] * corr[0] + 1.0),
-            over("c", D, lambda c: Store(acc, (c,), acc[c] * corr[0] + Vb[J, kv, c])),
-            Store(m, z, sc[0]),
-        ))
-        weighed = Seq((
-            Store(pr, z, tir.unary("exp", sc[0] - m[0])),
-            Store(l, z, l[0] + pr[0]),
-            over("c", D, lambda c: Store(acc, (c,), acc[c] + pr[0] * Vb[J, kv, c])),
-        ))
-        return Seq((
-            Store(sc, z, tir.const(0.0)),
-            over("c", D, lambda c: Store(sc, z, sc[0] + Q[i, hh, c] * K[J, kv, c])),
-            Store(sc, z, capped(sc[0] * scale, cap)),
-            IfThenElse(sc[0].cmp("gt", m[0]), new_max, weighed),
-        ))
+        return key_step(Q, K, Vb, i, hh, kv, J, scale, cap, (m, l, sc, corr, pr, acc), over_d, lanes)
 
     jj = sym.SymVar("jj")
     j = sym.as_expr(jj) * T + U
