@@ -316,9 +316,10 @@ static inline void dcc_dot_x16_16_tile(float* acc, const uint32_t* q, const uint
 DCC_X16_FORMATS(16, int16_t, dcc_dot_x16_16)
 
 /* K-quants interleaved (quantization/gguf_stored.py InterleavedK): codes and fifth bits as above, sub [N/16, K/256,
-   48] the 12 planes of packed 6-bit scales and minimums, s / m [N/16, K/256, 16] d and dmin. XT, ROWS, TILE_ROWS:
-   the activation width's element type, rows function and tile-row gatherer. */
-#define DCC_XK_ENTRIES(NAME, BITS, XT, ROWS, TILE_ROWS, QH_ARG, QH)                                                  \
+   48] the 12 planes of packed 6-bit scales and minimums, s / m [N/16, K/256, 16] d and dmin. XT, TILE_ROWS: the
+   activation width's element type and tile-row gatherer; DCC_XK_ROWS_<BITS> calls its rows function, DCC_XK_QH
+   the fifth bits (0 for Q4_K). */
+#define DCC_XK_ENTRIES(NAME, BITS, XT, TILE_ROWS, QH_ARG)                                                           \
   static inline void dcc_dot_##NAME##_x16_q##BITS(float* acc, const uint32_t* q, QH_ARG const uint32_t* sub,        \
                                                   const half* s, const half* m, const XT* xq, const float* xd,        \
                                                   const float* xsd, int g, int nb) {                                  \
@@ -326,7 +327,7 @@ DCC_X16_FORMATS(16, int16_t, dcc_dot_x16_16)
     const float* dr[1] = {xd};                                                                                      \
     const float* sr[1] = {xsd};                                                                                     \
     const int64_t at = (int64_t)g * nb;                                                                             \
-    ROWS(acc, 16, q + at * 64, QH, s + at * 2, m + at * 2, (const uint8_t*)(sub + at * 6), 0.0f, xr, dr, sr, nb, 1); \
+    DCC_XK_ROWS_##BITS(1);                                                                                          \
   }                                                                                                                 \
   static inline void dcc_dot_##NAME##_x16_q##BITS##_tile(float* acc, const uint32_t* q, QH_ARG const uint32_t* sub, \
                                                          const half* s, const half* m, const XT* xq, const float* xd, \
@@ -343,11 +344,11 @@ DCC_X16_FORMATS(16, int16_t, dcc_dot_x16_16)
 #define DCC_XK_ROWS_8(R) DCC_XK_ROWS(dcc_x16_rows, DCC_XK_QH, R)
 #define DCC_XK_ROWS_16(R) DCC_XK_ROWS(dcc_x16_rows16, DCC_XK_QH, R)
 #define DCC_XK_QH 0
-DCC_XK_ENTRIES(q4_k, 8, int8_t, dcc_x16_rows, dcc_tile_rows, DCC_NONE, 0)
-DCC_XK_ENTRIES(q4_k, 16, int16_t, dcc_x16_rows16, dcc_tile_rows16, DCC_NONE, 0)
+DCC_XK_ENTRIES(q4_k, 8, int8_t, dcc_tile_rows, DCC_NONE)
+DCC_XK_ENTRIES(q4_k, 16, int16_t, dcc_tile_rows16, DCC_NONE)
 #undef DCC_XK_QH
 #define DCC_XK_QH (qh + at * 16)
-DCC_XK_ENTRIES(q5_k, 8, int8_t, dcc_x16_rows, dcc_tile_rows, const uint32_t* qh DCC_COMMA, qh + at * 16)
-DCC_XK_ENTRIES(q5_k, 16, int16_t, dcc_x16_rows16, dcc_tile_rows16, const uint32_t* qh DCC_COMMA, qh + at * 16)
+DCC_XK_ENTRIES(q5_k, 8, int8_t, dcc_tile_rows, const uint32_t* qh DCC_COMMA)
+DCC_XK_ENTRIES(q5_k, 16, int16_t, dcc_tile_rows16, const uint32_t* qh DCC_COMMA)
 #undef DCC_XK_QH
 """

@@ -75,7 +75,8 @@ class CUDADevice(Device):
         self.name = f"{_text(props['name'])} ({self.arch})"
         self.limits = {"max_threads_per_block": props["maxThreadsPerBlock"],
                        "max_shared_memory_per_block": props["sharedMemPerBlock"],
-                       "warp_size": props["warpSize"], "total_memory": props["totalGlobalMem"]}
+                       "warp_size": props["warpSize"], "total_memory": props["totalGlobalMem"],
+                       "multiprocessors": props["multiProcessorCount"]}
         self.has_f16 = (props["major"], props["minor"]) >= (5, 3)
         self._modules: dict[tuple[str, tuple[str, ...]], object] = {}
         self.events: list | None = None  # (kernel, start event, end event, weight bytes) of each launch while profiling
@@ -184,7 +185,7 @@ class CUDADevice(Device):
         fn = self.build(_PROBE, ["dcc_read_probe"])["dcc_read_probe"].handle
         words = nbytes // 16
         data, sink = cupy.ones(words * 4, dtype=cupy.uint32), cupy.zeros(1, dtype=cupy.uint32)
-        blocks = 16 * cupy.cuda.runtime.getDeviceProperties(self.cu_device.id)["multiProcessorCount"]
+        blocks = 16 * self.limits["multiprocessors"]
         best = float("inf")
         for _ in range(tries + 1):  # the first pass warms up
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
