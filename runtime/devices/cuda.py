@@ -159,6 +159,29 @@ class CUDADevice(Device):
             raise DeviceError(f"CUDA launch of {kernel.name} (grid {grid}, block {block}) failed: "
                               f"{first_lines(str(e), 1)}") from None
 
+    def launcher(self, kernel: Kernel):
+        """A launch site of the bytecode: its first launch goes through launch() and its checks (the ABI's order,
+        int32 scalars, the block limit); later ones, with buffers of this device in the same places, call the kernel
+        straight (the checks cost as much host time as the launch: a decode step is hundreds of launches)."""
+        fn, checked, np_int = kernel.handle, [], np.int32
+
+        def site(bufs, ints, grid, block):
+            if not checked or self.events is not None:
+                self.launch(kernel, [*bufs, *ints], grid, block)
+                checked.append(True)
+                return
+            try:
+                args = (*[b.handle for b in bufs], *[np_int(i) for i in ints])
+            except OverflowError:  # a scalar past int32: launch() says which
+                self.launch(kernel, [*bufs, *ints], grid, block)
+                return
+            try:
+                fn(grid, block, args)
+            except self._cupy.cuda.driver.CUDADriverError as e:
+                raise DeviceError(f"CUDA launch of {kernel.name} (grid {grid}, block {block}) failed: "
+                                  f"{first_lines(str(e), 1)}") from None
+        return site
+
     # -- bench --profile / --roofline -----------------------------------------------------------------
     def start_profile(self) -> None:
         """From now on every launch is timed by a pair of CUDA events around it."""

@@ -44,7 +44,7 @@ def test_row_rule_one_thread_per_element():
     assert scheduled("fused_exp_multiply") == ROW
 
 
-def test_gemv_rule_one_group_per_output_with_a_shared_tree():
+def test_gemv_rule_rows_per_group_whose_lanes_split_the_reduction():
     assert decode_linear() == GEMV
 
 
@@ -89,38 +89,40 @@ ROW = """    # scheduled (row): 1 kernel(s)
 """
 
 GEMV = """    # scheduled (gemv): 1 kernel(s)
-    kernel linear(x, w, y), groups=16, threads=128:  # writes y
-        for g in range(16, thread "group"):
+    kernel linear(x, w, y), groups=4, threads=128:  # writes y
+        for g in range(4, thread "group"):
             for t in range(128, thread "local"):
                 red = alloc((128,), "float32", "shared")
                 acc = alloc((1,), "float32", "local")
                 acc[0] = 0.0
-                for kk in range(1):
-                    if (t + 128 * kk < 64):
-                        acc[0] = (acc[0] + (x[g // 16, t + 128 * kk] * w[g % 16, t + 128 * kk]))
+                if (t // 32 + 4 * g < 16):
+                    for kk in range(1):
+                        if (8 * (t % 32) + 256 * kk < 64):
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk]))
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk + 1] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk + 1]))
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk + 2] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk + 2]))
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk + 3] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk + 3]))
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk + 4] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk + 4]))
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk + 5] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk + 5]))
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk + 6] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk + 6]))
+                            acc[0] = (acc[0] + (x[(t // 32 + 4 * g) // 16, 8 * (t % 32) + 256 * kk + 7] * w[(t // 32 + 4 * g) % 16, 8 * (t % 32) + 256 * kk + 7]))
                 red[t] = acc[0]
                 barrier("shared")
-                if (t < 64):
-                    red[t] = (red[t] + red[t + 64])
-                barrier("shared")
-                if (t < 32):
-                    red[t] = (red[t] + red[t + 32])
-                barrier("shared")
-                if (t < 16):
+                if (t % 32 < 16):
                     red[t] = (red[t] + red[t + 16])
                 barrier("shared")
-                if (t < 8):
+                if (t % 32 < 8):
                     red[t] = (red[t] + red[t + 8])
                 barrier("shared")
-                if (t < 4):
+                if (t % 32 < 4):
                     red[t] = (red[t] + red[t + 4])
                 barrier("shared")
-                if (t < 2):
+                if (t % 32 < 2):
                     red[t] = (red[t] + red[t + 2])
                 barrier("shared")
-                if (t < 1):
+                if (t % 32 < 1):
                     red[t] = (red[t] + red[t + 1])
                 barrier("shared")
-                if (t == 0):
-                    y[g // 16, g % 16] = (0.0 + red[0])
+                if ((t % 32 == 0) and (t // 32 + 4 * g < 16)):
+                    y[(t // 32 + 4 * g) // 16, (t // 32 + 4 * g) % 16] = (0.0 + red[t])
 """
