@@ -5,7 +5,8 @@ weight bytes stream. A work-group of T threads takes R = T / L output rows; each
 on NVIDIA), and lane l reads the V consecutive inputs (l + L * kk) * V ... + V - 1: with 4-bit codes packed
 eight to a 32-bit word (V = 8) that is one whole word per lane and a row's lanes read neighbouring words, so
 the loads coalesce and each word is unpacked once in registers (the V terms are written out, their indices
-simplified, so the compiler sees one load). The lanes' partial sums meet in a shared-memory tree of log2(L)
+simplified, so the compiler sees one load). Four such steps are written out per trip of the loop, so each lane
+has four independent loads in flight (on an H100 one load per lane and trip streamed 400-520 GB/s). The lanes' partial sums meet in a shared-memory tree of log2(L)
 barriers, and lane 0 applies the epilogue and stores. Before, one work-group of 256 threads made one output,
 one input each, with an eight-barrier tree (dlight's decode-GEMV rule and llama.cpp's MMV kernels are the
 shape this follows). On CPU OpenCL (PoCL) this layout is slower than one row per work-item (FACTS.md), so
@@ -21,6 +22,7 @@ from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul
 
 LANES = 32  # threads per output row: a warp on NVIDIA, half a wavefront on AMD and Adreno
 VECTOR = 8  # consecutive inputs per lane and step: one 32-bit word of 4-bit codes, 16 bytes of fp16 weights
+UNROLL = 4  # steps written out per loop trip: their loads are independent, so a lane has four in flight
 GROUP = 128  # threads per work-group at most: 4 rows, so a 576-row GEMV is still 144 groups
 
 
@@ -57,7 +59,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     lane, row = sym.mod(Tt, L), G * R + sym.floordiv(Tt, L)
     vals = unravel(row, [it.extent for it in spatial])
     fixed = {it.var: v for it, v in zip(spatial, vals)}
-    first = (KK * L + lane) * V
+    unroll = min(UNROLL, -(-k_ext.value // (L * V))) if k_ext.is_const else UNROLL  # no step that never runs
+    firsts = [((KK * unroll + u) * L + lane) * V for u in range(unroll)]
     red = Buffer("red", (T,), "float32", "shared")
     acc = Buffer("acc", (1,), "float32", "local")
     z = (sym.as_expr(0),)
@@ -69,11 +72,10 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     def below(k, n) -> tir.V:
         return tir.index(k).cmp("lt", tir.index(n))
     in_row = below(row, outputs)
-    if V > 1:  # K is a multiple of V: a lane's V inputs are all inside or all past the end
-        step = IfThenElse(below(first, k_ext), Seq(tuple(term(first + v) for v in range(V))))
-    else:
-        step = IfThenElse(below(first, k_ext), term(first))
-    trips = sym.floordiv(k_ext + (L * V - 1), L * V)
+    # K is a multiple of V: a lane's V inputs are all inside or all past the end
+    step = Seq(tuple(IfThenElse(below(first, k_ext), Seq(tuple(term(first + v) for v in range(V))))
+                     for first in firsts))
+    trips = sym.floordiv(k_ext + (L * V * unroll - 1), L * V * unroll)
     steps = [Store(acc, z, tir.const(0.0)), IfThenElse(in_row, For(kk, trips, step)),
              Store(red, (Tt,), acc[0]), Barrier()]
     s = L // 2
