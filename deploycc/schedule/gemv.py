@@ -1,16 +1,16 @@
-"""Rule: GEMV for decode — a few output rows per work-group, a row's lanes split its reduction.
+"""Rule: GEMV for decode — lane groups of 32 threads, each making a few output rows, lanes over packed words.
 
-A matmul whose rows are a single position (decode) reads each weight once, so its speed is how well the
-weight bytes stream. A work-group of T threads takes R = T / L output rows; each row has L lanes (a warp
-on NVIDIA), and lane l reads the V consecutive inputs (l + L * kk) * V ... + V - 1: with 4-bit codes packed
-eight to a 32-bit word (V = 8) that is one whole word per lane and a row's lanes read neighbouring words, so
-the loads coalesce and each word is unpacked once in registers (the V terms are written out, their indices
-simplified, so the compiler sees one load). Four such steps are written out per trip of the loop, so each lane
-has four independent loads in flight (on an H100 one load per lane and trip streamed 400-520 GB/s). The lanes' partial sums meet in a shared-memory tree of log2(L)
-barriers, and lane 0 applies the epilogue and stores. Before, one work-group of 256 threads made one output,
-one input each, with an eight-barrier tree (dlight's decode-GEMV rule and llama.cpp's MMV kernels are the
-shape this follows). On CPU OpenCL (PoCL) this layout is slower than one row per work-item (FACTS.md), so
-targets opt in with `workgroup_gemv`.
+A matmul whose rows are a single position (decode) reads each weight once, so its speed is how well the weight
+bytes stream. A work-group of T threads is T / L groups of L lanes (a warp on NVIDIA), and each lane group makes
+W output rows. Lane l reads the V consecutive inputs V(l + L kk) ... V(l + L kk) + V - 1: with 4-bit codes packed
+eight to a 32-bit word (V = 8) that is one whole word per lane, the lanes of a group read neighbouring words (the
+loads coalesce) and each word is unpacked once in registers (the V terms are written out and their indices
+simplified, so the compiler sees one load). Each activation a lane loads serves the W rows: on an H100 the
+activations' loads, not the weights', were what held a one-row group to 470-520 GB/s, and W = 4 took the
+Llama-3.2-1B head from 282 to 118 us (1.25 TB/s; benchmarks/gpu_gemv.py chose the knobs). The lanes' partial sums
+meet in a shared-memory tree of log2(L) barriers and lane 0 applies the epilogue and stores. dlight's decode-GEMV
+rule and llama.cpp's MMV kernels are the shape this follows. On CPU OpenCL (PoCL) this layout is slower than one
+row per work-item (FACTS.md), so targets opt in with `workgroup_gemv`.
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul
 
 LANES = 32  # threads per output row: a warp on NVIDIA, half a wavefront on AMD and Adreno
 VECTOR = 8  # consecutive inputs per lane and step: one 32-bit word of 4-bit codes, 16 bytes of fp16 weights
-UNROLL = 4  # steps written out per loop trip: their loads are independent, so a lane has four in flight
-GROUP = 128  # threads per work-group at most: 4 rows, so a 576-row GEMV is still 144 groups
+ROWS = 4  # rows per lane group: each activation a lane loads serves four rows' weights
+UNROLL = 1  # steps written out per loop trip (more measured slower: benchmarks/gpu_gemv.py)
+GROUP = 64  # threads per work-group at most: two lane groups, eight rows
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
@@ -50,47 +51,50 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     while T * 2 <= min(target.threads_per_block, GROUP):
         T *= 2
     L = min(LANES, T)
-    R = T // L
+    W = ROWS  # rows per lane group: each input a lane loads serves W rows
+    R = T // L * W  # rows per work-group
     red_it = mm.reduce[0]
     k_ext = sym.as_expr(red_it.extent)
     V = VECTOR if k_ext.is_const and k_ext.value % VECTOR == 0 else 1
     g, t, kk = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("kk")
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
-    lane, row = sym.mod(Tt, L), G * R + sym.floordiv(Tt, L)
-    vals = unravel(row, [it.extent for it in spatial])
-    fixed = {it.var: v for it, v in zip(spatial, vals)}
+    lane = sym.mod(Tt, L)
+    rows_of = [G * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
+    fixed = [{it.var: v for it, v in zip(spatial, unravel(row, [it.extent for it in spatial]))} for row in rows_of]
     unroll = min(UNROLL, -(-k_ext.value // (L * V))) if k_ext.is_const else UNROLL  # no step that never runs
     firsts = [((KK * unroll + u) * L + lane) * V for u in range(unroll)]
-    red = Buffer("red", (T,), "float32", "shared")
-    acc = Buffer("acc", (1,), "float32", "local")
-    z = (sym.as_expr(0),)
-
-    def term(k):
-        part = Substitute(syms={**fixed, red_it.var: k}, fresh=False).value(rhs)
-        return Store(acc, z, acc[0] + part)
+    red = Buffer("red", (W, T), "float32", "shared")
+    acc = Buffer("acc", (W,), "float32", "local")
 
     def below(k, n) -> tir.V:
         return tir.index(k).cmp("lt", tir.index(n))
-    in_row = below(row, outputs)
-    # K is a multiple of V: a lane's V inputs are all inside or all past the end
-    step = Seq(tuple(IfThenElse(below(first, k_ext), Seq(tuple(term(first + v) for v in range(V))))
-                     for first in firsts))
+
+    def term(w, k):
+        part = Substitute(syms={**fixed[w], red_it.var: k}, fresh=False).value(rhs)
+        return Store(acc, (sym.as_expr(w),), acc[w] + part)
+    in_row = [below(row, outputs) for row in rows_of]
+    # K is a multiple of V: a lane's V inputs are all inside or all past the end; a row past the end is skipped
+    step = Seq(tuple(IfThenElse(below(first, k_ext), Seq(tuple(
+        IfThenElse(in_row[w], term(w, first + v)) if w else term(w, first + v)
+        for v in range(V) for w in range(W)))) for first in firsts))
     trips = sym.floordiv(k_ext + (L * V * unroll - 1), L * V * unroll)
-    steps = [Store(acc, z, tir.const(0.0)), IfThenElse(in_row, For(kk, trips, step)),
-             Store(red, (Tt,), acc[0]), Barrier()]
+    steps = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(W)]
+    steps += [IfThenElse(in_row[0], For(kk, trips, step))]
+    steps += [Store(red, (sym.as_expr(w), Tt), acc[w]) for w in range(W)] + [Barrier()]
     s = L // 2
     while s >= 1:
-        steps += [IfThenElse(below(lane, s), Store(red, (Tt,), red[Tt] + red[Tt + s])), Barrier()]
+        steps += [IfThenElse(below(lane, s), Seq(tuple(
+            Store(red, (sym.as_expr(w), Tt), red[w, Tt] + red[w, Tt + s]) for w in range(W)))), Barrier()]
         s //= 2
-    init = Substitute(syms=fixed, fresh=False).value(mm.init.value)
-    result = Store(out, tuple(Substitute(syms=fixed, fresh=False).expr(i) for i in mm.body.indices),
-                   init + red[Tt])
-    tail = Seq((result,) + tuple(lower_block(e, {a.var: fixed[b.var] for a, b in zip(e.iters, spatial)}, f"e{i}")
-                                  for i, e in enumerate(epilogues)))
-    if out in intermediates:
-        local = Buffer(out.name, (1,), out.dtype, "local")
-        tail = Alloc(local, localize(tail, out, local, len(out.shape)))
-    steps.append(IfThenElse(tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), in_row)), tail))
+    for w in range(W):
+        sub = Substitute(syms=fixed[w], fresh=False)
+        result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + red[w, Tt])
+        tail = Seq((result,) + tuple(lower_block(e, {a.var: fixed[w][b.var] for a, b in zip(e.iters, spatial)},
+                                                 f"e{i}") for i, e in enumerate(epilogues)))
+        if out in intermediates:
+            local = Buffer(out.name, (1,), out.dtype, "local")
+            tail = Alloc(local, localize(tail, out, local, len(out.shape)))
+        steps.append(IfThenElse(tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), in_row[w])), tail))
     body = Alloc(red, Alloc(acc, Seq(tuple(steps))))
     groups = sym.floordiv(outputs + (R - 1), R)
     body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
