@@ -76,6 +76,7 @@ static inline float dcc_tanhf(float x) {
 
 class CRenderer(CStyleRenderer):
     types = {**CStyleRenderer.types, "int8": "int8_t", "int16": "int16_t", "int64": "int64_t"}
+    index_type = "int64_t"
     unary = {**CStyleRenderer.unary, "exp": "dcc_expf", "log": "logf", "sqrt": "sqrtf", "tanh": "dcc_tanhf", "sin": "sinf",
              "cos": "cosf", "abs": "fabsf", "erf": "erff"}
     float_max, float_min = "dcc_maxf", "dcc_minf"

@@ -17,6 +17,21 @@ BINOPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=",
           "eq": "==", "ne": "!=", "and": "&&", "or": "||", "shr": ">>", "shl": "<<", "bitand": "&", "bitor": "|"}
 
 
+WIDE = 1 << 30  # a kernel whose buffer holds this many elements or more computes its indices in 64 bits
+
+
+def elements(buf: Buffer) -> int:
+    """The number of elements of `buf` when its shape is constant; 0 when a dimension is symbolic (the activations
+    and caches: a dimension bounded by the context window or the prefill chunk, far below 2^31 elements)."""
+    n = 1
+    for d in buf.shape:
+        d = sym.as_expr(d)
+        if not d.is_const:
+            return 0
+        n *= d.value
+    return n
+
+
 class CStyleRenderer:
     types = {"float32": "float", "float16": "half", "int32": "int", "uint32": "uint", "int8": "char",
              "uint8": "uchar", "bool": "bool", "int64": "long"}
@@ -28,9 +43,11 @@ class CStyleRenderer:
     local_id = "get_local_id(0)"
     indent = "  "
     preamble = ""
+    index_type: str | None = "long"  # 64-bit int for a wide kernel's index arithmetic (None: the language has none)
 
     def __init__(self):
         self.names = Namer()
+        self.wide = False
 
     # ---- names and types ----------------------------------------------------------------------
     reserved = frozenset("""auto break case char const continue default do double else enum extern float for goto
@@ -49,6 +66,8 @@ class CStyleRenderer:
         return self.name(v, v.name)
 
     def int_expr(self, e) -> str:
+        if self.wide:  # every variable widened, so no product or sum of the expression is taken in 32 bits
+            return sym.to_c(e, lambda v: f"(({self.index_type}){self.sv(v)})")
         return sym.to_c(e, self.sv)
 
     # ---- buffers --------------------------------------------------------------------------------
@@ -58,8 +77,8 @@ class CStyleRenderer:
         value_terms: list[str] = []
         for d, i in zip(reversed(buf.shape), reversed(indices)):
             if isinstance(i, V):
-                value_terms.append(f"({self.value(i)}) * ({self.int_expr(stride)})" if not (
-                    stride.is_const and stride.value == 1) else f"({self.value(i)})")
+                v = f"(({self.index_type})({self.value(i)}))" if self.wide else f"({self.value(i)})"
+                value_terms.append(f"{v} * ({self.int_expr(stride)})" if not (stride.is_const and stride.value == 1) else v)
             else:
                 sym_terms.append(i * stride)
             stride = stride * d
@@ -184,6 +203,7 @@ class CStyleRenderer:
 
     def kernel(self, k: Kernel) -> str:
         self.names = Namer()
+        self.wide = self.index_type is not None and any(elements(b) >= WIDE for b in k.buffers)
         for b in k.buffers:  # parameters get their names first
             self.name(b, b.name)
         for v in k.scalars:

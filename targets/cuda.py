@@ -7,6 +7,7 @@ from .cstyle import CStyleRenderer
 class CUDARenderer(CStyleRenderer):
     types = {**CStyleRenderer.types, "float16": "half", "uint32": "unsigned int", "uint8": "unsigned char",
              "int8": "signed char", "int64": "long long"}
+    index_type = "long long"
     unary = {**CStyleRenderer.unary, "rsqrt": "rsqrtf", "abs": "fabsf", "exp": "expf", "log": "logf",
              "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf", "cos": "cosf", "erf": "erff"}
     float_max, float_min = "fmaxf", "fminf"
