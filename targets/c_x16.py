@@ -1,6 +1,7 @@
 """The cpu target's kernels for weights interleaved in 16s (quantization/group.py InterleavedScheme: 16 outputs per
 group, word 16 * j + l holding output l's codes of quad j and j + 4; with fifth bits, GGUF's Q5_0 / Q5_1:
-gguf_stored.py InterleavedQ5), one output per SIMD lane, so no horizontal sums; 8- and 16-bit activations.
+gguf_stored.py InterleavedQ5; the K-quants: InterleavedK, InterleavedQ6), one output per SIMD lane, so no horizontal
+sums; 8- and 16-bit activations.
 
 8-bit, AVX-512 VNNI: per block, 8 `vpdpbusd` of 16 outputs' 4 codes by 4 activation bytes broadcast. AVX2: two 8-lane
 halves; each half's quads go through `vpmaddubsw` and are added as int16 before `vpmaddwd`.
@@ -351,4 +352,169 @@ DCC_XK_ENTRIES(q4_k, 16, int16_t, dcc_tile_rows16, DCC_NONE)
 DCC_XK_ENTRIES(q5_k, 8, int8_t, dcc_tile_rows, const uint32_t* qh DCC_COMMA)
 DCC_XK_ENTRIES(q5_k, 16, int16_t, dcc_tile_rows16, const uint32_t* qh DCC_COMMA)
 #undef DCC_XK_QH
+/* Q6_K interleaved (quantization/gguf_stored.py InterleavedQ6): low nibbles as above, qh [N/16, K/32, 32] the top two
+   bits (word 16 k + l, byte i, bits 2 m: value 4 (4 k + m) + i of output l), sc [N/16, K/256, 256] the int8 scales
+   (byte 16 s + l: output l's of sub-block s), s [N/16, K/256, 16] d. w = d * sc * (q6 - 32): per sub-block of 16 the
+   integer dot of the unsigned 6-bit codes, scaled by sc, less 32 * sc * (the activations' code sum of those 16,
+   xsd: two d * sum per block, quantize_q{8,16}_k). 8-bit, AVX2: vpmaddubsw per quad (|pair| <= 2 * 63 * 127), two
+   quads added in int16, then vpmaddwd by the sub-block's scale as an int16 pair, so one int32 sum per block. */
+static inline uint32_t dcc_x16_code6(const uint32_t* pb, const uint32_t* hb, int l, int k) {
+  const int j = k >> 2, i = k & 3;
+  return ((pb[16 * (j & 3) + l] >> (8 * i + 4 * (j >> 2))) & 15u) |
+         (((hb[16 * (j >> 2) + l] >> (8 * i + 2 * (j & 3))) & 3u) << 4);
+}
+#define DCC_X16_PLAIN_Q6                                                                                            \
+  for (int r = 0; r < R; ++r) {                                                                                    \
+    for (int l = 0; l < 16; ++l) {                                                                                 \
+      float a = 0.0f;                                                                                              \
+      for (int b = 0; b < nb; ++b) {                                                                               \
+        const int8_t* scb = sc + 256 * (b >> 3) + 32 * (b & 7);                                                    \
+        const float d = (float)s[16 * (b >> 3) + l];                                                               \
+        for (int hv = 0; hv < 2; ++hv) {                                                                           \
+          int32_t dot = 0;                                                                                         \
+          for (int k = 16 * hv; k < 16 * hv + 16; ++k)                                                             \
+            dot += (int32_t)dcc_x16_code6(q + 64 * b, qh + 32 * b, l, k) * xr[r][32 * b + k];                     \
+          const float w = d * (float)scb[16 * hv + l];                                                             \
+          a += w * dr[r][b] * (float)dot - 32.0f * w * sr[r][2 * b + hv];                                          \
+        }                                                                                                          \
+      }                                                                                                            \
+      out[(int64_t)r * ldo + l] = a;                                                                               \
+    }                                                                                                              \
+  }
+#if defined(__AVX2__)
+/* quads j and j + 4's codes of outputs 8h .. 8h + 7: the nibbles of p, the top bits m = j of H0 and H1 */
+static inline void dcc_q6_codes(__m256i p, __m256i H0, __m256i H1, int j, __m256i* c) {
+  const __m256i nib = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+  const __m256i t0 = j == 3 ? _mm256_srli_epi16(H0, 2) : _mm256_slli_epi16(H0, 4 - 2 * j);
+  const __m256i t1 = j == 3 ? _mm256_srli_epi16(H1, 2) : _mm256_slli_epi16(H1, 4 - 2 * j);
+  c[j] = _mm256_or_si256(_mm256_and_si256(p, nib), _mm256_and_si256(t0, top));
+  c[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), nib), _mm256_and_si256(t1, top));
+}
+#endif
+static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const int8_t* sc, const half* s,
+    const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
+#if defined(__AVX2__)
+  __m256 acc[DCC_TILE][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  for (int b = 0; b < nb; ++b) {
+    const uint32_t* pb = q + 64 * b;
+    const uint32_t* hb = qh + 32 * b;
+    const int8_t* scb = sc + 256 * (b >> 3) + 32 * (b & 7);
+    for (int h = 0; h < 2; ++h) {
+      __m256i c[8];
+      const __m256i H0 = _mm256_loadu_si256((const __m256i*)(hb + 8 * h));
+      const __m256i H1 = _mm256_loadu_si256((const __m256i*)(hb + 16 + 8 * h));
+      for (int j = 0; j < 4; ++j) dcc_q6_codes(_mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h)), H0, H1, j, c);
+      const __m256i w0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 8 * h)));
+      const __m256i w1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h)));
+      const __m256i p0 = _mm256_or_si256(_mm256_and_si256(w0, low16), _mm256_slli_epi32(w0, 16));  /* sc, sc */
+      const __m256i p1 = _mm256_or_si256(_mm256_and_si256(w1, low16), _mm256_slli_epi32(w1, 16));
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * (b >> 3) + 8 * h)));
+      const __m256 f0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(w0)), f1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(w1));
+      for (int r = 0; r < R; ++r) {
+        const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+        __m256i a[4];
+        for (int k = 0; k < 4; ++k)
+          a[k] = _mm256_add_epi16(_mm256_maddubs_epi16(c[2 * k], _mm256_set1_epi32(x[2 * k])),
+                                  _mm256_maddubs_epi16(c[2 * k + 1], _mm256_set1_epi32(x[2 * k + 1])));
+        const __m256i i32 = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(a[0], p0), _mm256_madd_epi16(a[1], p0)),
+                                             _mm256_add_epi32(_mm256_madd_epi16(a[2], p1), _mm256_madd_epi16(a[3], p1)));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(f0, _mm256_set1_ps(-32.0f * sr[r][2 * b]), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(f1, _mm256_set1_ps(-32.0f * sr[r][2 * b + 1]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
+    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
+  }
+#else
+  DCC_X16_PLAIN_Q6
+#endif
+}
+/* 16-bit activations, AVX2: each quad's codes widened to int16 and multiplied by its 4 activations (vpmaddwd), the
+   sub-blocks' int32 sums kept apart (|sum| <= 16 * 63 * 32767) and scaled in float */
+static inline __attribute__((always_inline)) void dcc_x16_rows16_q6(
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const int8_t* sc, const half* s,
+    const int16_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
+#if defined(__AVX2__)
+  __m256 acc[DCC_TILE][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  for (int b = 0; b < nb; ++b) {
+    const uint32_t* pb = q + 64 * b;
+    const uint32_t* hb = qh + 32 * b;
+    const int8_t* scb = sc + 256 * (b >> 3) + 32 * (b & 7);
+    for (int h = 0; h < 2; ++h) {
+      __m256i c[8];
+      const __m256i H0 = _mm256_loadu_si256((const __m256i*)(hb + 8 * h));
+      const __m256i H1 = _mm256_loadu_si256((const __m256i*)(hb + 16 + 8 * h));
+      for (int j = 0; j < 4; ++j) dcc_q6_codes(_mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h)), H0, H1, j, c);
+      __m256i lo[DCC_TILE][2], hi[DCC_TILE][2];  /* per sub-block: int32 pair sums of outputs 8h..8h+3, 8h+4..8h+7 */
+      for (int r = 0; r < R; ++r) lo[r][0] = lo[r][1] = hi[r][0] = hi[r][1] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c[j]));
+        const __m256i c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c[j], 1));
+        for (int r = 0; r < R; ++r) {
+          int64_t x4;
+          __builtin_memcpy(&x4, xr[r] + 32 * b + 4 * j, 8);
+          const __m256i xb = _mm256_set1_epi64x(x4);
+          lo[r][j >> 2] = _mm256_add_epi32(lo[r][j >> 2], _mm256_madd_epi16(c0, xb));
+          hi[r][j >> 2] = _mm256_add_epi32(hi[r][j >> 2], _mm256_madd_epi16(c1, xb));
+        }
+      }
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * (b >> 3) + 8 * h)));
+      const __m256 f0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 8 * h)))));
+      const __m256 f1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h)))));
+      for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(dr[r][b]);
+        const __m256i s0 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r][0], hi[r][0]), order);
+        const __m256i s1 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r][1], hi[r][1]), order);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(f0, dx), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(f1, dx), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(f0, _mm256_set1_ps(-32.0f * sr[r][2 * b]), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(f1, _mm256_set1_ps(-32.0f * sr[r][2 * b + 1]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
+    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
+  }
+#else
+  DCC_X16_PLAIN_Q6
+#endif
+}
+/* entry points: q [N/16, K/32, 64], qh [.., 32], sub [N/16, K/256, 64] words, s [N/16, K/256, 16]; xsd two per block */
+#define DCC_Q6_ENTRIES(BITS, XT, ROWS, TILE_ROWS)                                                                  \
+  static inline void dcc_dot_q6_k_x16_q##BITS(float* acc, const uint32_t* q, const uint32_t* qh,                   \
+                                              const uint32_t* sub, const half* s, const XT* xq, const float* xd,  \
+                                              const float* xsd, int g, int nb) {                                  \
+    const XT* xr[1] = {xq};                                                                                         \
+    const float* dr[1] = {xd};                                                                                      \
+    const float* sr[1] = {xsd};                                                                                     \
+    const int64_t at = (int64_t)g * nb;                                                                             \
+    ROWS(acc, 16, q + at * 64, qh + at * 32, (const int8_t*)(sub + at * 8), s + at * 2, xr, dr, sr, nb, 1);        \
+  }                                                                                                                 \
+  static inline void dcc_dot_q6_k_x16_q##BITS##_tile(float* acc, const uint32_t* q, const uint32_t* qh,            \
+                                                     const uint32_t* sub, const half* s, const XT* xq,              \
+                                                     const float* xd, const float* xsd, int g, int nb, int t0,      \
+                                                     int rows) {                                                    \
+    const XT* xr[DCC_TILE];                                                                                         \
+    const float* dr[DCC_TILE];                                                                                      \
+    const float* sr[DCC_TILE];                                                                                      \
+    TILE_ROWS(xq, xd, xsd, nb, t0, rows, xr, dr, sr);                                                               \
+    for (int t = 0; t < DCC_TILE; ++t) sr[t] = xsd + (sr[t] - xsd) * 2;  /* two sums per block */                  \
+    const int64_t at = (int64_t)g * nb;                                                                             \
+    DCC_TILE_RESIDUE(DCC_Q6_ROWS_##BITS)                                                                            \
+  }
+#define DCC_Q6_ROWS_8(R) \
+  dcc_x16_rows_q6(acc, 16, q + at * 64, qh + at * 32, (const int8_t*)(sub + at * 8), s + at * 2, xr, dr, sr, nb, R)
+#define DCC_Q6_ROWS_16(R) \
+  dcc_x16_rows16_q6(acc, 16, q + at * 64, qh + at * 32, (const int8_t*)(sub + at * 8), s + at * 2, xr, dr, sr, nb, R)
+DCC_Q6_ENTRIES(8, int8_t, dcc_x16_rows_q6, dcc_tile_rows)
+DCC_Q6_ENTRIES(16, int16_t, dcc_x16_rows16_q6, dcc_tile_rows16)
 """

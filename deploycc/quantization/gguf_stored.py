@@ -1,6 +1,6 @@
 """GGUF block formats kept as their stored bytes (StoredScheme, one layout table: LAYOUTS): Q5_0, Q5_1, IQ4_NL,
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; and Q5_0 / Q5_1 (InterleavedQ5) and Q4_K / Q5_K (InterleavedK) with rows
-interleaved in 16s for the cpu target's kernels. gguf_blocks.py holds Q4_0 / Q4_1 / Q8_0, the GGUF model and the conversion rule."""
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; and Q5_0 / Q5_1 (InterleavedQ5), Q4_K / Q5_K (InterleavedK) and Q6_K
+(InterleavedQ6) with rows interleaved in 16s for the cpu target's kernels. gguf_blocks.py holds Q4_0 / Q4_1 / Q8_0, the GGUF model and the conversion rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -470,6 +470,82 @@ class InterleavedK(_Interleaved16):
         return (_f(buf["q_scale"][g, sb, lane]) * _f(scale)) * _f(q) - _f(buf["q_min"][g, sb, lane]) * _f(mins)
 
 
+@dataclass(frozen=True)
+class InterleavedQ6(InterleavedK):
+    """Q6_K blocks with 16 rows interleaved, for the cpu target's kernels (targets/c_x16.py), the file's bytes
+    rearranged. For rows 16 g .. 16 g + 15: `q_weight` [N/16, K/32, 64] the low nibbles as InterleavedScheme holds
+    them (word 16 j + l, byte i: row l's values 4 j + i and 4 (j + 4) + i of the block); `q_high` [N/16, K/32, 32]
+    the top two bits, word 16 k + l, byte i, bits 2 m: value 4 (4 k + m) + i of row l, so a kernel takes quad j's
+    from the byte its nibbles share; `q_sub` [N/16, K/256, 64] the int8 scales of the 16 sub-blocks of 16, byte
+    16 s + l: row l's of sub-block s; `q_scale` [N/16, K/256, 16] the rows' d. Value: (d * sc8) * (q6 - 32)."""
+
+    qtype: str = "Q6_K"
+
+    def param_shapes(self, rows: int, cols: int):
+        if not self.fits(rows, cols):
+            raise ValueError(f"{self.name} interleaves rows in 16s and needs whole super-blocks: got [{rows}, {cols}]")
+        g, nb, ns, L = rows // self.lanes, cols // BLOCK, cols // QK_K, self.lanes
+        return {"q_weight": ((g, nb, 4 * L), "uint32"), "q_high": ((g, nb, 2 * L), "uint32"),
+                "q_sub": ((g, ns, 4 * L), "uint32"), "q_scale": ((g, ns, L), "float16")}
+
+    def interleave(self, plain: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """StoredScheme's parameters of Q6_K -> this layout."""
+        rows, ns = plain["q_scale"].shape
+        g, L, nb, cols = rows // self.lanes, self.lanes, ns * 8, ns * QK_K
+        ql = plain["q_weight"].astype("<u4").view(np.uint8).reshape(rows, ns, 2, 2, 32)  # [row, sb, half, pair, i]
+        qh = plain["q_high"].astype("<u4").view(np.uint8).reshape(rows, ns, 2, 32)  # [row, sb, half, i]
+        # value 128 h + 32 q + i: ql[h, q % 2, i] nibble q // 2, qh[h, i] bits 2 q
+        low = np.stack([ql[:, :, :, 0] & 15, ql[:, :, :, 1] & 15, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], axis=3)
+        high = np.stack([(qh >> (2 * q)) & 3 for q in range(4)], axis=3)  # [row, sb, half, q, i]
+        codes, tops = low.reshape(rows, cols), high.reshape(rows, cols)
+        out = {"q_weight": InterleavedScheme("low", bits=4, symmetric=True).interleave(
+            {"q_weight": pack_codes(codes, 4)}, cols)["q_weight"]}
+        t = tops.reshape(g, L, nb, 2, 4, 4)  # [g, l, b, k, m, i]: value 4 (4 k + m) + i
+        byte = (t << (2 * np.arange(4, dtype=np.uint8))[None, None, None, None, :, None]).sum(axis=4).astype(np.uint8)
+        out["q_high"] = np.ascontiguousarray(byte.transpose(0, 2, 3, 1, 4)).view("<u4").reshape(g, nb, 2 * L) \
+            .astype(np.uint32)
+        sub = plain["q_sub"].astype("<u4").view(np.uint8).reshape(g, L, ns, 16)
+        out["q_sub"] = np.ascontiguousarray(sub.transpose(0, 2, 3, 1)).view("<u4").reshape(g, ns, 4 * L).astype(np.uint32)
+        out["q_scale"] = np.ascontiguousarray(plain["q_scale"].reshape(g, L, ns).transpose(0, 2, 1))
+        return out
+
+    def plain(self, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This layout -> StoredScheme's parameters of Q6_K."""
+        g, nb, _ = packed["q_weight"].shape
+        L, ns = self.lanes, nb // 8
+        rows, cols = g * L, nb * BLOCK
+        low = InterleavedScheme("low", bits=4, symmetric=True).plain(
+            {"q_weight": packed["q_weight"], "q_scale": np.zeros((g, nb, L), np.float16)})
+        codes = ((low["q_weight"][:, :, None] >> np.arange(0, 32, 4, dtype=np.uint32)) & 15).astype(np.uint8)
+        codes = codes.reshape(rows, ns, 2, 4, 32)  # [row, sb, half, q, i]
+        byte = np.ascontiguousarray(packed["q_high"]).astype("<u4").view(np.uint8).reshape(g, nb, 2, L, 4)
+        tops = (byte[:, :, :, :, None, :] >> (2 * np.arange(4, dtype=np.uint8))[None, None, None, None, :, None]) & 3
+        tops = tops.transpose(0, 3, 1, 2, 4, 5).reshape(rows, ns, 2, 4, 32)  # [row, sb, half, q, i]: as codes
+        ql = np.stack([codes[:, :, :, 0] | (codes[:, :, :, 2] << 4), codes[:, :, :, 1] | (codes[:, :, :, 3] << 4)],
+                      axis=3).astype(np.uint8)  # [row, sb, half, pair, i]
+        qh = sum(tops[:, :, :, q].astype(np.uint8) << (2 * q) for q in range(4)).astype(np.uint8)
+        sub = np.ascontiguousarray(packed["q_sub"]).astype("<u4").view(np.uint8).reshape(g, ns, 16, L)
+        return {"q_weight": np.ascontiguousarray(ql).view("<u4").reshape(rows, cols // 8).astype(np.uint32),
+                "q_high": np.ascontiguousarray(qh).view("<u4").reshape(rows, cols // 16).astype(np.uint32),
+                "q_sub": np.ascontiguousarray(sub.transpose(0, 3, 1, 2)).view("<u4").reshape(rows, ns * 4).astype(np.uint32),
+                "q_scale": np.ascontiguousarray(packed["q_scale"].transpose(0, 2, 1).reshape(rows, ns))}
+
+    def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
+        L = self.lanes
+        q_weight, q_high, q_sub, q_scale = bufs
+        g, lane = r // L, r % L
+        b, sb = c // BLOCK, c // QK_K
+        quad = (c % BLOCK) // 4
+        low = _bits(q_weight[g, b, lane + (quad % 4) * L], (c % 4) * 8 + (quad // 4) * 4, 15)
+        top = _bits(q_high[g, b, (quad // 4) * L + lane], (c % 4) * 8 + 2 * (quad % 4), 3)
+        q = _f(tir.bitwise("bitor", low, tir.bitwise("shl", top, 4))) - 32.0
+        at = 16 * ((c % QK_K) // 16) + lane
+        byte = _bits(q_sub[g, sb, at // 4], 8 * (at % 4), 255)
+        sc = _f(byte) - _f(tir.bitwise("shr", byte, 7)) * 256.0
+        return (_f(q_scale[g, sb, lane]) * sc) * q
+
+
 STORED = {q: StoredScheme(f"gguf_{q.lower()}", qtype=q) for q in LAYOUTS}
 INTERLEAVED_Q5 = {q: InterleavedQ5(f"gguf_{q.lower()}x16", qtype=q) for q in ("Q5_0", "Q5_1")}
-INTERLEAVED_K = {q: InterleavedK(f"gguf_{q.lower()}x16", qtype=q) for q in ("Q4_K", "Q5_K")}
+INTERLEAVED_K = {**{q: InterleavedK(f"gguf_{q.lower()}x16", qtype=q) for q in ("Q4_K", "Q5_K")},
+                 "Q6_K": InterleavedQ6("gguf_q6_kx16")}

@@ -47,7 +47,8 @@ OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values 
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128),
            "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0), "q5_sym_x16": (5, True, 16),
-           "q5_asym_x16": (5, False, 0), "q4_k_x16": (4, False, 0), "q5_k_x16": (5, False, 0)}
+           "q5_asym_x16": (5, False, 0), "q4_k_x16": (4, False, 0), "q5_k_x16": (5, False, 0),
+           "q6_k_x16": (6, True, 32)}
 ACTIVATION_BITS = (8, 16)  # op/linalg.py round_activations; 16 where calibration says 8 costs too much
 LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
 
@@ -140,12 +141,12 @@ class Matmul:
     def sums(self) -> int:
         """Activation code sums (d * sum) per block of 32: 2 for the stored formats (one per half, as the
         K-quants' sub-blocks of 16 need), else 1."""
-        return 2 if self.stored is not None and not self.interleaved else 1
+        return 2 if (self.stored is not None and not self.interleaved) or self.fmt == "q6_k_x16" else 1
 
     def quantize(self, xq: Buffer, xd: Buffer, xs: Buffer, coords: dict, row) -> Intrin:
         """Activations of one row (the spatial iterators at `coords`) into row `row` of xq/xd/xs."""
         off = Substitute(syms={**coords, self.k: sym.as_expr(0)}, fresh=False).expr(self.x_flat)
-        if self.stored is not None and not self.interleaved:
+        if self.sums == 2:
             kind = "k"
         else:
             kind = "pairs" if FORMATS[self.fmt][0] == 4 and not self.interleaved else "linear"
@@ -375,8 +376,9 @@ def _format_stored(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog
 
 
 def _format_kx16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: TensorProgram):
-    """("q4_k_x16" or "q5_k_x16", its buffers in parameter order) when W(n, k) equals a K-quant with rows interleaved
-    in 16s (quantization/gguf_stored.py InterleavedK), recognised likewise against the layout's dequantization."""
+    """("q4_k_x16", "q5_k_x16" or "q6_k_x16", its buffers in parameter order) when W(n, k) equals a K-quant with rows
+    interleaved in 16s (quantization/gguf_stored.py InterleavedK, InterleavedQ6), recognised likewise against the
+    layout's dequantization."""
     from ..quantization.gguf_stored import INTERLEAVED_K
 
     return _match_layouts(w, n, k, N, K, prog, {f"q{q[1]}_k_x16": s for q, s in INTERLEAVED_K.items()}, 3)

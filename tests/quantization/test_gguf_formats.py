@@ -241,15 +241,16 @@ def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
 
 K_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, **{f"blk.{n}.{t}.weight": Q.Q4_K if n == 0 else Q.Q5_K
                                                                  for n in (0, 1) for t in ("attn_q", "attn_k",
-                                                                 "attn_v", "attn_output", "ffn_gate", "ffn_up",
-                                                                 "ffn_down")}}
+                                                                 "attn_v", "attn_output", "ffn_gate", "ffn_up")},
+         "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.ffn_down.weight": Q.Q5_K}
 
 
 @pytest.mark.parametrize("isa,bits", [("x86-64-v3", 8), ("x86-64-v3", 16), ("x86-64-v4", 8), ("x86-64-v4", 16),
                                       ("generic", 8)])
 def test_interleaved_k_quant_kernels_match_the_interpreter(tmp_path, isa, bits):
-    """Q4_K / Q5_K linears whose rows come in 16s take the interleaved layout (InterleavedK: the file's bytes,
-    rearranged, the 6-bit scales as 12 planes of 16 rows that the kernel unpacks per super-block) on x86: its
+    """Q4_K / Q5_K / Q6_K linears whose rows come in 16s take the interleaved layout (InterleavedK: the file's bytes,
+    rearranged, the 6-bit scales as 12 planes of 16 rows that the kernel unpacks per super-block; InterleavedQ6: the
+    top bits beside the nibbles they complete, the int8 scales in planes of 16 rows) on x86: its
     kernels (targets/c_x16.py) against the interpreter on identically rounded activations, 1e-5 of the largest
     output; its dequantization, numpy and the loop-level program, bit for bit against gguf-py; its bytes the file's."""
     from deploycc.ir.tir_interp import run_program
@@ -270,9 +271,9 @@ def test_interleaved_k_quant_kernels_match_the_interpreter(tmp_path, isa, bits):
         np.testing.assert_array_equal(out, want)
     path, _ = write_tiny(tmp_path, K_MIX, **K_SHAPE)
     model = quantize(deploycc.load_model(str(path)), "gguf", interleave=True, groups=True, activations=bits)
-    assert {s.name for s in model.quantized_names().values()} >= {"gguf_q4_kx16", "gguf_q5_kx16"}
+    assert {s.name for s in model.quantized_names().values()} >= {"gguf_q4_kx16", "gguf_q5_kx16", "gguf_q6_kx16"}
     ran = _check_kernels(model, isa, bits)
-    assert {"qgemv-q4_k_x16", "qgemm-q4_k_x16", "qgemv-q5_k_x16", "qgemm-q5_k_x16"} <= ran, ran
+    assert {f"{kind}-q{b}_k_x16" for kind in ("qgemv", "qgemm") for b in (4, 5, 6)} <= ran, ran
 
 # what llama-quantize's Q4_K_M writes (Q5_0 where a row is not whole 256-value super-blocks, Q4_K, Q6_K, Q8_0)
 Q4_K_M_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, "blk.0.attn_q.weight": Q.Q5_0,
