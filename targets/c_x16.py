@@ -467,8 +467,9 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16_q6(
         }
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * (b >> 3) + 8 * h)));
-      const __m256 f0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 8 * h)))));
-      const __m256 f1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h)))));
+      const __m128i w0 = _mm_loadl_epi64((const __m128i*)(scb + 8 * h)), w1 = _mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h));
+      const __m256 f0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w0)));
+      const __m256 f1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w1)));
       for (int r = 0; r < R; ++r) {
         const __m256 dx = _mm256_set1_ps(dr[r][b]);
         const __m256i s0 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r][0], hi[r][0]), order);

@@ -1,6 +1,7 @@
 """GGUF block formats kept as their stored bytes (StoredScheme, one layout table: LAYOUTS): Q5_0, Q5_1, IQ4_NL,
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; and Q5_0 / Q5_1 (InterleavedQ5), Q4_K / Q5_K (InterleavedK) and Q6_K
-(InterleavedQ6) with rows interleaved in 16s for the cpu target's kernels. gguf_blocks.py holds Q4_0 / Q4_1 / Q8_0, the GGUF model and the conversion rule."""
+(InterleavedQ6) with rows interleaved in 16s for the cpu target's kernels. gguf_blocks.py holds Q4_0 / Q4_1 / Q8_0,
+the GGUF model and the conversion rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
