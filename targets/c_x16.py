@@ -29,6 +29,13 @@ static inline __m256i dcc_x16_fifth(const uint8_t* hb) {
   return _mm256_shuffle_epi8(_mm256_set1_epi64x(v), _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
                                                                      4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
 }
+/* the two 8-lane halves of R rows' 16 outputs */
+static inline void dcc_x16_store(float* out, int ldo, __m256 (*acc)[2], int R) {
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
+    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
+  }
+}
 /* 16 in each byte whose bit (the byte's position in `mask4`'s 4 bytes) is set */
 static inline __m256i dcc_bits16(__m256i v, int mask4) {
   const __m256i m = _mm256_set1_epi32(mask4);
@@ -188,10 +195,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
-    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
-  }
+  dcc_x16_store(out, ldo, acc, R);
 #else
   DCC_X16_PLAIN
 #endif
@@ -281,10 +285,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
-    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
-  }
+  dcc_x16_store(out, ldo, acc, R);
 #else
   DCC_X16_PLAIN
 #endif
@@ -382,13 +383,19 @@ static inline uint32_t dcc_x16_code6(const uint32_t* pb, const uint32_t* hb, int
     }                                                                                                              \
   }
 #if defined(__AVX2__)
-/* quads j and j + 4's codes of outputs 8h .. 8h + 7: the nibbles of p, the top bits m = j of H0 and H1 */
-static inline void dcc_q6_codes(__m256i p, __m256i H0, __m256i H1, int j, __m256i* c) {
+/* the 8 quads' 6-bit codes of outputs 8h .. 8h + 7 in one block: quad j's and j + 4's nibbles share word 16 j + l,
+   their top bits are bits 2 j of words l and 16 + l */
+static inline void dcc_q6_codes(const uint32_t* pb, const uint32_t* hb, int h, __m256i* c) {
   const __m256i nib = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
-  const __m256i t0 = j == 3 ? _mm256_srli_epi16(H0, 2) : _mm256_slli_epi16(H0, 4 - 2 * j);
-  const __m256i t1 = j == 3 ? _mm256_srli_epi16(H1, 2) : _mm256_slli_epi16(H1, 4 - 2 * j);
-  c[j] = _mm256_or_si256(_mm256_and_si256(p, nib), _mm256_and_si256(t0, top));
-  c[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), nib), _mm256_and_si256(t1, top));
+  const __m256i H0 = _mm256_loadu_si256((const __m256i*)(hb + 8 * h));
+  const __m256i H1 = _mm256_loadu_si256((const __m256i*)(hb + 16 + 8 * h));
+  for (int j = 0; j < 4; ++j) {
+    const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
+    const __m256i t0 = j == 3 ? _mm256_srli_epi16(H0, 2) : _mm256_slli_epi16(H0, 4 - 2 * j);
+    const __m256i t1 = j == 3 ? _mm256_srli_epi16(H1, 2) : _mm256_slli_epi16(H1, 4 - 2 * j);
+    c[j] = _mm256_or_si256(_mm256_and_si256(p, nib), _mm256_and_si256(t0, top));
+    c[j + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), nib), _mm256_and_si256(t1, top));
+  }
 }
 #endif
 static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
@@ -404,9 +411,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
     const int8_t* scb = sc + 256 * (b >> 3) + 32 * (b & 7);
     for (int h = 0; h < 2; ++h) {
       __m256i c[8];
-      const __m256i H0 = _mm256_loadu_si256((const __m256i*)(hb + 8 * h));
-      const __m256i H1 = _mm256_loadu_si256((const __m256i*)(hb + 16 + 8 * h));
-      for (int j = 0; j < 4; ++j) dcc_q6_codes(_mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h)), H0, H1, j, c);
+      dcc_q6_codes(pb, hb, h, c);
       const __m256i w0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 8 * h)));
       const __m256i w1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h)));
       const __m256i p0 = _mm256_or_si256(_mm256_and_si256(w0, low16), _mm256_slli_epi32(w0, 16));  /* sc, sc */
@@ -427,10 +432,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
-    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
-  }
+  dcc_x16_store(out, ldo, acc, R);
 #else
   DCC_X16_PLAIN_Q6
 #endif
@@ -450,9 +452,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16_q6(
     const int8_t* scb = sc + 256 * (b >> 3) + 32 * (b & 7);
     for (int h = 0; h < 2; ++h) {
       __m256i c[8];
-      const __m256i H0 = _mm256_loadu_si256((const __m256i*)(hb + 8 * h));
-      const __m256i H1 = _mm256_loadu_si256((const __m256i*)(hb + 16 + 8 * h));
-      for (int j = 0; j < 4; ++j) dcc_q6_codes(_mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h)), H0, H1, j, c);
+      dcc_q6_codes(pb, hb, h, c);
       __m256i lo[DCC_TILE][2], hi[DCC_TILE][2];  /* per sub-block: int32 pair sums of outputs 8h..8h+3, 8h+4..8h+7 */
       for (int r = 0; r < R; ++r) lo[r][0] = lo[r][1] = hi[r][0] = hi[r][1] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
@@ -481,10 +481,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16_q6(
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
-    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
-  }
+  dcc_x16_store(out, ldo, acc, R);
 #else
   DCC_X16_PLAIN_Q6
 #endif
