@@ -20,7 +20,7 @@ from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Store, Tensor
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
 
-LANES = 32  # threads per output row: a warp on NVIDIA, half a wavefront on AMD and Adreno
+LANES = 32  # threads per lane group (its ROWS output rows): a warp on NVIDIA, half a wavefront on AMD and Adreno
 VECTOR = 8  # consecutive inputs per lane and step: one 32-bit word of 4-bit codes, 16 bytes of fp16 weights
 ROWS = 4  # rows per lane group: each activation a lane loads serves four rows' weights
 UNROLL = 1  # steps written out per loop trip (more measured slower: benchmarks/gpu_gemv.py)

@@ -156,8 +156,7 @@ class CUDADevice(Device):
             end.record()
             self.events.append((kernel.name, start, end, sum(b.nbytes for b in bufs if id(b) in self.weight_ids)))
         except self._cupy.cuda.driver.CUDADriverError as e:
-            raise DeviceError(f"CUDA launch of {kernel.name} (grid {grid}, block {block}) failed: "
-                              f"{first_lines(str(e), 1)}") from None
+            raise _launch_failed(kernel, grid, block, e) from None
 
     def launcher(self, kernel: Kernel):
         """A launch site of the bytecode: its first launch goes through launch() and its checks (the ABI's order,
@@ -168,7 +167,7 @@ class CUDADevice(Device):
         def site(bufs, ints, grid, block):
             if not checked or self.events is not None:
                 self.launch(kernel, [*bufs, *ints], grid, block)
-                checked.append(True)
+                checked[:] = [True]
                 return
             try:
                 args = (*[b.handle for b in bufs], *[np_int(i) for i in ints])
@@ -178,8 +177,7 @@ class CUDADevice(Device):
             try:
                 fn(grid, block, args)
             except self._cupy.cuda.driver.CUDADriverError as e:
-                raise DeviceError(f"CUDA launch of {kernel.name} (grid {grid}, block {block}) failed: "
-                                  f"{first_lines(str(e), 1)}") from None
+                raise _launch_failed(kernel, grid, block, e) from None
         return site
 
     # -- bench --profile / --roofline -----------------------------------------------------------------
@@ -224,6 +222,10 @@ class CUDADevice(Device):
             self.cu_device.synchronize()
         except self._cupy.cuda.runtime.CUDARuntimeError as e:
             raise DeviceError(f"CUDA synchronize failed (a kernel faulted?): {first_lines(str(e), 1)}") from None
+
+
+def _launch_failed(kernel: Kernel, grid, block, e) -> DeviceError:
+    return DeviceError(f"CUDA launch of {kernel.name} (grid {grid}, block {block}) failed: {first_lines(str(e), 1)}")
 
 
 _PROBE = r"""

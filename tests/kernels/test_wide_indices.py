@@ -2,6 +2,8 @@
 262,144 x 8,192 embedding (2^31 elements, Gemma-sized) overflows 32-bit flat indices near its last rows. The text
 check covers CUDA, OpenCL and C; nvcc compiles the CUDA. The wide form's semantics are checked by running a small
 lookup rendered wide (the threshold lowered) on PoCL and as native C against the interpreter (exact: a copy)."""
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import require_device, require_nvcc
@@ -55,7 +57,7 @@ def test_the_wide_form_computes_the_same(kind, preset, monkeypatch):
     device = require_device(kind)
     target = presets.load(preset).target
     if kind == "opencl":
-        target = target.__class__(**{**target.__dict__, "kind": "opencl"})
+        target = dataclasses.replace(target, kind="opencl")
     monkeypatch.setattr(cstyle, "WIDE", 64)  # every buffer here is "wide"
     prog = schedule_program(lookup(37, 24, 5), target)
     assert ("(long)" if kind == "opencl" else "(int64_t)") in kernel_text(prog.attrs["schedule"].kernels, target)
