@@ -18,7 +18,7 @@ import math
 from deploycc.ir.printer import Namer
 from deploycc.ir.tir import Alloc, Buffer, V, walk
 
-from .cstyle import CStyleRenderer
+from .cstyle import CStyleRenderer, elements
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4}
 OFFSET_ALIGN = 256  # the largest minStorageBufferOffsetAlignment WebGPU allows (and Chrome's)
@@ -31,11 +31,9 @@ def split_plan(k, max_binding: int) -> dict[int, tuple[int, int]]:
     adapter's offset alignment divides."""
     plan = {}
     for i, b in enumerate(k.buffers):
-        if not all(d.is_const for d in b.shape):
-            continue  # activations are bounded by the memory plan; weights are what gets large
-        elems = 1
-        for d in b.shape:
-            elems *= d.value
+        elems = elements(b)
+        if not elems:
+            continue  # activations (symbolic) are bounded by the memory plan; weights are what gets large
         size = ITEMSIZE[b.dtype]
         if elems * size > max_binding:
             if b in k.written:

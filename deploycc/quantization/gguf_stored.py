@@ -267,6 +267,16 @@ VALUES = {"Q5_0": _q5_0, "Q5_1": _q5_1, "IQ4_NL": _iq4_nl, "Q2_K": _q2_k, "Q3_K"
           "Q5_K": _q5_k, "Q6_K": _q6_k, "IQ4_XS": _iq4_xs}
 
 
+def _low_codes(words: np.ndarray) -> np.ndarray:
+    """The low nibbles of a 16-row layout (`q_weight` [N/16, K/32, 64], InterleavedScheme's) -> codes [N, K] in value
+    order."""
+    g, nb, _ = words.shape
+    low = InterleavedScheme("low", bits=4, symmetric=True).plain(
+        {"q_weight": words, "q_scale": np.zeros((g, nb, words.shape[2] // 4), np.float16)})
+    codes = (low["q_weight"][:, :, None] >> np.arange(0, 32, 4, dtype=np.uint32)) & 15
+    return codes.astype(np.uint8).reshape(low["q_weight"].shape[0], -1)
+
+
 @dataclass(frozen=True)
 class _Interleaved16(Scheme):
     """What the stored formats with 16 rows interleaved share (InterleavedQ5, InterleavedK): the rows come in 16s and
@@ -436,10 +446,7 @@ class InterleavedK(_Interleaved16):
             fifth = fifth.reshape(rows, ns, 8, 32)  # [row, super-block, sub-block s, byte i]
             qh = (fifth << np.arange(8, dtype=np.uint8)[None, None, :, None]).sum(axis=2).astype(np.uint8)
         else:
-            low = InterleavedScheme("low", bits=4, symmetric=True).plain(
-                {"q_weight": packed["q_weight"], "q_scale": np.zeros((g, nb, L), np.float16)})
-            codes = ((low["q_weight"][:, :, None] >> np.arange(0, 32, 4, dtype=np.uint32)) & 15).astype(np.uint8)
-            codes = codes.reshape(rows, ns * QK_K)
+            codes = _low_codes(packed["q_weight"]).reshape(rows, ns * QK_K)
         c = codes.reshape(rows, ns, 4, 2, 32)
         qs = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).astype(np.uint8)
         out = {"q_weight": np.ascontiguousarray(qs).view("<u4").reshape(rows, ns * 32).astype(np.uint32)}
@@ -515,10 +522,7 @@ class InterleavedQ6(InterleavedK):
         g, nb, _ = packed["q_weight"].shape
         L, ns = self.lanes, nb // 8
         rows, cols = g * L, nb * BLOCK
-        low = InterleavedScheme("low", bits=4, symmetric=True).plain(
-            {"q_weight": packed["q_weight"], "q_scale": np.zeros((g, nb, L), np.float16)})
-        codes = ((low["q_weight"][:, :, None] >> np.arange(0, 32, 4, dtype=np.uint32)) & 15).astype(np.uint8)
-        codes = codes.reshape(rows, ns, 2, 4, 32)  # [row, sb, half, q, i]
+        codes = _low_codes(packed["q_weight"]).reshape(rows, ns, 2, 4, 32)  # [row, sb, half, q, i]
         byte = np.ascontiguousarray(packed["q_high"]).astype("<u4").view(np.uint8).reshape(g, nb, 2, L, 4)
         tops = (byte[:, :, :, :, None, :] >> (2 * np.arange(4, dtype=np.uint8))[None, None, None, None, :, None]) & 3
         tops = tops.transpose(0, 3, 1, 2, 4, 5).reshape(rows, ns, 2, 4, 32)  # [row, sb, half, q, i]: as codes

@@ -49,6 +49,7 @@ FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True,
            "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0), "q5_sym_x16": (5, True, 16),
            "q5_asym_x16": (5, False, 0), "q4_k_x16": (4, False, 0), "q5_k_x16": (5, False, 0),
            "q6_k_x16": (6, True, 32)}
+HALVES = {"q6_k_x16"}  # formats with a scale per 16 values: their kernels take the activations' code sum per half
 ACTIVATION_BITS = (8, 16)  # op/linalg.py round_activations; 16 where calibration says 8 costs too much
 LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
 
@@ -139,9 +140,9 @@ class Matmul:
 
     @property
     def sums(self) -> int:
-        """Activation code sums (d * sum) per block of 32: 2 for the stored formats (one per half, as the
-        K-quants' sub-blocks of 16 need), else 1."""
-        return 2 if (self.stored is not None and not self.interleaved) or self.fmt == "q6_k_x16" else 1
+        """Activation code sums (d * sum) per block of 32: 2 for the stored formats' engine and the interleaved
+        formats with sub-blocks of 16 (one per half), else 1."""
+        return 2 if (self.stored is not None and not self.interleaved) or self.fmt in HALVES else 1
 
     def quantize(self, xq: Buffer, xd: Buffer, xs: Buffer, coords: dict, row) -> Intrin:
         """Activations of one row (the spatial iterators at `coords`) into row `row` of xq/xd/xs."""
