@@ -188,17 +188,19 @@ class GGUFModel:
             from . import QUANTIZATION
 
             return QUANTIZATION["q0f16"] if self.base.weights.qtype(hf) == "F16" else None
+        # a linear's rows, or an embedding's (a tied output head is a linear of its table: the interleaved layouts'
+        # lookup splits a gathered row by shifts)
+        shape = ((module.out_features, module.in_features) if isinstance(module, nn.Linear)
+                 else tuple(module.weight.shape) if isinstance(module, nn.Embedding) else None)
         for table in (INTERLEAVED_Q5, INTERLEAVED_K):  # the file's bytes, 16 rows interleaved
-            if (self.interleave and isinstance(module, nn.Linear) and block.qtype in table
-                    and table[block.qtype].fits(module.out_features, module.in_features)):
+            if self.interleave and shape and block.qtype in table and table[block.qtype].fits(*shape):
                 return table[block.qtype]
         if not (self.groups and isinstance(block, GGUFBlockScheme)):
             return block
         from . import INTERLEAVED, QUANTIZATION
 
         name = block.group_scheme
-        if (self.interleave and isinstance(module, nn.Linear) and name in INTERLEAVED
-                and INTERLEAVED[name].fits(module.out_features, module.in_features)):
+        if self.interleave and shape and name in INTERLEAVED and INTERLEAVED[name].fits(*shape):
             return INTERLEAVED[name]
         return QUANTIZATION[name]
 

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import DeployError
 from ..ir import tir
 from .base import Scheme
-from .group import InterleavedScheme, pack_codes
+from .group import InterleavedScheme, pack_codes, split_index
 
 BLOCK = 32
 
@@ -28,7 +28,7 @@ def _byte(buf: tir.Buffer, r, i) -> tir.V:
 
 
 def _u32(x) -> tir.V:
-    return tir.cast("uint32", tir.index(x))
+    return tir.cast("uint32", x if isinstance(x, tir.V) else tir.index(x))
 
 
 def _bits(v: tir.V, shift, mask) -> tir.V:
@@ -361,13 +361,14 @@ class InterleavedQ5(_Interleaved16):
 
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
         L = self.lanes
-        g, lane = r // L, r % L
+        g, lane = split_index(r, L)
+        lword, lbyte = split_index(lane, 4)
         b = c // BLOCK
         quad = (c % BLOCK) // 4
         word = bufs[0][g, b, lane + (quad % 4) * L]
         low = _bits(word, (c % 4) * 8 + (quad // 4) * 4, 15)
-        at = (quad % 4) * L + lane  # the byte of the fifth bits
-        high = _bits(bufs[1][g, b, at // 4], (at % 4) * 8 + (c % 4) + 4 * (quad // 4), 1)
+        # the fifth bits: byte (quad % 4) L + lane of the block's 16 words
+        high = _bits(bufs[1][g, b, lword + (quad % 4) * (L // 4)], lbyte * 8 + ((c % 4) + 4 * (quad // 4)), 1)
         q = _f(tir.bitwise("bitor", low, tir.bitwise("shl", high, 4)))
         d = _f(bufs[2][g, b, lane])
         if self.qtype == "Q5_0":
@@ -461,18 +462,18 @@ class InterleavedK(_Interleaved16):
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
         L = self.lanes
         buf = dict(zip(self.param_shapes(L, QK_K), bufs))
-        g, lane = r // L, r % L
+        g, lane = split_index(r, L)
+        lword, lbyte = split_index(lane, 4)
         b, sb = c // BLOCK, c // QK_K
         quad = (c % BLOCK) // 4
         q = _bits(buf["q_weight"][g, b, lane + (quad % 4) * L], (c % 4) * 8 + (quad // 4) * 4, 15)
-        if "q_high" in buf:
-            at = (quad % 4) * L + lane
-            high = _bits(buf["q_high"][g, b, at // 4], (at % 4) * 8 + (c % 4) + 4 * (quad // 4), 1)
+        if "q_high" in buf:  # byte (quad % 4) L + lane of the block's 16 words
+            high = _bits(buf["q_high"][g, b, lword + (quad % 4) * (L // 4)], lbyte * 8 + ((c % 4) + 4 * (quad // 4)),
+                         1)
             q = tir.bitwise("bitor", q, tir.bitwise("shl", high, 4))
 
-        def byte(_name, i):  # byte i of row r's 12, in plane i
-            at = 16 * i + lane
-            return _bits(buf["q_sub"][g, sb, at // 4], 8 * (at % 4), 255)
+        def byte(_name, i):  # byte i of row r's 12, in plane i: byte 16 i + lane
+            return _bits(buf["q_sub"][g, sb, lword + 4 * i], lbyte * 8, 255)
 
         scale, mins = _k_scale_min(byte, (c % QK_K) // BLOCK)
         return (_f(buf["q_scale"][g, sb, lane]) * _f(scale)) * _f(q) - _f(buf["q_min"][g, sb, lane]) * _f(mins)
@@ -538,14 +539,15 @@ class InterleavedQ6(InterleavedK):
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
         L = self.lanes
         q_weight, q_high, q_sub, q_scale = bufs
-        g, lane = r // L, r % L
+        g, lane = split_index(r, L)
+        lword, lbyte = split_index(lane, 4)
         b, sb = c // BLOCK, c // QK_K
         quad = (c % BLOCK) // 4
         low = _bits(q_weight[g, b, lane + (quad % 4) * L], (c % 4) * 8 + (quad // 4) * 4, 15)
-        top = _bits(q_high[g, b, (quad // 4) * L + lane], (c % 4) * 8 + 2 * (quad % 4), 3)
+        top = _bits(q_high[g, b, lane + (quad // 4) * L], (c % 4) * 8 + 2 * (quad % 4), 3)
         q = _f(tir.bitwise("bitor", low, tir.bitwise("shl", top, 4))) - 32.0
-        at = 16 * ((c % QK_K) // 16) + lane
-        byte = _bits(q_sub[g, sb, at // 4], 8 * (at % 4), 255)
+        # the sub-block's scale: byte 16 s + lane of the super-block's 16 words
+        byte = _bits(q_sub[g, sb, lword + 4 * ((c % QK_K) // 16)], lbyte * 8, 255)
         sc = _f(byte) - _f(tir.bitwise("shr", byte, 7)) * 256.0
         return (_f(q_scale[g, sb, lane]) * sc) * q
 

@@ -121,6 +121,14 @@ class GroupScheme(Scheme):
 LANES = 16  # outputs per interleaved group: one 512-bit register of int32 sums, one output per lane
 
 
+def split_index(i, n: int):
+    """(i // n, i % n) for n a power of two; i an index expression or a loaded value (a row gathered by a token id,
+    an embedding's: the loop-level value ops have shifts and masks, not division)."""
+    if isinstance(i, tir.V):
+        return tir.bitwise("shr", i, n.bit_length() - 1), tir.bitwise("bitand", i, n - 1)
+    return i // n, i % n
+
+
 @dataclass(frozen=True)
 class InterleavedScheme(GroupScheme):
     """A 4-bit group scheme's weights in the layout the cpu target's integer kernels read fastest
@@ -185,10 +193,7 @@ class InterleavedScheme(GroupScheme):
 
     def value(self, bufs: list[tir.Buffer], r, c) -> tir.V:
         L = self.lanes
-        if isinstance(r, tir.V):  # a row gathered by a token id (an embedding): L is a power of two
-            g, lane = tir.bitwise("shr", r, L.bit_length() - 1), tir.bitwise("bitand", r, L - 1)
-        else:
-            g, lane = r // L, r % L
+        g, lane = split_index(r, L)
         b = c // self.group_size
         quad = (c % self.group_size) // 4
         word = bufs[0][g, b, lane + (quad % 4) * L]

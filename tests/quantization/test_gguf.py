@@ -74,9 +74,10 @@ def _spm_vocab():
 
 
 def write_tiny(dirpath: Path, qtypes=None, arch="llama", tied=False, seed=0, pre="smollm", spm=False,
-               **cfg) -> tuple[Path, Path]:
+               vocab_multiple=1, **cfg) -> tuple[Path, Path]:
     """A random tiny Llama as a GGUF (tensors stored in `qtypes[gguf name]` or F32) and as an HF
-    checkpoint whose weights are exactly what the GGUF holds (dequantized, un-permuted)."""
+    checkpoint whose weights are exactly what the GGUF holds (dequantized, un-permuted). `vocab_multiple`: reserved
+    control tokens appended until the vocabulary is a multiple of it (real ones are multiples of 16 or more)."""
     from safetensors.numpy import save_file
 
     qtypes = qtypes or {}
@@ -84,6 +85,11 @@ def write_tiny(dirpath: Path, qtypes=None, arch="llama", tied=False, seed=0, pre
         tokens, types, scores = _spm_vocab()
     else:
         tokens, types, merges = _vocab()
+    while len(tokens) % vocab_multiple:
+        tokens.append(f"<|reserved_{len(tokens)}|>")
+        types.append(3)
+        if spm:
+            scores.append(0.0)
     c = dict(CFG, vocab_size=len(tokens), **cfg)
     rng = np.random.default_rng(seed)
     h, i, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]

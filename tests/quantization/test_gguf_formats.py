@@ -211,6 +211,28 @@ Q5_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q5_0, **{f"blk.{n}.{t}
                                                                    "ffn_down")}}
 
 
+def _check_interleaved(qtype, scheme, cols, rng):
+    """An interleaved layout of 32 rows x `cols` of random `qtype` blocks: the file's bytes (as many, and `plain`
+    puts them back), dequantized by numpy, by the loop-level program and by the embedding lookup (rows gathered by
+    token ids: the row's 16-lane group and lane split by shifts), bit for bit against gguf-py."""
+    from deploycc.ir.tir_interp import run_program
+
+    raw = blocks(qtype, 32, cols, rng)
+    want = gguf.quants.dequantize(raw, Q[qtype]).reshape(32, cols)
+    plain = scheme.plain_scheme.from_blocks(raw)
+    packed = scheme.interleave(plain)
+    assert sum(a.nbytes for a in packed.values()) == raw.nbytes
+    assert all(np.array_equal(plain[k].view(np.uint8), v.view(np.uint8)) for k, v in scheme.plain(packed).items())
+    np.testing.assert_array_equal(scheme.dequantize(packed, cols), want)
+    out = np.zeros((32, cols), np.float32)
+    run_program(scheme.program(32, cols), [*packed.values(), out], [])
+    np.testing.assert_array_equal(out, want)
+    ids = np.array([[17, 0, 31, 5, 16]], np.int32)
+    got = np.zeros((1, 5, cols), np.float32)
+    run_program(scheme.take_program(32, cols, 2), [*packed.values(), ids, got], [])
+    np.testing.assert_array_equal(got[0], want[ids[0]])
+
+
 @pytest.mark.parametrize("isa,bits", [("x86-64-v3", 8), ("x86-64-v3", 16), ("x86-64-v4", 8), ("generic", 8)])
 def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
     """Q5_0 / Q5_1 linears whose rows come in 16s take the interleaved layout (InterleavedQ5: the file's bytes,
@@ -219,18 +241,8 @@ def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
     from deploycc.quantization import quantize
     from deploycc.quantization.gguf_blocks import INTERLEAVED_Q5
 
-    rng = np.random.default_rng(4)
     for qtype, scheme in INTERLEAVED_Q5.items():
-        raw = blocks(qtype, 32, 96, rng)
-        want = gguf.quants.dequantize(raw, Q[qtype]).reshape(32, 96)
-        packed = scheme.interleave(scheme.plain_scheme.from_blocks(raw))
-        assert sum(a.nbytes for a in packed.values()) == raw.nbytes
-        np.testing.assert_array_equal(scheme.dequantize(packed, 96), want)
-        from deploycc.ir.tir_interp import run_program
-
-        out = np.zeros((32, 96), np.float32)
-        run_program(scheme.program(32, 96), [*packed.values(), out], [])
-        np.testing.assert_array_equal(out, want)
+        _check_interleaved(qtype, scheme, 96, np.random.default_rng(4))
     path, _ = write_tiny(tmp_path, Q5_MIX, hidden_size=64, intermediate_size=96, head_dim=16)
     model = quantize(deploycc.load_model(str(path)), "gguf", interleave=True, groups=True, activations=bits)
     assert {s.name for s in model.quantized_names().values()} >= {"gguf_q5_0x16", "gguf_q5_1x16"}
@@ -238,10 +250,10 @@ def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
     assert {"qgemv-q5_sym_x16", "qgemm-q5_sym_x16", "qgemv-q5_asym_x16", "qgemm-q5_asym_x16"} <= ran, ran
 
 
-
-K_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, **{f"blk.{n}.{t}.weight": Q.Q4_K if n == 0 else Q.Q5_K
-                                                                 for n in (0, 1) for t in ("attn_q", "attn_k",
-                                                                 "attn_v", "attn_output", "ffn_gate", "ffn_up")},
+# tied, as Llama-3.2-1B is (llama-quantize stores the table as Q6_K)
+K_MIX = {"token_embd.weight": Q.Q6_K,
+         **{f"blk.{n}.{t}.weight": Q.Q4_K if n == 0 else Q.Q5_K
+            for n in (0, 1) for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")},
          "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.ffn_down.weight": Q.Q5_K}
 
 
@@ -253,27 +265,20 @@ def test_interleaved_k_quant_kernels_match_the_interpreter(tmp_path, isa, bits):
     top bits beside the nibbles they complete, the int8 scales in planes of 16 rows) on x86: its
     kernels (targets/c_x16.py) against the interpreter on identically rounded activations, 1e-5 of the largest
     output; its dequantization, numpy and the loop-level program, bit for bit against gguf-py; its bytes the file's."""
-    from deploycc.ir.tir_interp import run_program
     from deploycc.quantization import quantize
     from deploycc.quantization.gguf_blocks import INTERLEAVED_K
 
     rng = np.random.default_rng(6)
     for qtype, scheme in INTERLEAVED_K.items():
-        raw = blocks(qtype, 32, 512, rng)
-        want = gguf.quants.dequantize(raw, Q[qtype]).reshape(32, 512)
-        plain = scheme.plain_scheme.from_blocks(raw)
-        packed = scheme.interleave(plain)
-        assert sum(a.nbytes for a in packed.values()) == raw.nbytes
-        assert all(np.array_equal(plain[k].view(np.uint8), v.view(np.uint8)) for k, v in scheme.plain(packed).items())
-        np.testing.assert_array_equal(scheme.dequantize(packed, 512), want)
-        out = np.zeros((32, 512), np.float32)
-        run_program(scheme.program(32, 512), [*packed.values(), out], [])
-        np.testing.assert_array_equal(out, want)
-    path, _ = write_tiny(tmp_path, K_MIX, **K_SHAPE)
+        _check_interleaved(qtype, scheme, 512, rng)
+    path, _ = write_tiny(tmp_path, K_MIX, tied=True, vocab_multiple=16, **K_SHAPE)
     model = quantize(deploycc.load_model(str(path)), "gguf", interleave=True, groups=True, activations=bits)
-    assert {s.name for s in model.quantized_names().values()} >= {"gguf_q4_kx16", "gguf_q5_kx16", "gguf_q6_kx16"}
+    names = {k: s.name for k, s in model.quantized_names().items()}
+    assert set(names.values()) >= {"gguf_q4_kx16", "gguf_q5_kx16", "gguf_q6_kx16"}
+    assert names["model.embed_tokens.weight"] == "gguf_q6_kx16"  # the tied head and the lookup read it interleaved
     ran = _check_kernels(model, isa, bits)
     assert {f"{kind}-q{b}_k_x16" for kind in ("qgemv", "qgemm") for b in (4, 5, 6)} <= ran, ran
+
 
 # what llama-quantize's Q4_K_M writes (Q5_0 where a row is not whole 256-value super-blocks, Q4_K, Q6_K, Q8_0)
 Q4_K_M_MIX = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q6_K, "blk.0.attn_q.weight": Q.Q5_0,
