@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_llama_cpp import ensure  # noqa: E402
 from compare import measure_bandwidth  # noqa: E402
 
+from deploycc.runtime import roofline as rl  # noqa: E402
+
 HOME = Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc"))
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -210,13 +212,12 @@ def render(r: dict) -> str:
         probe = min(roof["bandwidth_before"]["all_threads_gb_s"], roof["bandwidth_after"]["all_threads_gb_s"])
         lines += ["", f"where the time goes, {name}: decode step {p['wall_ms_per_token']:.2f} ms, "
                       f"{roof['achieved_gb_s']:.1f} GB/s, {100 * roof['roofline_fraction']:.0f}% of the all-thread "
-                      f"read probe ({probe:.1f} GB/s)",
-                  "| kernel | launches / token | ms / token | share | weight MB / launch | GB/s | of roofline |",
-                  "|---|--:|--:|--:|--:|--:|--:|"]
+                      f"read probe ({probe:.1f} GB/s)", *rl.roofline_lines(roof)[2:],  # the dot probe, the balance
+                  f"| kernel | launches / token | ms / token | share | {' | '.join(rl.COLUMNS)} |",
+                  "|---|" + "--:|" * (3 + len(rl.COLUMNS))]
         for k in p["kernels"][:8]:
             lines.append(f"| {k['kernel']} | {k['launches_per_token']:.0f} | {k['ms_per_token']:.2f} | "
-                         f"{100 * k['share']:.0f}% | {k['weight_mb_per_launch']:.2f} | {k['gb_s']:.1f} | "
-                         f"{100 * k['roofline_share']:.0f}% |")
+                         f"{100 * k['share']:.0f}% | {' | '.join(rl.kernel_cells(k))} |")
     lines += ["", f"command: {r['command']}"]
     return "\n".join(lines)
 

@@ -520,20 +520,18 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline,
                           f"{pr['launches_per_token']:.0f} kernels, {pr['host_ms_per_token']:.2f} ms host (VM + enqueue, "
                           f"overlapping the kernels)"))
         roof = r.get("roofline")
-        cols = ("kernel", "launches / token", "us each", "ms / token", "share") + (
-            ("weight MB / launch", "GB/s", "of roofline") if roof else ())
+        from .runtime import roofline as rl
+
+        cols = ("kernel", "launches / token", "us each", "ms / token", "share") + (rl.COLUMNS if roof else ())
         for col in cols:
             pt.add_column(col, justify="left" if col == "kernel" else "right")
         for k in pr["kernels"][:15]:
-            extra = (f"{k['weight_mb_per_launch']:.2f}", f"{k['gb_s']:.1f}", f"{100 * k['roofline_share']:.0f}%") \
-                if roof else ()
+            extra = rl.kernel_cells(k) if roof else ()
             pt.add_row(k["kernel"], f"{k['launches_per_token']:.0f}", f"{k['us_each']:.1f}", f"{k['ms_per_token']:.2f}",
                        f"{100 * k['share']:.1f}%", *extra)
         Console(width=max(Console().width, 150)).print(pt)
         if roof:
-            from .runtime.roofline import roofline_lines
-
-            click.echo("\n".join(roofline_lines(roof)))
+            click.echo("\n".join(rl.roofline_lines(roof)))
 
 
 @cli.command(short_help="Perplexity of a package on a text file (sliding windows).")

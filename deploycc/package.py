@@ -38,7 +38,7 @@ from .runtime.validate import LANGUAGES, QUANTIZATIONS
 from .session import PAGE_SIZE, Pool, export
 from .transform.absorb_rounding import rounded_linears
 from .vm.lower import kernel_args
-from .vm.programs import write_programs
+from .vm.programs import kernel_work, write_programs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "chat_template.json")
@@ -213,7 +213,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     staging = Staging(out_dir, force)
     with staging as tmp:
         try:
-            kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset)
+            kernel_files = _write_kernels(tmp, list(lowered.kernels.values()), preset, kernel_work(lowered))
         except ValueError as e:  # a target limit the kernels cannot meet
             raise DeployError(f"{e}; choose a preset with larger limits") from None
         kernel_files["programs"] = write_programs(tmp, lowered)  # what `verify --kernels` checks them against
@@ -283,7 +283,7 @@ def _verify_kernels(pkg: Path) -> None:
         raise DeployError(f"{report.failure}; no package was written")
 
 
-def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> dict:
+def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset, work: dict) -> dict:
     from .execute import render
     from .targets.cstyle import ident
     from .targets.wgsl import render as render_wgsl
@@ -315,6 +315,7 @@ def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset) -> 
         entries = {k.name: {"file": f"kernels/{fname}", "entry": ident(k.name), "threads": k.threads} for k in kernels}
     for k in kernels:  # the calling convention the runtime checks every launch against at load
         entries[k.name]["args"] = kernel_args(k)
+        entries[k.name].update(work.get(k.name, {}))  # a matmul's multiply-adds per row (bench --roofline)
     return {"language": LANGUAGES[kind], "entries": entries}
 
 

@@ -291,6 +291,10 @@ def _check_kernels(m: dict) -> None:
                                    f"{show(entry_name(name))}")
         need_int(e["threads"], f"{where}.threads", 1, max_threads)
         n_buffers = _check_kernel_args(e["args"], f"{where}.args")
+        if "macs_per_row" in e:  # a matmul's multiply-adds per row of activations (bench --roofline)
+            need_int(e["macs_per_row"], f"{where}.macs_per_row", 1, 1 << 62)
+        if "activation_bits" in e:
+            need_int(e["activation_bits"], f"{where}.activation_bits", 8, 16)
         if "split" in e:
             _check_split(e["split"], f"{where}.split", n_buffers, kind)
         if "file_no_f16" in e:  # the variant for adapters without shader-f16 (targets/wgsl.py: packed_f16)

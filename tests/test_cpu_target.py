@@ -339,7 +339,8 @@ def test_bench_roofline(compiled):
     """bench --roofline: the package's own bandwidth probe before and after (one thread, all threads: finite,
     positive), the weight bytes a decode step streams (every quantized weight of the step but the embedding lookup's
     table, of which one row: the manifest's weights give the bound), KV bytes at the prompt's context, achieved GB/s
-    consistent with the step time, and each kernel's weight bytes and GB/s."""
+    consistent with the step time, and each kernel's weight bytes and GB/s; the integer dot probe (8- and 16-bit
+    activations), and per matmul its operations per weight byte, Gop/s and share of the probe."""
     pkg = compiled("llama-q4")
     r = cli("bench", pkg, "--prompt-len", "8", "--gen-len", "4", "--repeat", "1", "--roofline", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -355,6 +356,25 @@ def test_bench_roofline(compiled):
     assert roof["achieved_gb_s"] == pytest.approx(step, rel=1e-6)
     linears = [k for k in out["profile"]["kernels"] if k["weight_mb_per_launch"] > 0]
     assert linears and all(k["gb_s"] > 0 for k in linears)
+    # arithmetic: the dot probe, and each matmul's operations from the manifest's multiply-adds per row, which over a
+    # decode step add up to the model's linears (attention, norms and the lookup are not matmuls of weights)
+    peak = roof["bandwidth_before"]["dot_gops"]
+    assert all(math.isfinite(peak[b]) and peak[b] > 0 for b in ("8", "16")), peak
+    entries = m["kernels"]["entries"]
+    matmuls = [k for k in out["profile"]["kernels"] if "macs_per_row" in entries[k["kernel"]]]
+    c = m["model"]["hf_config"]
+    h, q, kv = c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * c["intermediate_size"]
+    assert sum(entries[k["kernel"]]["macs_per_row"] * k["launches_per_token"] for k in matmuls) == \
+        c["num_hidden_layers"] * per_layer + c["vocab_size"] * h
+    for k in matmuls:
+        w = entries[k["kernel"]]
+        ops = 2 * w["macs_per_row"] * k["launches_per_token"]
+        assert k["ops_per_byte"] == pytest.approx(ops / (k["weight_mb_per_launch"] * 1e6 * k["launches_per_token"]))
+        assert k["gops"] == pytest.approx(ops / k["ms_per_token"] / 1e6)
+        if "activation_bits" in w:  # an integer kernel, against the dot probe of its activations' width
+            assert w["activation_bits"] in (8, 16) and k["compute_share"] > 0
+    assert sum("compute_share" in k for k in matmuls) >= len(matmuls) - 1  # all but the down projection (K = 56)
 
 
 def test_profile_gives_the_native_calls_back(compiled):

@@ -230,3 +230,31 @@ def write_programs(tmp, lowered) -> str:
                              "kernels": [k.name for k in scheduled(prog).kernels]})
     (tmp / FILE).write_text(json.dumps({"version": VERSION, "programs": programs}, separators=(",", ":")))
     return FILE
+
+
+def kernel_work(lowered) -> dict[str, dict]:
+    """{kernel name: {"macs_per_row", "activation_bits"}} for the kernel that does each matmul's arithmetic (the last
+    of its program's schedule: a prefill's activation quantization runs first): multiply-adds per row of the
+    activations (N x K, the constant spatial extents times the reduction), and the bits the integer kernels round
+    the activations to (absent: float). What `bench --roofline` turns into operations per byte and per second."""
+    from ..schedule.lowering import split_matmul
+
+    out = {}
+    for prog in lowered.programs.values():
+        sched = scheduled(prog)
+        if sched is None or not sched.kernels or prog.attrs.get("pattern") != "OUTPUT_EWISE_FUSIBLE":
+            continue  # a matmul (fused with its epilogues) is OUTPUT_EWISE_FUSIBLE; a norm's sum of squares is not
+        found = split_matmul(prog)
+        if found is None:
+            continue
+        mm = found[0]
+        extents = [sym.as_expr(it.extent) for it in mm.iters]
+        if not extents[-1].is_const:  # the reduction
+            continue
+        macs = math.prod(e.value for e in extents if e.is_const)  # symbolic extents: the rows (tokens, batch)
+        work = {"macs_per_row": int(macs)}
+        if prog.attrs.get("activations"):
+            work["activation_bits"] = int(prog.attrs["activations"])
+        out[sched.kernels[-1].name] = work
+    return out
+

@@ -119,6 +119,8 @@ MANIFEST = [
                                                                                   "'linear' is compiled as 'linear'"),
     ("kernel threads zero", lambda m: _entry(m).update(threads=0), "threads must be an integer in 1..4096"),
     ("kernel threads past the target", lambda m: _entry(m).update(threads=5000), "threads must be an integer"),
+    ("kernel multiply-adds a string", lambda m: _entry(m).update(macs_per_row="1e9"), "macs_per_row must be an integer"),
+    ("kernel activation bits 4", lambda m: _entry(m).update(activation_bits=4), "activation_bits must be an integer in 8..16"),
     ("kernel without args", lambda m: _entry(m).pop("args"), "['linear'] lacks 'args'"),
     ("kernel scalars twice", lambda m: _entry(m)["args"].update(scalars=["seq_len", "seq_len"]), "names an argument"),
     ("kernel buffer dtype", lambda m: _entry(m)["args"]["buffers"][0].update(dtype="float64"), "dtype is 'float64'"),
