@@ -215,7 +215,7 @@ def package_is_current(pkg: Path, source: Path, preset: str) -> bool:
     """A package compiled after the last change to the compiler's code and to its source, for the preset as it
     is now (the checks of deploycc's own package cache)."""
     from deploycc import presets
-    from deploycc.cli import compiler_code_mtime_ns
+    from deploycc.cli_open import compiler_code_mtime_ns
 
     manifest = pkg / "manifest.json"
     if not manifest.exists():

@@ -3,11 +3,15 @@
     deploycc compile MODEL --device PRESET|YAML [-o DIR]    a self-contained package (deploycc.package)
     deploycc run PKG|MODEL --prompt TEXT                     one reply, streamed
     deploycc chat PKG|MODEL                                  a REPL (runtime/cli.py holds the loop)
-    deploycc bench PKG                                       prefill / decode tok/s, memory
-    deploycc verify PKG [--against numpy|transformers]       package logits against a reference
+    deploycc serve PKG|MODEL                                 OpenAI's API (runtime/server.py)
+    deploycc bench PKG                                       prefill / decode tok/s, memory (cli_measure.py)
+    deploycc verify PKG [--against numpy|transformers]       package logits against a reference (cli_measure.py)
+    deploycc perplexity PKG --text FILE                      (cli_measure.py)
     deploycc devices                                         runtimes on this machine, presets they can run
-    deploycc inspect MODEL [--stage S | --kernels | --memory]
+    deploycc inspect MODEL [--stage S | --kernels | --memory] (cli_inspect.py)
     deploycc keygen NAME / deploycc sign PKG --key NAME      Ed25519 keys and signed packages (cli_signing.py)
+
+A package directory, or MODEL compiled for --device into deploycc's cache: cli_open.py.
 
 run, chat, serve, bench, verify and perplexity take --trust KEY.pub (and $DEPLOYCC_TRUSTED_KEYS): then only a
 package signed by one of those keys loads (runtime/trust.py).
@@ -18,22 +22,20 @@ window; without --device, run and chat use the numpy reference interpreter.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import signal
 import sys
 from pathlib import Path
 
 import click
 
-from .cli_inspect import _size, inspect
+from .cli_inspect import human_size, inspect
+from .cli_measure import bench, perplexity, verify
+from .cli_open import CompileProgress, open_package, session_for, source_path
 from .cli_signing import keygen, sign, trust_option, trust_policy
 from .errors import DeployError
 from .runtime.cli import USER_ERRORS
 from .runtime.server import ServeOptions
-from .verify import Against
 
 ERRORS = (DeployError, *USER_ERRORS)
 
@@ -112,8 +114,8 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
     """Compile MODEL into a self-contained package directory for a device preset."""
     from .package import compile_model
 
-    with _CompileProgress(enabled=not as_json) as progress:
-        path = compile_model(_source(model), device, quantization, context_window, tuple(overrides), output, force,
+    with CompileProgress(enabled=not as_json) as progress:
+        path = compile_model(source_path(model), device, quantization, context_window, tuple(overrides), output, force,
                              revision, progress=progress, head_quantization=head_quantization,
                              verify_kernels=verify_kernels, sign=sign_key,
                              activations=activations)
@@ -125,8 +127,8 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
     click.echo(str(path))
     mem = summary["memory"]
     click.echo(f"{summary['preset']} ({summary['backend']}), {summary['quantization']}, context window "
-               f"{summary['context_window']}: {summary['kernels']} kernels, weights {_size(mem['weights_bytes'])}, "
-               f"KV cache {_size(mem['kv_cache_bytes'])}, activations {_size(mem['activation_bytes'])}")
+               f"{summary['context_window']}: {summary['kernels']} kernels, weights {human_size(mem['weights_bytes'])}, "
+               f"KV cache {human_size(mem['kv_cache_bytes'])}, activations {human_size(mem['activation_bytes'])}")
     by_type = manifest["model"].get("weights_by_type")
     if by_type:
         click.echo(weights_by_type_text(by_type))
@@ -137,17 +139,11 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
 
 def weights_by_type_text(rows: list[dict]) -> str:
     """A GGUF source's weights per stored type, kept or converted, and the package's weight bytes against the file's."""
-    parts = [f"{r['type']}{'' if r['into'] == 'kept' else ' -> ' + r['into']} x{r['tensors']} {_size(r['package_bytes'])}"
+    parts = [f"{r['type']}{'' if r['into'] == 'kept' else ' -> ' + r['into']} x{r['tensors']} {human_size(r['package_bytes'])}"
              for r in rows]
     file, pkg = sum(r["file_bytes"] for r in rows), sum(r["package_bytes"] for r in rows)
-    return (f"weights by GGUF type: {', '.join(parts)}; package {_size(pkg)} against the file's tensors "
-            f"{_size(file)} ({pkg / max(file, 1):.2f}x)")
-
-
-def _source(model: str) -> str:
-    """A local checkpoint as an absolute path, so that the manifest's source works from any directory."""
-    path = Path(model).expanduser()
-    return str(path.resolve()) if path.is_dir() else model
+    return (f"weights by GGUF type: {', '.join(parts)}; package {human_size(pkg)} against the file's tensors "
+            f"{human_size(file)} ({pkg / max(file, 1):.2f}x)")
 
 
 def _package_summary(path: Path, manifest: dict) -> dict:
@@ -159,191 +155,6 @@ def _package_summary(path: Path, manifest: dict) -> dict:
             "prefill_chunk": manifest["bounds"]["prefill_chunk"], "kernels": len(manifest["kernels"]["entries"]),
             "memory": manifest.get("memory", {}), "web": "index.html" in manifest["files"],
             **({"weights_by_type": manifest["model"]["weights_by_type"]} if "weights_by_type" in manifest["model"] else {})}
-
-
-class _CompileProgress:
-    """compile_model's progress callback -> rich progress on stderr: one line per step, the weights
-    counted tensor by tensor. Disabled, it is a no-op callback."""
-
-    LABELS = {"calibrate": "calibrate (activation precision per linear)", "export": "export",
-              "compile": "compile (passes, kernels, memory plan, bytecode)",
-              "native": "C compiler (kernels and steps into kernels.so)", "weights": "write weights"}
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.progress = None
-        self.task = None
-
-    def __enter__(self):
-        return self
-
-    def _start(self) -> None:
-        """On the first step, so that a compile refused before any work prints nothing but its error."""
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
-                                 BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True))
-        self.progress.start()
-
-    def __call__(self, step: str, name: str | None = None) -> None:
-        if not self.enabled:
-            return
-        if self.progress is None:
-            self._start()
-        if step == "note":  # a line the compile must say (a GGUF type converted), above the progress display
-            self.progress.console.print(name, markup=False, highlight=False)
-            return
-        if step == "weight":
-            done = self.progress.tasks[self.task].completed + 1
-            self.progress.update(self.task, completed=done, detail=f"{done} tensors  {name}")
-            return
-        self._finish()
-        self.task = self.progress.add_task(self.LABELS.get(step, step), total=None, detail="")
-
-    def _finish(self) -> None:
-        if self.task is not None:
-            t = self.progress.tasks[self.task]
-            detail = f"{int(t.completed)} tensors" if t.completed else ""
-            self.progress.update(self.task, total=max(t.completed, 1), completed=max(t.completed, 1), detail=detail)
-
-    def __exit__(self, exc_type, exc, tb):
-        if self.progress is not None:
-            if exc_type is None:
-                self._finish()
-            elif not self.progress.console.is_terminal:
-                self.progress.live.transient = True  # a log gets the error line alone
-            self.progress.stop()
-        return False
-
-
-# ---- packages for run / chat / bench ---------------------------------------------------------------
-
-def _home() -> Path:
-    return Path(os.environ.get("DEPLOYCC_HOME") or Path.home() / ".cache" / "deploycc").expanduser()
-
-
-def _is_package(path: Path) -> bool:
-    """A package directory, or what is left of one (then the loader says what is missing)."""
-    return path.is_dir() and any((path / f).exists() for f in ("manifest.json", "bytecode.json", "__main__.py"))
-
-
-def _cache_key(model: str, revision: str | None, preset, quantization: str | None, context_window: int | None) -> str:
-    """Source files (name, size, mtime), preset, quantization, context window and the compiler's own files:
-    a changed checkpoint, preset or compiler compiles anew."""
-    from . import __version__
-    from .hub import resolve
-
-    src = resolve(model, revision)
-    files = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(src.iterdir()) if p.is_file()]
-    key = {"source": str(src.resolve()), "revision": revision, "files": files, "target": preset.target.to_dict(),
-           "backend": preset.backend, "preset": preset.name, "prefill_chunk": preset.prefill_chunk,
-           "preset_context_window": preset.context_window, "quantization": quantization or preset.quantization,
-           "context_window": context_window, "deploycc": __version__, "code": compiler_code_mtime_ns()}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def compiler_code_mtime_ns() -> int:
-    """The newest modification time of the compiler's Python files (deploycc, models, runtime, targets) and of
-    the browser bundle's sources (deploycc/web): a compiled package older than this may be stale (the package
-    cache and benchmarks/ use it)."""
-    roots = {Path(m.__file__).resolve().parent for m in _compiler_modules()}
-    return max((p.stat().st_mtime_ns for r in roots for pattern in ("*.py", "*.js", "*.html") for p in r.rglob(pattern)),
-               default=0)
-
-
-def _compiler_modules():
-    import deploycc
-    import deploycc.models
-    import deploycc.runtime
-    import deploycc.targets
-
-    return (deploycc, deploycc.models, deploycc.runtime, deploycc.targets)
-
-
-def _open_package(model: str, device: str | None, context_window: int | None, revision: str | None, quiet: bool,
-                  paged: bool | str = False, trust=None):
-    """(engine, info) for a package directory, or for MODEL compiled for --device into the cache;
-    None when MODEL is an uncompiled checkpoint and no --device was given. paged: the engine of batched steps.
-    trust: a TrustPolicy (runtime/trust.py); a package of the cache is unsigned, so under one it is refused."""
-    from . import presets
-    from .runtime.engine import Engine
-    from .runtime.package import PackageError, load_manifest
-
-    path = Path(model).expanduser()
-    if _is_package(path):
-        manifest = load_manifest(path, trust)  # checked: the fields below are read before Engine.load
-        if device is not None:
-            preset = presets.load(device)
-            if preset.target.to_dict() != manifest["target"] or preset.backend != manifest["preset"]["backend"]:
-                raise DeployError(f"{model} is a package compiled for {manifest['preset']['name']}; --device applies to "
-                                  f"an uncompiled MODEL (recompile: deploycc compile SOURCE --device {device})")
-        ctx = manifest["bounds"]["context_window"]
-        if context_window is not None and context_window != ctx:
-            raise DeployError(f"{model} was compiled with a context window of {ctx}; --context-window applies to an "
-                              f"uncompiled MODEL (recompile with deploycc compile --context-window {context_window})")
-        return Engine.load(path, paged=paged, trust=trust), {"package": str(path), "device": manifest["preset"]["name"]}
-    if device is None:
-        return None
-    if trust is not None:
-        raise DeployError(f"a trust policy (--trust, DEPLOYCC_TRUSTED_KEYS) runs only signed packages, and {model} "
-                          f"compiled for --device would be an unsigned one; compile it with deploycc compile --sign KEY "
-                          f"and run that package")
-    from .package import compile_model
-
-    preset = presets.load(device)
-    out = _home() / "packages" / _cache_key(model, revision, preset, None, context_window)
-    info = {"package": str(out), "model": model, "device": preset.name}
-    if (out / "manifest.json").exists():
-        try:
-            return Engine.load(out, paged=paged), info
-        except PackageError as e:  # a damaged entry of deploycc's own cache (named by its key): compile it anew
-            if not quiet:
-                click.echo(f"the cached package {out} is damaged ({e}); compiling it again", err=True)
-            shutil.rmtree(out, ignore_errors=True)
-    if not quiet:
-        click.echo(f"compiling {model} for {preset.name} into {out}", err=True)
-    with _CompileProgress(enabled=not quiet) as progress:
-        compile_model(_source(model), device, None, context_window, (), str(out), True, revision, progress=progress)
-    return Engine.load(out, paged=paged), info
-
-
-def _checked_tokenizer(model: str, revision: str | None, prompt: str | None, chat: bool):
-    """(loaded checkpoint, tokenizer) of an uncompiled MODEL, checked before any compile or model work: the
-    tokenizer loads and fits the model's vocabulary, and the chat template renders (run's prompt; for chat,
-    whose `prompt` is None, a one-message probe)."""
-    from .hub import load_model
-    from .runtime.cli import require_chat_template
-    from .runtime.generate import encode_prompt
-    from .runtime.tokenizer import Tokenizer
-
-    loaded = load_model(model, revision)
-    tok = Tokenizer.from_dir(loaded.path, vocab_size=loaded.config.vocab_size)
-    if prompt is None:
-        require_chat_template(tok, model)
-        encode_prompt(tok, [{"role": "user", "content": "Hello"}])
-    else:
-        encode_prompt(tok, prompt, chat)
-    return loaded, tok
-
-
-def _session(model, device, context_window, revision, quiet, prompt: str | None = None, chat: bool = True,
-             trust=None):
-    """(session, tokenizer, info) for run (`prompt`) and chat (no prompt): a package's engine, MODEL compiled
-    for --device (cached), or MODEL on the numpy reference."""
-    if not _is_package(Path(model).expanduser()):
-        loaded, tok = _checked_tokenizer(model, revision, prompt, chat)
-        if device is None:
-            from .session import reference_session
-
-            return reference_session(loaded, context_window=context_window), tok, {"model": model, "device": "reference"}
-    from .runtime.batch import session_of
-
-    engine, info = _open_package(model, device, context_window, revision, quiet, paged="auto", trust=trust)
-    if engine.f16:  # WebGPU: whether the kernels read f16 natively (shader-f16) or from packed words
-        info = {**info, "f16": engine.f16}
-    return session_of(engine), engine.tokenizer, info
 
 
 # ---- run / chat --------------------------------------------------------------------------------
@@ -368,7 +179,7 @@ def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, 
 
     options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
     prompt = clean_text(prompt)  # undecodable bytes of argv arrive as lone surrogates: U+FFFD, as chat clients show
-    session, tok, info = _session(model, device, context_window, revision, as_json, prompt, not no_chat,
+    session, tok, info = session_for(model, device, context_window, revision, as_json, prompt, not no_chat,
                                   trust_policy(trust))
     try:
         run_prompt(session, tok, prompt, chat=not no_chat, as_json=as_json, info=info,
@@ -392,7 +203,7 @@ def chat(model, system, max_tokens, temperature, top_p, top_k, min_p, repetition
     from .runtime.cli import chat_repl, sampling_options, with_model_sampling
 
     options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
-    session, tok, info = _session(model, device, context_window, revision, False, trust=trust_policy(trust))
+    session, tok, info = session_for(model, device, context_window, revision, False, trust=trust_policy(trust))
     if info.get("device") == "reference" and sys.stdin.isatty():
         click.echo("(no --device: the numpy reference interpreter runs this model; exact but slow)", err=True)
     name = Path(info.get("package") or model).name if "model" not in info else model
@@ -433,7 +244,7 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
     from .runtime.server import allowed_hosts as parse_hosts
     from .runtime.server import serve as run_server
 
-    opened = _open_package(model, device, context_window, revision, False, paged=True, trust=trust_policy(trust))
+    opened = open_package(model, device, context_window, revision, False, paged=True, trust=trust_policy(trust))
     if opened is None:
         raise DeployError(f"{model} is not a package; give --device PRESET to compile it first (e.g. --device cpu)")
     engine, info = opened
@@ -443,193 +254,6 @@ def serve(model, device, context_window, revision, host, port, api_key, max_queu
 
 
 # ---- bench -------------------------------------------------------------------------------------
-
-@cli.command(short_help="Prefill / decode tokens per second and memory of a package.")
-@click.argument("package")
-@click.option("--prompt-len", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--gen-len", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
-@click.option("--device", default=None, help="Compile an uncompiled MODEL for this preset first (cached).")
-@click.option("--profile", is_flag=True,
-              help="Also break a decode step down: device time per kernel, host (VM + enqueue) time (cpu, OpenCL, "
-                   "CUDA).")
-@click.option("--roofline", is_flag=True,
-              help="cpu and cuda: with --profile's table, the read bandwidth before and after (cpu: one thread, all "
-                   "threads; cuda: the GPU's memory), the bytes a decode step reads, achieved GB/s and the fraction "
-                   "of the roofline, per step and per kernel.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--sequences", default=None, metavar="N,N,...",
-              help="Batched decode of this many sequences at once (e.g. 1,4,8): the serving capacity of the batched step.")
-@trust_option
-def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline, as_json, sequences, trust):
-    """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory; with
-    --sequences, the aggregate decode tok/s of batched steps over that many sequences."""
-    from .runtime.cli import batch_bench, batch_bench_lines, parse_counts, profile_decode
-    from .runtime.cli import bench as run_bench
-
-    counts = None
-    if sequences is not None:
-        try:
-            counts = parse_counts(sequences)
-        except ValueError as e:
-            raise DeployError(str(e)) from None
-        if profile or roofline:
-            raise DeployError("--profile and --roofline break down a single-sequence decode step; they do not combine "
-                              "with --sequences")
-    opened = _open_package(package, device, None, None, as_json, paged=counts is not None, trust=trust_policy(trust))
-    if opened is None:
-        raise DeployError(f"{package} is not a compiled package; compile it (deploycc compile {package} --device PRESET) "
-                          f"or pass --device PRESET")
-    if counts is not None:
-        r = batch_bench(opened[0], counts, prompt_len, gen_len, seed)
-        click.echo(json.dumps(r, indent=2) if as_json else "\n".join(batch_bench_lines(r)))
-        return
-    r = run_bench(opened[0], prompt_len, gen_len, repeat, seed)
-    if roofline:
-        from .runtime import roofline as rl
-
-        before = rl.probe(opened[0])
-        if before is None:
-            raise DeployError(f"--roofline needs a cpu package compiled by this deploycc (its native module has the "
-                              f"bandwidth probe) or a cuda one; recompile {package}")
-        r["profile"] = profile_decode(opened[0], prompt_len)
-        r["roofline"] = rl.roofline(opened[0], r["profile"], before, rl.probe(opened[0]), prompt_len)
-    elif profile:
-        r["profile"] = profile_decode(opened[0], prompt_len)
-    if as_json:
-        click.echo(json.dumps(r, indent=2))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"bench {r['package']}")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    m = r["device_memory"]
-    for k, v in [("preset", r["preset"]), ("device", r["device"]), ("prompt / generated tokens", f"{prompt_len} / {gen_len}"),
-                 ("prefill", f"{r['prefill_tok_s']:.1f} tok/s"), ("decode", f"{r['decode_tok_s']:.1f} tok/s"),
-                 ("repeats (median)", str(repeat)), ("peak RSS", _size(r["peak_rss_bytes"])),
-                 ("device memory", _size(m["total_bytes"])), ("  weights", _size(m["weights_bytes"])),
-                 ("  KV cache", _size(m["kv_cache_bytes"])), ("  activations", _size(m["activation_bytes"]))]:
-        t.add_row(k, v)
-    Console().print(t)
-    if "profile" in r:
-        pr = r["profile"]
-        pt = Table(title=(f"decode step: {pr['wall_ms_per_token']:.2f} ms wall, {pr['kernel_ms_per_token']:.2f} ms in "
-                          f"{pr['launches_per_token']:.0f} kernels, {pr['host_ms_per_token']:.2f} ms host (VM + enqueue, "
-                          f"overlapping the kernels)"))
-        roof = r.get("roofline")
-        from .runtime import roofline as rl
-
-        cols = ("kernel", "launches / token", "us each", "ms / token", "share") + (rl.COLUMNS if roof else ())
-        for col in cols:
-            pt.add_column(col, justify="left" if col == "kernel" else "right")
-        for k in pr["kernels"][:15]:
-            extra = rl.kernel_cells(k) if roof else ()
-            pt.add_row(k["kernel"], f"{k['launches_per_token']:.0f}", f"{k['us_each']:.1f}", f"{k['ms_per_token']:.2f}",
-                       f"{100 * k['share']:.1f}%", *extra)
-        Console(width=max(Console().width, 150)).print(pt)
-        if roof:
-            click.echo("\n".join(rl.roofline_lines(roof)))
-
-
-@cli.command(short_help="Perplexity of a package on a text file (sliding windows).")
-@click.argument("package")
-@click.option("--text", "text_file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="A UTF-8 text file.")
-@click.option("--window", type=click.IntRange(min=2), default=512, show_default=True, help="Tokens per prefill.")
-@click.option("--stride", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Tokens between window starts (each token is scored once).")
-@click.option("--device", default=None, help="Device kind to run on (default: the package's backend).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@trust_option
-def perplexity(package, text_file, window, stride, device, as_json, trust):
-    """exp(mean NLL) of every token of the text after the first, scored once, by PACKAGE."""
-    from .perplexity import package_perplexity, read_text_file
-
-    policy = trust_policy(trust)
-    text = read_text_file(text_file)
-    r = package_perplexity(package, text, window, stride, device, policy)
-    if as_json:
-        click.echo(json.dumps({"package": str(package), "text": str(text_file), **r.to_dict()}, indent=2))
-        return
-    click.echo(f"perplexity {r.perplexity:.4f}  (mean NLL {r.mean_nll:.5f}, {r.tokens_scored} tokens, "
-               f"{r.windows} windows of {window}, stride {stride})")
-
-
-# ---- verify ------------------------------------------------------------------------------------
-
-@cli.command(short_help="Check a package's logits against a reference: numpy (same quantization) or transformers.")
-@click.argument("package")
-@click.option("--source", default=None, help="The model the package was compiled from (default: the manifest's source).")
-@click.option("--against", type=click.Choice([a.value for a in Against]), default=Against.NUMPY.value, show_default=True,
-              help="numpy: deploycc's numpy reference of the package's own quantization. transformers: the source "
-                   "under transformers in float32 (needs torch and transformers), its weights rounded by the package's "
-                   "scheme; the distance to the unrounded float model is reported too.")
-@click.option("--steps", type=click.IntRange(min=0), default=8, show_default=True, help="Decode steps per prompt.")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=None,
-              help="Largest allowed |logit difference| (default: 1e-3, what a correct package meets on every backend).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
-@click.option("--kernels", is_flag=True,
-              help="Instead: run each kernel on this machine's device against its loop-level program, on random inputs at "
-                   "the corners of its size bounds (what `python PKG verify --kernels` runs); --seed and --json apply.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@trust_option
-def verify(package, source, against, steps, tolerance, seed, as_json, kernels, trust):
-    """Run PACKAGE and a reference side by side on random prompts (1, 7 and prefill_chunk+3 tokens, at most
-    33) and greedy decode steps on the reference's path; report the difference per step; exit 1 when the
-    package fails the tolerance."""
-    policy = trust_policy(trust)
-    if kernels:
-        from .runtime.kernel_check import verify_command
-
-        report = verify_command(package, as_json, seed, trust=policy)
-        if not report.passed:
-            raise DeployError(report.failure)
-        return
-    from .verify import verify_package
-
-    report = verify_package(package, source, Against(against), steps, tolerance, seed, policy)
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        _render_verify(report)
-    if not report.passed:
-        raise DeployError(report.failure)
-
-
-def _render_verify(report) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from .verify import summary
-
-    c = report.criterion
-    limit = c.limit
-    t = Table(title=f"{report.package} against {report.reference}")
-    for col in ("prompt", "step", "max |diff|", "rel RMS", "KL", "top-1"):
-        t.add_column(col, justify="right")
-    for s in report.steps:
-        diff, rel = f"{s.max_abs_diff:.3e}", f"{s.rel_rms:.2e}"
-        if c.metric == "max_abs_diff" and s.max_abs_diff > limit:
-            diff = f"[red]{diff}[/red]"
-        elif c.metric == "rel_rms" and s.rel_rms > limit:
-            rel = f"[red]{rel}[/red]"
-        top1 = f"{s.top1_agree}/{s.positions}" if s.positions > 1 else ("same" if s.argmax_match else "differs")
-        t.add_row(str(s.prompt_len), str(s.step), diff, rel, f"{s.kl:.2e}",
-                  top1 if s.argmax_match else f"[yellow]{top1}[/yellow]")
-    Console().print(t)
-    if report.float_steps:
-        f = summary(report.float_steps)
-        click.echo(f"the unrounded float model: largest difference {f['max_abs_diff']:.3g}, relative RMS error "
-                   f"{f['rel_rms']:.3g}, KL {f['kl']:.3g} nats, top-1 agreement {f['top1_agreement']:.1%} "
-                   f"(what {report.quantization} costs; not checked)")
-    if report.passed:
-        click.echo(f"ok: against {report.reference}: {report.measured:.3e}, within {c.describe()}")
-
-
-# ---- devices -----------------------------------------------------------------------------------
 
 @cli.command(short_help="Device runtimes on this machine and the presets they can run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -673,13 +297,12 @@ def _device_details(d: dict) -> str:
     if "error" in x:
         return str(x["error"])
     keys = ("platform", "backend", "adapter_type", "compute_units", "global_mem_size", "machine")
-    parts = [f"{k}={_size(x[k]) if k.endswith('_size') else x[k]}" for k in keys if k in x]
+    parts = [f"{k}={human_size(x[k]) if k.endswith('_size') else x[k]}" for k in keys if k in x]
     return ", ".join(parts) + (" (default)" if x.get("default") else "")
 
 
-cli.add_command(inspect)
-cli.add_command(keygen)
-cli.add_command(sign)
+for command in (bench, perplexity, verify, inspect, keygen, sign):
+    cli.add_command(command)
 
 
 # ---- entry point -------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from .errors import DeployError
 from .pipeline import STOPS
 
 
-def _size(n) -> str:
+def human_size(n) -> str:
     if n is None:
         return "-"
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
@@ -202,9 +202,9 @@ def _print_memory(report: dict, where: str) -> None:
         n = str(r["seq_len"])
         if r["effective_seq_len"] is not None and r["effective_seq_len"] != r["seq_len"]:
             n += f" (≤ {r['effective_seq_len']})"
-        table.add_row(r["function"], n, str(r["tensors"]), _size(r["unplanned_bytes"]), _size(r["planned_bytes"]),
+        table.add_row(r["function"], n, str(r["tensors"]), human_size(r["unplanned_bytes"]), human_size(r["planned_bytes"]),
                       str(r["storages"]), f"{100 * r['reduction']:.0f}%")
     console = Console()
     console.print(table)
-    console.print(f"weights {_size(report['weights_bytes'])}, KV cache {_size(report['kv_cache_bytes'])}, "
-                  f"total at load {_size(report['total_bytes'])} (weights + KV cache + the largest prefill plan + decode)")
+    console.print(f"weights {human_size(report['weights_bytes'])}, KV cache {human_size(report['kv_cache_bytes'])}, "
+                  f"total at load {human_size(report['total_bytes'])} (weights + KV cache + the largest prefill plan + decode)")
