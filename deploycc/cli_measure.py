@@ -34,8 +34,8 @@ from .verify import Against
 def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline, as_json, sequences, trust):
     """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory; with
     --sequences, the aggregate decode tok/s of batched steps over that many sequences."""
-    from .runtime.cli import batch_bench, batch_bench_lines, parse_counts, profile_decode
-    from .runtime.cli import bench as run_bench
+    from .runtime.bench import batch_bench, batch_bench_lines, parse_counts, profile_decode
+    from .runtime.bench import bench as run_bench
 
     counts = None
     if sequences is not None:

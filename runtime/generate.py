@@ -20,6 +20,10 @@ class ContextWindowError(ValueError):
     """The prompt does not leave room for one generated token in the session's context window."""
 
 
+class UsageError(ValueError):
+    """An option value a command cannot use (checked before any work starts)."""
+
+
 class PrefixCache:
     """The token ids whose keys and values a session's KV cache holds, in order: one per session
     (`PrefixCache.of(session)`), so that every generation on a session keeps it up to date.

@@ -87,7 +87,7 @@ def kv_bytes(manifest: dict, context: int) -> int:
 
 
 def roofline(engine, profile: dict, before: dict, after: dict, context: int) -> dict:
-    """The decode step of `profile` (runtime/cli.py profile_decode) against the bandwidth probes around it."""
+    """The decode step of `profile` (runtime/bench.py profile_decode) against the bandwidth probes around it."""
     kernels = profile["kernels"]
     weights = 0.0
     for k in kernels:

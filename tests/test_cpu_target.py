@@ -378,9 +378,9 @@ def test_bench_roofline(compiled):
 
 
 def test_profile_gives_the_native_calls_back(compiled):
-    """runtime/cli.py profile_decode swaps the decode call for a timed one, then runs launch by launch: afterwards
+    """runtime/bench.py profile_decode swaps the decode call for a timed one, then runs launch by launch: afterwards
     every function runs natively again, and decodes equal a fresh engine's (1e-6)."""
-    from deploycc.runtime.cli import profile_decode
+    from deploycc.runtime.bench import profile_decode
     from deploycc.runtime.engine import Engine
 
     pkg = compiled("llama-q4")
