@@ -130,7 +130,8 @@ def check_package(path: Path, manifest: dict, bytecode) -> None:
     and references (validate.py), the memory plan and every launch at the bounds (dryrun.py), and kernel
     sources that are text."""
     from .dryrun import check_plan
-    from .validate import check_bytecode, check_manifest, check_native_bytecode
+    from .validate import check_manifest, check_native_bytecode
+    from .validate_bytecode import check_bytecode
 
     check_manifest(manifest)
     check_bytecode(bytecode, manifest)

@@ -27,7 +27,8 @@ def texts(pkg) -> tuple[str, str]:
 
 def check(m, bc) -> None:
     from deploycc.runtime.dryrun import check_plan
-    from deploycc.runtime.validate import check_bytecode, check_manifest
+    from deploycc.runtime.validate import check_manifest
+    from deploycc.runtime.validate_bytecode import check_bytecode
 
     check_manifest(m)
     check_bytecode(bc, m)
