@@ -252,3 +252,65 @@ def _out_specs(out, dtype) -> tuple[list[tuple[tuple[int, ...], str]], bool]:
     if len(dtypes) != len(shapes):
         raise ValueError(f"{len(shapes)} outputs but {len(dtypes)} dtypes")
     return list(zip(shapes, dtypes)), many
+
+
+# ---- the KV cache and weights a printed module runs with (deploycc.topython) ----------------------
+
+class TorchKVCache:
+    """The KV cache of printed Python: per layer, keys and values [capacity, kv_heads, head_dim] in torch
+    (the contract of deploycc.op.attention.RefKVCache: `begin` reserves positions, `append` fills them)."""
+
+    def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, dtype=None):
+        import torch
+
+        dtype = dtype or torch.float32
+        self.capacity = capacity
+        self.k = torch.zeros(layers, capacity, kv_heads, head_dim, dtype=dtype)
+        self.v = torch.zeros(layers, capacity, kv_heads, head_dim, dtype=dtype)
+        self.length = 0
+
+    @classmethod
+    def for_model(cls, model, capacity: int | None = None) -> TorchKVCache:
+        """A cache for a deploycc.hub.LoadedModel, `capacity` tokens (default: its context window)."""
+        cfg = model.config
+        return cls(cfg.num_hidden_layers, capacity or cfg.context_window, cfg.num_key_value_heads, cfg.head_dim)
+
+    def begin(self, n: int) -> int:
+        """Reserve `n` new positions; return the new total length."""
+        from .op.attention import ContextOverflow
+
+        if self.length + n > self.capacity:
+            raise ContextOverflow(f"{self.length} cached + {n} new tokens exceed the cache's {self.capacity}")
+        self.length += int(n)
+        return self.length
+
+    def append(self, layer: int, k, v, rows: int = 0) -> TorchKVCache:
+        """Write a layer's keys and values [n, kv_heads, head_dim] into the n reserved positions (in a ring
+        of `rows` rows: position j at row j % rows)."""
+        import torch
+
+        at = torch.arange(self.length - k.shape[0], self.length)
+        at = at % rows if rows else at
+        self.k[layer, at] = k
+        self.v[layer, at] = v
+        return self
+
+    def keys(self, layer: int, rows: int = 0):
+        return self.k[layer, : rows or self.length]
+
+    def values(self, layer: int, rows: int = 0):
+        return self.v[layer, : rows or self.length]
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+def torch_weights(model, mod: IRModule | None = None) -> list:
+    """A deploycc.hub.LoadedModel's weights as torch tensors, in the order of the graph functions'
+    parameters after (input_ids, cache): those of `mod` when given (a module from the legalized stage on
+    has merged linears, transform/merge_matmuls.py), else the exported module's. Read-only
+    (memory-mapped) arrays are copied."""
+    from .transform.merge_matmuls import function_params
+
+    arrays = [a for _, a in model.params()] if mod is None else function_params(mod, model.params(), "prefill")
+    return [to_torch(np.ascontiguousarray(a, np.float32)) for a in arrays]

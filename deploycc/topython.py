@@ -3,11 +3,11 @@
 `module_to_python(mod)` prints a module's graph functions as the methods of one class, a
 deploycc.pymodule.BasePyModule: high-level ops become torch / torch.nn.functional calls, `call_tir`
 and library calls go through the module (`self.call_tir("fused_linear_add", [x, w], (1, seq_len, 576),
-"float32")`), the KV-cache builtins become calls of a `TorchKVCache`, and symbolic shapes are bound
+"float32")`), the KV-cache builtins become calls of a `TorchKVCache` (deploycc.pymodule), and symbolic shapes are bound
 from tensor shapes (`seq_len = input_ids.shape[1]`) and checked where the IR has a match_cast.
 
     source = module_to_python(mod)       # e.g. the exported or the fused module of a model
-    py = load_python(source, mod, "host")
+    py = load_python(source, mod, "host")  # TorchKVCache, torch_weights: deploycc.pymodule
     logits = py.prefill(torch.tensor([ids], dtype=torch.int32), TorchKVCache.for_model(model),
                         *torch_weights(model, mod))
 
@@ -116,69 +116,6 @@ def causal_attention(q, k, v, scale, window=0, softcap=0.0, total=None):
 # Names the printed code uses itself; IR names that clash get a suffix.
 RESERVED = {"self", "torch", "F", "BasePyModule", "print", "min", "max", "int", "float", "tuple", "len", "range",
             "bool", "super", *HELPERS}
-
-
-# ---- the KV cache ----------------------------------------------------------------------------
-
-class TorchKVCache:
-    """The KV cache of printed Python: per layer, keys and values [capacity, kv_heads, head_dim] in torch
-    (the contract of deploycc.op.attention.RefKVCache: `begin` reserves positions, `append` fills them)."""
-
-    def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, dtype=None):
-        import torch
-
-        dtype = dtype or torch.float32
-        self.capacity = capacity
-        self.k = torch.zeros(layers, capacity, kv_heads, head_dim, dtype=dtype)
-        self.v = torch.zeros(layers, capacity, kv_heads, head_dim, dtype=dtype)
-        self.length = 0
-
-    @classmethod
-    def for_model(cls, model, capacity: int | None = None) -> TorchKVCache:
-        """A cache for a deploycc.hub.LoadedModel, `capacity` tokens (default: its context window)."""
-        cfg = model.config
-        return cls(cfg.num_hidden_layers, capacity or cfg.context_window, cfg.num_key_value_heads, cfg.head_dim)
-
-    def begin(self, n: int) -> int:
-        """Reserve `n` new positions; return the new total length."""
-        from .op.attention import ContextOverflow
-
-        if self.length + n > self.capacity:
-            raise ContextOverflow(f"{self.length} cached + {n} new tokens exceed the cache's {self.capacity}")
-        self.length += int(n)
-        return self.length
-
-    def append(self, layer: int, k, v, rows: int = 0) -> TorchKVCache:
-        """Write a layer's keys and values [n, kv_heads, head_dim] into the n reserved positions (in a ring
-        of `rows` rows: position j at row j % rows)."""
-        import torch
-
-        at = torch.arange(self.length - k.shape[0], self.length)
-        at = at % rows if rows else at
-        self.k[layer, at] = k
-        self.v[layer, at] = v
-        return self
-
-    def keys(self, layer: int, rows: int = 0):
-        return self.k[layer, : rows or self.length]
-
-    def values(self, layer: int, rows: int = 0):
-        return self.v[layer, : rows or self.length]
-
-    def reset(self) -> None:
-        self.length = 0
-
-
-def torch_weights(model, mod: IRModule | None = None) -> list:
-    """A deploycc.hub.LoadedModel's weights as torch tensors, in the order of the graph functions'
-    parameters after (input_ids, cache): those of `mod` when given (a module from the legalized stage on
-    has merged linears, transform/merge_matmuls.py), else the exported module's. Read-only
-    (memory-mapped) arrays are copied."""
-    from .pymodule import to_torch
-    from .transform.merge_matmuls import function_params
-
-    arrays = [a for _, a in model.params()] if mod is None else function_params(mod, model.params(), "prefill")
-    return [to_torch(np.ascontiguousarray(a, np.float32)) for a in arrays]
 
 
 # ---- printing --------------------------------------------------------------------------------
@@ -346,7 +283,7 @@ class _FunctionPrinter:
 
     def param_comment(self, ann: A.Annotation) -> str:
         if isinstance(ann, A.ObjectAnn):
-            return "  # KV cache (deploycc.topython.TorchKVCache)"
+            return "  # KV cache (deploycc.pymodule.TorchKVCache)"
         return self.comment(ann)
 
     def bind_syms(self, name: str, ann: A.Annotation, indent: str) -> list[str]:

@@ -64,8 +64,9 @@ def test_inspect_as_python_runs(tmp_path):
     import torch
 
     import deploycc
+    from deploycc.pymodule import TorchKVCache, torch_weights
     from deploycc.session import export
-    from deploycc.topython import TorchKVCache, load_python, torch_weights
+    from deploycc.topython import load_python
 
     path = make_tiny("llama-gqa1")
     r = cli("inspect", str(path), "--stage", "fused", "--as-python", "--function", "prefill")

@@ -19,14 +19,13 @@ from deploycc.ir.builder import shape_of
 from deploycc.ir.expr import Binding, BindingBlock, Call
 from deploycc.ir.module import ExternFunc
 from deploycc.op.attention import RefKVCache
+from deploycc.pymodule import TorchKVCache, torch_weights
 from deploycc.session import export
 from deploycc.topython import (
     OPS,
-    TorchKVCache,
     function_to_python,
     load_python,
     module_to_python,
-    torch_weights,
 )
 
 from .test_pymodule import matmul_program, softmax_lib
