@@ -84,3 +84,8 @@ def seal_manifest(pkg: Path) -> None:
     """Only manifest.sha256 (sha256sum's format) made to agree with manifest.json as it is now."""
     digest = hashlib.sha256((pkg / "manifest.json").read_bytes()).hexdigest()
     (pkg / "manifest.sha256").write_text(f"{digest}  manifest.json\n")
+
+
+def compile_to(model, out, *extra, cwd=None, env=None):
+    """`deploycc compile MODEL -o OUT EXTRA...` (cli)."""
+    return cli("compile", model, "-o", out, *extra, cwd=cwd, env=env)
