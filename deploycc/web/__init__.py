@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import DeployError
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("deploycc.js",)  # copied into web/; index.html goes to the package root
+SOURCES = ("deploycc.js", "errors.js", "text.js", "webgpu.js")  # copied into web/; index.html goes to the package root
 # bundle name: (npm package, version, file in the tarball, license file, sha512 integrity of the tarball)
 VENDOR = {
     "tokenizers.mjs": ("@huggingface/tokenizers", "0.2.0", "package/dist/tokenizers.min.mjs", "package/LICENSE",

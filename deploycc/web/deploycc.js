@@ -5,10 +5,15 @@
 //
 //   const engine = await Engine.load(new URL("./", location.href), {onProgress});
 //   for await (const piece of engine.generate([{role: "user", content: "Hi"}], {maxTokens: 64})) ...
-import { Tokenizer } from "./tokenizers.mjs";
-import { Template } from "./jinja.mjs";
+//
+// This file holds the package loading, the VM and the engine; webgpu.js the device, text.js the tokenizer, chat
+// template, streaming detokenization and sampling, errors.js the errors all of them raise.
+import { ContextFull, PackageError } from "./errors.js";
+import { loadTokenizer, Sampler, StreamDecoder } from "./text.js";
+import { WebGPU } from "./webgpu.js";
 
-export class PackageError extends Error {}
+export { ContextFull, PackageError, Sampler, WebGPU };
+
 
 const FORMAT = "deploycc-package";
 const FORMAT_VERSIONS = [2];
@@ -17,7 +22,6 @@ const SAFETENSORS_DTYPE = { F32: "float32", F16: "float16", I32: "int32", U32: "
 const STEP_FUNCTIONS = ["prefill", "prefill_all", "decode"]; // one sequence: the batched `step` is the server's
 const BUILTINS = new Set(["vm.match_shape", "vm.alloc", "vm.launch", "vm.tuple", "vm.get", "vm.move", "kv.begin",
   "kv.view"]);
-const GROUP_CACHE = 4096; // bind groups (each with its Params uniform) kept across steps
 
 const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
 const sha256 = async (buf) => hex(await crypto.subtle.digest("SHA-256", buf));
@@ -157,164 +161,6 @@ function compileExpr(j, slot) {
   throw new PackageError(`bad symbolic expression ${JSON.stringify(j)} in bytecode.json; recompile the package`);
 }
 
-// ---- the device -------------------------------------------------------------------------------------------
-
-const BINDING = /((?:@\s*\w+\s*\(\s*\d+\s*\)\s*)+)var\s*<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>/g;
-
-function parseBindings(source) {
-  // [[binding, layout type]] of a WGSL module's group-0 declarations (the package's ABI: storage 0..N-1, then
-  // one uniform Params at N); the layout is explicit because "auto" drops bindings an entry point does not use.
-  const found = new Map();
-  for (const m of source.replace(/\/\/[^\n]*/g, "").matchAll(BINDING)) {
-    const b = /@\s*binding\s*\(\s*(\d+)\s*\)/.exec(m[1]);
-    if (!b) continue;
-    const type = m[2] === "uniform" ? "uniform" : m[3] === "read_write" ? "storage" : "read-only-storage";
-    found.set(Number(b[1]), type);
-  }
-  return [...found.entries()].sort((x, y) => x[0] - y[0]);
-}
-
-class Buffer {
-  constructor(handle, nbytes) { this.handle = handle; this.nbytes = nbytes; this.id = Buffer.next++; }
-}
-Buffer.next = 0;
-
-export class WebGPU {
-  static async open(manifest, { forcePacked = false, featureLevel = "core" } = {}) {
-    if (!navigator.gpu) {
-      throw new PackageError("this browser has no WebGPU (navigator.gpu); use Chrome or Edge 113+, or Chromium with " +
-        "--enable-unsafe-webgpu where the GPU is blocklisted");
-    }
-    const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance", featureLevel });
-    if (!adapter) {
-      throw new PackageError("WebGPU found no adapter; on a machine without a supported GPU start Chromium with " +
-        "--enable-unsafe-webgpu (SwiftShader) and check chrome://gpu");
-    }
-    const info = adapter.info || {};
-    const name = [info.vendor, info.architecture, info.description].filter(Boolean).join(" ") ||
-      `WebGPU adapter (${adapter.featureLevel || featureLevel})`;
-    const requires = manifest.kernels.requires || {};
-    const requiredLimits = {};
-    for (const [limit, need] of Object.entries(requires)) {
-      const has = adapter.limits[limit];
-      if (has === undefined) continue;
-      if (need > has) {
-        throw new PackageError(`this package needs ${limit} ${need}, but ${name} allows ${has}; ` +
-          `compile it for the chrome-webgpu preset (it keeps within WebGPU's default limits)`);
-      }
-      requiredLimits[limit] = Math.max(need, 0);
-    }
-    const entries = Object.values(manifest.kernels.entries);
-    const usesF16 = entries.some((e) => e.file_no_f16);
-    const f16 = usesF16 && adapter.features.has("shader-f16") && !forcePacked;
-    const device = await adapter.requestDevice({ requiredFeatures: f16 ? ["shader-f16"] : [], requiredLimits });
-    return new WebGPU(adapter, device, name, usesF16 ? (f16 ? "native" : "packed") : "none");
-  }
-
-  constructor(adapter, device, name, f16) {
-    this.adapter = adapter;
-    this.device = device;
-    this.name = name;
-    this.f16 = f16; // how f16 weights are read: "native" (shader-f16), "packed" (two per u32), "none"
-    this.isFallback = Boolean(adapter.info?.isFallbackAdapter);
-    this.errors = [];
-    device.addEventListener("uncapturederror", (e) => this.errors.push(e.error.message));
-    this.lost = null;
-    device.lost.then((i) => { this.lost = `the WebGPU device was lost (${i.reason}: ${i.message})`; });
-    this.retired = []; // uniforms of evicted bind groups: destroyed once the step that may use them is submitted
-    this.groups = new Map();
-    this.STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
-  }
-
-  alloc(nbytes) {
-    const size = Math.max(4, Math.ceil(nbytes / 4) * 4);
-    return new Buffer(this.device.createBuffer({ size, usage: this.STORAGE }), nbytes); // zero-filled
-  }
-
-  upload(bytes) {
-    const size = Math.max(4, Math.ceil(bytes.byteLength / 4) * 4);
-    const handle = this.device.createBuffer({ size, usage: this.STORAGE, mappedAtCreation: true });
-    new Uint8Array(handle.getMappedRange()).set(bytes);
-    handle.unmap();
-    return new Buffer(handle, bytes.byteLength);
-  }
-
-  async build(sources, entries) {
-    // {kernel name: kernel} from {file: WGSL text} and the manifest's entries (each names its file and entry point).
-    const modules = {};
-    for (const [file, code] of Object.entries(sources)) {
-      if (/\benable\s+f16\s*;/.test(code) && this.f16 !== "native") {
-        throw new PackageError(`${file} needs shader-f16, which ${this.name} lacks, and the package has no packed ` +
-          `variant; recompile it with this deploycc`);
-      }
-      const module = this.device.createShaderModule({ code, label: file });
-      const info = await module.getCompilationInfo();
-      const err = info.messages.find((m) => m.type === "error");
-      if (err) throw new PackageError(`${file}:${err.lineNum}:${err.linePos}: WGSL error: ${err.message}`);
-      const bindings = parseBindings(code);
-      const layout = this.device.createBindGroupLayout({
-        entries: bindings.map(([binding, type]) => ({ binding, visibility: GPUShaderStage.COMPUTE, buffer: { type } })),
-      });
-      modules[file] = { module, layout, bindings,
-        pipelineLayout: this.device.createPipelineLayout({ bindGroupLayouts: [layout] }) };
-    }
-    const kernels = {};
-    await Promise.all(Object.entries(entries).map(async ([name, e]) => {
-      const m = modules[e.file];
-      this.device.pushErrorScope("validation");
-      const pipeline = await this.device.createComputePipelineAsync({ layout: m.pipelineLayout,
-        compute: { module: m.module, entryPoint: e.entry }, label: name }).catch((err) => err);
-      const scoped = await this.device.popErrorScope();
-      if (pipeline instanceof Error || scoped) {
-        throw new PackageError(`${e.file}: entry point ${e.entry} failed: ${(scoped || pipeline).message}`);
-      }
-      const storage = m.bindings.filter(([, t]) => t !== "uniform").length;
-      kernels[name] = { name, pipeline, layout: m.layout, nBuffers: storage,
-        hasParams: m.bindings.length > storage, split: e.split || {} };
-    }));
-    return kernels;
-  }
-
-  uniform(ints) {
-    // An immutable uniform buffer of one launch's Params (little-endian i32, padded to 16 bytes).
-    const size = Math.max(16, Math.ceil(ints.length * 4 / 16) * 16);
-    const buf = this.device.createBuffer({ size, usage: GPUBufferUsage.UNIFORM, mappedAtCreation: true });
-    new Int32Array(buf.getMappedRange()).set(ints);
-    buf.unmap();
-    return buf;
-  }
-
-  bindGroup(kernel, bufs, ints) {
-    const key = kernel.name + "|" + bufs.map((b) => b.id).join(",") + "|" + ints.join(",");
-    const hit = this.groups.get(key);
-    if (hit) { this.groups.delete(key); this.groups.set(key, hit); return hit.group; } // most recent last
-    const entries = [];
-    let binding = 0;
-    bufs.forEach((b, i) => {
-      const split = kernel.split[i];
-      if (!split) {
-        entries.push({ binding: binding++, resource: { buffer: b.handle } });
-        return;
-      }
-      const [chunk, parts] = split; // a weight larger than one binding, bound as ranges
-      for (let p = 0; p < parts; p++) {
-        const size = Math.min(chunk, b.handle.size - p * chunk);
-        entries.push({ binding: binding++, resource: { buffer: b.handle, offset: p * chunk, size } });
-      }
-    });
-    const uniform = kernel.hasParams ? this.uniform(ints) : null;
-    if (uniform) entries.push({ binding: binding++, resource: { buffer: uniform } });
-    const group = this.device.createBindGroup({ layout: kernel.layout, entries, label: kernel.name });
-    this.groups.set(key, { group, uniform });
-    if (this.groups.size > GROUP_CACHE) { // least recently used first; its uniform goes after this step's submit
-      const [old, { uniform: u }] = this.groups.entries().next().value;
-      this.groups.delete(old);
-      if (u) this.retired.push(u);
-    }
-    return group;
-  }
-}
-
 // ---- the VM --------------------------------------------------------------------------------------------
 
 class DTensor {
@@ -355,7 +201,6 @@ class KVCache {
   keeps(n) { return 0 <= n && n <= this.length && (!this.step || this.length - n <= this.step); }
 }
 
-export class ContextFull extends Error {}
 
 class VM {
   constructor(bytecode, gpu, kernels, storages, cache, bounds, maxGrid) {
@@ -496,61 +341,6 @@ class VM {
       this.pass = null;
     }
     throw new PackageError(`${name}: fell off the end without ret`);
-  }
-}
-
-// ---- sampling -----------------------------------------------------------------------------------------
-
-function mulberry32(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-export class Sampler {
-  // The logit processors of Hugging Face generate, in its order: repetition penalty, temperature, top-k, top-p;
-  // temperature 0 is greedy. Seeded (mulberry32), so a seed repeats a reply in this runtime (not numpy's stream).
-  constructor({ temperature = 0, topP = 1, topK = 0, repetitionPenalty = 1, seed = 0 } = {}) {
-    if (!(temperature >= 0 && Number.isFinite(temperature))) throw new RangeError("temperature must be >= 0");
-    if (!(topP > 0 && topP <= 1)) throw new RangeError("top_p must be in (0, 1]");
-    if (!(Number.isInteger(topK) && topK >= 0)) throw new RangeError("top_k must be an integer >= 0");
-    if (!(repetitionPenalty > 0)) throw new RangeError("repetition_penalty must be > 0");
-    Object.assign(this, { temperature, topP, topK, repetitionPenalty });
-    this.random = mulberry32(seed);
-  }
-
-  sample(logits, history) {
-    let x = logits;
-    if (this.repetitionPenalty !== 1 && history.length) {
-      x = Float64Array.from(logits);
-      for (const id of new Set(history)) x[id] = x[id] < 0 ? x[id] * this.repetitionPenalty : x[id] / this.repetitionPenalty;
-    }
-    if (this.temperature === 0) {
-      let best = 0;
-      for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i; // first maximum, as numpy's argmax
-      if (Number.isNaN(x[best])) throw new Error("logits contain NaN; the model produced invalid output");
-      return best;
-    }
-    let cand = Array.from(x.keys()).sort((a, b) => x[b] - x[a] || a - b);
-    if (this.topK > 0 && this.topK < cand.length) cand = cand.slice(0, this.topK);
-    const top = x[cand[0]] / this.temperature;
-    let p = cand.map((i) => Math.exp(x[i] / this.temperature - top));
-    let sum = p.reduce((s, v) => s + v, 0);
-    if (this.topP < 1) {
-      let acc = 0, keep = 0;
-      while (keep < p.length && acc < this.topP * sum) acc += p[keep++];
-      cand = cand.slice(0, Math.max(keep, 1));
-      p = p.slice(0, cand.length);
-      sum = p.reduce((s, v) => s + v, 0);
-    }
-    let r = this.random() * sum;
-    for (let i = 0; i < p.length; i++) { r -= p[i]; if (r < 0) return cand[i]; }
-    return cand[cand.length - 1];
   }
 }
 
@@ -776,67 +566,5 @@ export class Engine {
     stats.decodeSeconds = (performance.now() - t0) / 1000;
     stats.prefillTokS = stats.prefilledTokens / stats.prefillSeconds;
     stats.decodeTokS = generated.length > 1 ? (generated.length - 1) / stats.decodeSeconds : 0; // the first came from prefill
-  }
-}
-
-// ---- tokenizer, chat template, streaming detokenization ------------------------------------------------
-
-async function loadTokenizer(store, manifest) {
-  // @huggingface/tokenizers over the package's tokenizer.json; the chat template (tokenizer_config.json,
-  // chat_template.jinja or .json) rendered by @huggingface/jinja; eos ids from generation_config.json too.
-  const has = (f) => f in manifest.files;
-  if (!has("tokenizer.json")) return null;
-  const json = await store.json("tokenizer.json");
-  const config = has("tokenizer_config.json") ? await store.json("tokenizer_config.json") : {};
-  if (has("special_tokens_map.json")) {
-    for (const [k, v] of Object.entries(await store.json("special_tokens_map.json"))) config[k] ??= v;
-  }
-  const tok = new Tokenizer(json, config);
-  let template = config.chat_template;
-  if (Array.isArray(template)) template = (template.find((t) => t.name === "default") || {}).template;
-  if (!template && has("chat_template.jinja")) template = await store.text("chat_template.jinja");
-  if (!template && has("chat_template.json")) template = (await store.json("chat_template.json")).chat_template;
-  const text = (v) => (typeof v === "string" ? v : v && typeof v.content === "string" ? v.content : null);
-  const special = {};
-  for (const [k, v] of Object.entries(config)) if (k.endsWith("_token") && text(v)) special[k] = text(v);
-  const eos = [];
-  if (has("generation_config.json")) {
-    const e = (await store.json("generation_config.json")).eos_token_id;
-    eos.push(...(e === undefined || e === null ? [] : Array.isArray(e) ? e : [e]));
-  }
-  if (special.eos_token) { const id = tok.token_to_id(special.eos_token); if (id !== undefined) eos.push(id); }
-  const compiled = template ? new Template(template) : null;
-  return {
-    template, eosIds: [...new Set(eos)], special,
-    encode: (text, opts) => tok.encode(text, opts),
-    decode: (ids, opts) => tok.decode(ids, opts),
-    applyChatTemplate(messages) {
-      if (!compiled) throw new PackageError("this model has no chat template; pass plain text with chat: false");
-      return compiled.render({ ...special, messages, add_generation_prompt: true, tools: null, documents: null });
-    },
-  };
-}
-
-class StreamDecoder {
-  // Text pieces that add up to decode(all ids): each step decodes a window from a few tokens back and holds
-  // text ending in U+FFFD (a split UTF-8 character) back, as runtime/tokenizer.py's StreamDecoder.
-  constructor(tok) { this.tok = tok; this.ids = []; this.prefix = 0; this.read = 0; }
-  text(ids) { return this.tok && ids.length ? this.tok.decode(ids, { skip_special_tokens: true }) : ""; }
-  put(id) {
-    this.ids.push(id);
-    const done = this.text(this.ids.slice(this.prefix, this.read));
-    const text = this.text(this.ids.slice(this.prefix));
-    if (text.length > done.length && !text.endsWith("\ufffd")) {
-      this.prefix = this.read;
-      this.read = this.ids.length;
-      return text.slice(done.length);
-    }
-    return "";
-  }
-  flush() {
-    const done = this.text(this.ids.slice(this.prefix, this.read));
-    const text = this.text(this.ids.slice(this.prefix));
-    this.prefix = this.read = this.ids.length;
-    return text.length > done.length ? text.slice(done.length) : "";
   }
 }
