@@ -24,22 +24,10 @@ from .validate import (
     need_str,
     show,
 )
-from .vm import BUILTINS, DTYPE_BYTES
+from .vm import BUILTIN_TABLE, BUILTINS, DTYPE_BYTES
 
 B = "bytecode.json:"
-# builtin -> (operand kinds, the kind of any further operands, writes a register); vm.launch is its own
-SIGNATURES = {
-    "vm.match_shape": (("r",), "dim", False),
-    "vm.alloc": (("i", "str"), "s", True),
-    "vm.tuple": ((), "r", True),
-    "vm.get": (("r", "i"), None, True),
-    "vm.move": (("r",), None, True),
-    "kv.begin": (("r", "s"), None, True),
-    "kv.view": (("r", "str", "i"), None, True),
-    "kv.pages": (("r",), None, True),
-    "kv.meta": (("r", "str"), None, True),
-    "vm.launch": (("k", "s", "i"), "launch", False),
-}
+# the groups of operand kinds a builtin's further operands may be (runtime/vm.py Builtin.more)
 KINDS = {"dim": ("bind", "s"), "buf": ("r", "kv"), "launch": ("r", "kv", "str", "s")}
 
 
@@ -106,7 +94,8 @@ class _FunctionCheck:
         if last:
             fail(w, "is not a ret; a function must end with one")
         fn = need_str(ins.get("fn"), f"{w}.fn", BUILTINS)
-        fixed, rest, writes = SIGNATURES[fn]
+        b = BUILTIN_TABLE[fn]
+        fixed, rest, writes = b.operands, b.more, b.writes
         if len(args) < len(fixed) or (rest is None and len(args) != len(fixed)):
             fail(f"{w}.args", f"has {len(args)} operands; {fn} takes {len(fixed)}{' or more' if rest else ''}")
         kinds = [*fixed, *(self.operand_kind(a, f"{w}.args[{i}]", KINDS.get(rest, (rest,)))

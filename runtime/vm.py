@@ -31,8 +31,36 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "
 NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint32": np.uint32, "int8": np.int8,
       "int16": np.int16, "uint8": np.uint8}
 
-BUILTINS = ("vm.match_shape", "vm.alloc", "vm.launch", "vm.tuple", "vm.get", "vm.move", "kv.begin", "kv.view",
-            "kv.pages", "kv.meta")
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A builtin the bytecode calls, as every part of the system knows it: its operands by kind (r register, i int,
+    s symbolic expression, str string, k kernel; `more`: the kind of any further operands, a group of kinds named in
+    validate_bytecode.py KINDS), whether it writes its destination register, and whether only a batched `step`
+    (a page pool) calls it. The emitter (deploycc/vm/lower.py), this VM, the validator, the dry run, the C
+    lowering (deploycc/vm/native.py) and the browser runtime (web/deploycc.js, its BUILTINS: the builtins of
+    one sequence's steps) implement these names and no others (tests/runtime/test_builtins.py)."""
+
+    operands: tuple[str, ...]
+    more: str | None
+    writes: bool
+    paged: bool = False
+
+
+BUILTIN_TABLE = {
+    "vm.match_shape": Builtin(("r",), "dim", False),
+    "vm.alloc": Builtin(("i", "str"), "s", True),
+    "vm.launch": Builtin(("k", "s", "i"), "launch", False),
+    "vm.tuple": Builtin((), "r", True),
+    "vm.get": Builtin(("r", "i"), None, True),
+    "vm.move": Builtin(("r",), None, True),
+    "kv.begin": Builtin(("r", "s"), None, True),
+    "kv.view": Builtin(("r", "str", "i"), None, True),
+    "kv.pages": Builtin(("r",), None, True, paged=True),
+    "kv.meta": Builtin(("r", "str"), None, True, paged=True),
+}
+BUILTINS = tuple(BUILTIN_TABLE)
 
 
 class Function:
