@@ -12,20 +12,12 @@ from .ir import sym
 from .ir.kernel import Kernel, scheduled
 from .ir.tir import TensorProgram
 from .ir.tir_interp import NP_DTYPES, bind_shapes
+from .targets.backend import backend
 
 
 def render(kernels: list[Kernel], target) -> str:
-    if target.kind == "opencl":
-        from .targets import opencl as r
-    elif target.kind == "webgpu":
-        from .targets import wgsl as r
-    elif target.kind == "cuda":
-        from .targets import cuda as r
-    elif target.kind == "cpu":
-        from .targets import c as r
-    else:
-        raise ValueError(f"no renderer for {target.kind}")
-    return r.render(kernels, target)
+    """The source of `kernels` in the target's language (its backend's renderer)."""
+    return backend(target.kind).render(kernels, target)
 
 
 def kernel_source(k: Kernel, target) -> str:
@@ -61,23 +53,9 @@ class KernelRunner:
     def build(self, prog: TensorProgram) -> dict:
         key = id(prog)
         if key not in self.built:
-            kernels = list(scheduled(prog).kernels)
-            if self.target.kind == "webgpu":  # one shader module per entry point keeps bindings simple
-                from .targets import wgsl
-
-                packed = not getattr(self.device, "has_f16", True)  # f16 as packed words, as packages do there
-                self.built[key] = {}
-                for k in kernels:
-                    src = wgsl.render([k], self.target, packed_f16=packed)
-                    self.sources[k.name] = src
-                    self.built[key].update(self.device.build(src, [_entry(k)]))
-            else:
-                src = render(kernels, self.target)
-                self.sources[prog.name] = src
-                options = {"fast_math": self.target.fast_math}
-                if self.target.kind == "cpu":  # the instruction set the C compiler may use
-                    options["isa"] = self.target.isa
-                self.built[key] = self.device.build(src, [_entry(k) for k in kernels], options)
+            self.built[key], sources = backend(self.target.kind).build(self.device, list(scheduled(prog).kernels),
+                                                                       self.target)
+            self.sources[prog.name] = "\n".join(sources)
         return self.built[key]
 
     def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:
@@ -103,11 +81,7 @@ class KernelRunner:
 
 
     def _split(self, k: Kernel) -> dict:
-        if self.target.kind != "webgpu":
-            return {}
-        from .targets.wgsl import split_bytes
-
-        return split_bytes(k, self.target.max_storage_binding)
+        return backend(self.target.kind).split(k, self.target)
 
 
 def expand_ranges(bufs: list, split: dict) -> list:

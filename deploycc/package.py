@@ -28,15 +28,14 @@ from . import pipeline, presets
 from .errors import DeployError
 from .hub import load_model
 from .ir.kernel import Kernel
-from .ir.tir import Intrin, walk
 from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 
 # deploycc.quantization's names; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF
 # sources). The runtime's table, which checks a package's manifest against it; LANGUAGES: kind -> kernel language
-from .runtime.validate import LANGUAGES, QUANTIZATIONS
+from .runtime.validate import QUANTIZATIONS
 from .session import PAGE_SIZE, Pool, export
-from .transform.absorb_rounding import rounded_linears
+from .targets.backend import backend
 from .vm.lower import kernel_args
 from .vm.programs import kernel_work, write_programs
 
@@ -150,7 +149,7 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
     from .runtime.native import weight_interleave as native_weight_interleave
 
     target = preset.target
-    integer = target.kind == "cpu" and target.integer_matmuls
+    integer = target.integer_kernels
     interleave = integer and native_weight_interleave(target.isa)
     # every weight the integer kernels take multiplies activations rounded to 8 bits (the graph says so: the
     # reference of a package is its own graph, op/linalg.py round_activations)
@@ -217,15 +216,9 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         except ValueError as e:  # a target limit the kernels cannot meet
             raise DeployError(f"{e}; choose a preset with larger limits") from None
         kernel_files["programs"] = write_programs(tmp, lowered)  # what `verify --kernels` checks them against
-        if preset.target.kind == "webgpu":  # what the adapter must allow, held to the target before the weights
-            from .targets import webgpu_limits
-
-            buffers = webgpu_limits.allocations(lowered.storages, kv_cache, {"context_window": ctx, "prefill_chunk": chunk})
-            kernel_files["requires"] = webgpu_limits.check(list(lowered.kernels.values()), preset.target, buffers)
-        if preset.target.kind == "cpu":
-            step("native")
-            kernel_files["native"] = _write_native(tmp, lowered, kernel_files["entries"], preset,
-                                                   rounded_linears(exported))
+        backend(preset.target.kind).finish(tmp, lowered, kernel_files, preset, {
+            "kv_cache": kv_cache, "bounds": {"context_window": ctx, "prefill_chunk": chunk}, "exported": exported,
+            "progress": step})  # the cpu kind's shared object, WebGPU's adapter limits
         step("weights")
         params_index = _write_params(tmp, model, lowered.constants, progress, lowered.merged_params,
                                      WEB_SHARD_BYTES if preset.web else SHARD_BYTES)
@@ -284,67 +277,14 @@ def _verify_kernels(pkg: Path) -> None:
 
 
 def _write_kernels(tmp: Path, kernels: list[Kernel], preset: presets.Preset, work: dict) -> dict:
-    from .execute import render
-    from .targets.cstyle import ident
-    from .targets.wgsl import render as render_wgsl
-    from .targets.wgsl import split_bytes
-
     kdir = tmp / "kernels"
     kdir.mkdir()
-    kind = preset.target.kind
-    entries = {}
-    if kind == "webgpu":
-        for k in kernels:
-            fname = f"{ident(k.name)}.wgsl"
-            source = render_wgsl([k], preset.target)
-            (kdir / fname).write_text(source)
-            entries[k.name] = {"file": f"kernels/{fname}", "entry": ident(k.name), "threads": k.threads}
-            if "enable f16;" in source:  # and a variant for adapters without shader-f16: f16 read from u32 words
-                packed = f"{ident(k.name)}.nof16.wgsl"
-                try:
-                    (kdir / packed).write_text(render_wgsl([k], preset.target, packed_f16=True))
-                except ValueError as e:  # not a limit: a kernel the packed variant cannot express
-                    raise DeployError(str(e)) from None
-                entries[k.name]["file_no_f16"] = f"kernels/{packed}"
-            split = split_bytes(k, preset.target.max_storage_binding)
-            if split:  # bytes per range and number of ranges, by buffer argument index
-                entries[k.name]["split"] = {str(i): [c, n] for i, (c, n) in split.items()}
-    else:
-        fname = {"opencl": "kernels.cl", "cuda": "kernels.cu", "cpu": "kernels.c"}[kind]
-        (kdir / fname).write_text(render(kernels, preset.target))
-        entries = {k.name: {"file": f"kernels/{fname}", "entry": ident(k.name), "threads": k.threads} for k in kernels}
+    b = backend(preset.target.kind)
+    entries = b.write_kernels(kdir, kernels, preset.target)
     for k in kernels:  # the calling convention the runtime checks every launch against at load
         entries[k.name]["args"] = kernel_args(k)
         entries[k.name].update(work.get(k.name, {}))  # a matmul's multiply-adds per row (bench --roofline)
-    return {"language": LANGUAGES[kind], "entries": entries}
-
-
-def _write_native(tmp: Path, lowered, entries: dict, preset: presets.Preset, activations: dict) -> dict:
-    """cpu target: the step functions appended to kernels.c, and the whole module compiled into
-    kernels/kernels.so for the preset's ISA (deploycc/vm/native.py, runtime/native.py)."""
-    from .runtime import native
-    from .vm.native import NativeLoweringError, lower_native
-
-    try:
-        steps, info = lower_native(lowered.bytecode, entries)
-    except NativeLoweringError as e:
-        raise DeployError(f"the cpu target cannot run this model's steps natively: {e}") from None
-    src = tmp / "kernels" / "kernels.c"
-    source = src.read_text() + "\n" + steps
-    src.write_text(source)
-    isa = preset.target.isa
-    try:  # the compiler works in tmp/kernels/.cc-XXXX: removed when done, or with the staging if killed
-        native.build_shared(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math, tmp / "kernels")
-    except native.NativeError as e:
-        raise DeployError(str(e)) from None
-    intrins = [s.name for k in lowered.kernels.values() for s in walk(k.body) if isinstance(s, Intrin)]
-    # the layout transform of the 4-bit weights (quantization/group.py InterleavedScheme) the kernels read
-    layout = "interleaved16" if any("_x16" in n for n in intrins) else "plain"
-    return {"library": "kernels/kernels.so", "isa": isa, "cpu_flags": native.isa_flags(isa),
-            "compiler": " ".join(native.compiler()), "integer_activations": bool(intrins), "weight_layout": layout,
-            # the weights whose linears round their input, and to how many bits: what `verify` rounds alike
-            "activations": activations,
-            **info}
+    return {"language": b.language, "entries": entries}
 
 
 def conversion_line(row: dict) -> str:

@@ -46,7 +46,7 @@ class Compiled:
 def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IRModule]]]:
     """(stage reached, pass) in order; one list per target (the target is a parameter, not a global).
     fuse=False: neither the merge of parallel linears nor fusion (kernel_report's "before")."""
-    absorb = absorb_rounding if target is not None and target.kind == "cpu" and target.integer_matmuls else None
+    absorb = absorb_rounding if target is not None and target.integer_kernels else None
     first = [absorb] if absorb else []
     first += [merge_matmuls] if fuse else []
 
@@ -130,7 +130,7 @@ def kernel_report(exported: IRModule, target, compiled: Compiled | None = None) 
     the same export): the package's kernels, the VM's own (the KV cache's copies) included, and the launches
     its decode bytecode makes."""
     fused = compiled.module if compiled is not None else run(exported, target, "scheduled")
-    integer = target.kind == "cpu" and target.integer_matmuls
+    integer = target.integer_kernels
     unfused = None if integer else run(exported, target, "scheduled", fuse=False)
     per_program: dict[str, int] = {}
     for prog, _n in launches(fused):

@@ -17,7 +17,7 @@ import re
 from .package import PackageError
 from .vm import DTYPE_BYTES
 
-# target kind -> the kernel language its files are in (deploycc/package.py: _write_kernels)
+# target kind -> the kernel language its files are in (targets/backend.py: Backend.language)
 LANGUAGES = {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl", "cpu": "c"}
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
 # The shape variables vm.match_shape binds (deploycc/vm/lower.py): a step's tokens, the cached positions after

@@ -88,6 +88,12 @@ class Target:
         if not isinstance(self.arch, str) or not _ARCH.match(self.arch):
             raise ValueError(f"'arch' is {self.arch!r}; give a CUDA architecture such as sm_90 (or leave it empty)")
 
+    @property
+    def integer_kernels(self) -> bool:
+        """Whether matmuls on quantized weights become integer dot products on rounded activations (the cpu kind's
+        kernels, deploycc/schedule/qgemv.py): the graph then rounds those activations as the kernels do."""
+        return self.kind == "cpu" and self.integer_matmuls
+
     @classmethod
     def from_dict(cls, d: dict) -> Target:
         known = {f.name for f in fields(cls)}

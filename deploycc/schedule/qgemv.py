@@ -56,7 +56,7 @@ LANES = 16  # outputs per group of the interleaved formats (quantization/group.p
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
     bits = prog.attrs.get("activations")
-    if target.kind != "cpu" or not target.integer_matmuls or bits not in ACTIVATION_BITS:
+    if not target.integer_kernels or bits not in ACTIVATION_BITS:
         return None
     found = split_matmul(prog)
     if found is None or found[2].op != "mul":
