@@ -161,46 +161,40 @@ DCC_EXPORT uint64_t dcc_read_probe(const void* p, int64_t bytes, int all) {
    so multiply-adds / time is the most a kernel of that width could do. The empty asm statements tell the compiler
    the operands change, so it cannot hoist the products out of the loop. */
 typedef struct { int64_t iters; int bits; uint64_t macs[DCC_MAX_THREADS]; int32_t sink[DCC_MAX_THREADS]; } dcc_dot_ctx;
-/* eight chains in named variables (an array of them is kept in memory: a store and a load per step) */
-#define DCC_DOT8(DECL, STEP)                                                                                       \
-  DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5) DECL(6) DECL(7)                                                  \
-  for (int64_t i = 0; i < c->iters; ++i) { STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7) }
+/* eight chains in named variables (an array of them is kept in memory: a store and a load per step), per ISA:
+   DECL(k) the chain's accumulator and operand, STEP8 / STEP16 one step, SUM(k) its lanes into `sink` */
+#if defined(DCC_ZMM)
+#define DCC_DOT_DECL(k) __m512i acc##k = _mm512_setzero_si512(), a##k = _mm512_set1_epi8((char)(3 + k));
+#define DCC_DOT_STEP8(k) __asm__("" : "+v"(a##k)); acc##k = _mm512_dpbusd_epi32(acc##k, a##k, b);
+#define DCC_DOT_STEP16(k) __asm__("" : "+v"(a##k)); acc##k = _mm512_dpwssd_epi32(acc##k, a##k, b);
+#define DCC_DOT_SUM(k) sink += _mm512_reduce_add_epi32(acc##k);
+#define DCC_DOT_B const __m512i b = _mm512_set1_epi8(5);
+#define DCC_DOT_LANES 16
+#elif defined(__AVX2__)
+#define DCC_DOT_DECL(k) __m256i acc##k = _mm256_setzero_si256(), a##k = _mm256_set1_epi8((char)(3 + k));
+#define DCC_DOT_STEP8(k) __asm__("" : "+x"(a##k)); acc##k = _mm256_add_epi32(acc##k, DCC_DOT_U8S8(a##k, b));
+#define DCC_DOT_STEP16(k) __asm__("" : "+x"(a##k)); acc##k = _mm256_add_epi32(acc##k, _mm256_madd_epi16(a##k, b));
+#define DCC_DOT_SUM(k) { int32_t v[8]; _mm256_storeu_si256((__m256i*)v, acc##k); for (int l = 0; l < 8; ++l) sink += v[l]; }
+#define DCC_DOT_B const __m256i b = _mm256_set1_epi8(5);
+#define DCC_DOT_LANES 8
+#endif
+#define DCC_DOT8(STEP)                                                                                             \
+  {                                                                                                                \
+    DCC_DOT_DECL(0) DCC_DOT_DECL(1) DCC_DOT_DECL(2) DCC_DOT_DECL(3)                                                \
+    DCC_DOT_DECL(4) DCC_DOT_DECL(5) DCC_DOT_DECL(6) DCC_DOT_DECL(7)                                                \
+    for (int64_t i = 0; i < c->iters; ++i) { STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7) }      \
+    DCC_DOT_SUM(0) DCC_DOT_SUM(1) DCC_DOT_SUM(2) DCC_DOT_SUM(3)                                                    \
+    DCC_DOT_SUM(4) DCC_DOT_SUM(5) DCC_DOT_SUM(6) DCC_DOT_SUM(7)                                                    \
+  }
 static void dcc_dot_task(void* ctx, int tid, int nt) {
   dcc_dot_ctx* c = (dcc_dot_ctx*)ctx;
   (void)nt;
   int32_t sink = 0;
-#if defined(DCC_ZMM)
-  const __m512i b = _mm512_set1_epi8(5);
-#define DCC_DECL(k) __m512i acc##k = _mm512_setzero_si512(), a##k = _mm512_set1_epi8((char)(3 + k));
-#define DCC_SUM(k) sink += _mm512_reduce_add_epi32(acc##k);
-  if (c->bits == 8) {
-#define DCC_STEP(k) __asm__("" : "+v"(a##k)); acc##k = _mm512_dpbusd_epi32(acc##k, a##k, b);
-    DCC_DOT8(DCC_DECL, DCC_STEP)
-    DCC_SUM(0) DCC_SUM(1) DCC_SUM(2) DCC_SUM(3) DCC_SUM(4) DCC_SUM(5) DCC_SUM(6) DCC_SUM(7)
-#undef DCC_STEP
-  } else {
-#define DCC_STEP(k) __asm__("" : "+v"(a##k)); acc##k = _mm512_dpwssd_epi32(acc##k, a##k, b);
-    DCC_DOT8(DCC_DECL, DCC_STEP)
-    DCC_SUM(0) DCC_SUM(1) DCC_SUM(2) DCC_SUM(3) DCC_SUM(4) DCC_SUM(5) DCC_SUM(6) DCC_SUM(7)
-#undef DCC_STEP
-  }
-  c->macs[tid] = (uint64_t)c->iters * 8 * (c->bits == 8 ? 64 : 32);
-#elif defined(__AVX2__)
-  const __m256i b = _mm256_set1_epi8(5);
-#define DCC_DECL(k) __m256i acc##k = _mm256_setzero_si256(), a##k = _mm256_set1_epi8((char)(3 + k));
-#define DCC_SUM(k) { int32_t v[8]; _mm256_storeu_si256((__m256i*)v, acc##k); for (int l = 0; l < 8; ++l) sink += v[l]; }
-  if (c->bits == 8) {
-#define DCC_STEP(k) __asm__("" : "+x"(a##k)); acc##k = _mm256_add_epi32(acc##k, DCC_DOT_U8S8(a##k, b));
-    DCC_DOT8(DCC_DECL, DCC_STEP)
-    DCC_SUM(0) DCC_SUM(1) DCC_SUM(2) DCC_SUM(3) DCC_SUM(4) DCC_SUM(5) DCC_SUM(6) DCC_SUM(7)
-#undef DCC_STEP
-  } else {
-#define DCC_STEP(k) __asm__("" : "+x"(a##k)); acc##k = _mm256_add_epi32(acc##k, _mm256_madd_epi16(a##k, b));
-    DCC_DOT8(DCC_DECL, DCC_STEP)
-    DCC_SUM(0) DCC_SUM(1) DCC_SUM(2) DCC_SUM(3) DCC_SUM(4) DCC_SUM(5) DCC_SUM(6) DCC_SUM(7)
-#undef DCC_STEP
-  }
-  c->macs[tid] = (uint64_t)c->iters * 8 * (c->bits == 8 ? 32 : 16);
+#if defined(DCC_DOT_LANES)
+  DCC_DOT_B
+  if (c->bits == 8) DCC_DOT8(DCC_DOT_STEP8) else DCC_DOT8(DCC_DOT_STEP16)
+  /* per step and chain: 4 int8 (8-bit) or 2 int16 (16-bit) multiply-adds in each 32-bit lane */
+  c->macs[tid] = (uint64_t)c->iters * 8 * DCC_DOT_LANES * (c->bits == 8 ? 4 : 2);
 #else
   int8_t a[64];
   int32_t acc[8] = {0};
@@ -212,8 +206,6 @@ static void dcc_dot_task(void* ctx, int tid, int nt) {
   for (int k = 0; k < 8; ++k) sink += acc[k];
   c->macs[tid] = (uint64_t)c->iters * 64;
 #endif
-#undef DCC_DECL
-#undef DCC_SUM
   c->sink[tid] = sink;
 }
 DCC_EXPORT uint64_t dcc_dot_probe(int64_t iters, int bits, int all) {
