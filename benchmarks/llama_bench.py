@@ -212,7 +212,7 @@ def render(r: dict) -> str:
         probe = min(roof["bandwidth_before"]["all_threads_gb_s"], roof["bandwidth_after"]["all_threads_gb_s"])
         lines += ["", f"where the time goes, {name}: decode step {p['wall_ms_per_token']:.2f} ms, "
                       f"{roof['achieved_gb_s']:.1f} GB/s, {100 * roof['roofline_fraction']:.0f}% of the all-thread "
-                      f"read probe ({probe:.1f} GB/s)", *rl.roofline_lines(roof)[2:],  # the dot probe, the balance
+                      f"read probe ({probe:.1f} GB/s)", *rl.compute_lines(roof),  # the dot probe, the balance
                   f"| kernel | launches / token | ms / token | share | {' | '.join(rl.COLUMNS)} |",
                   "|---|" + "--:|" * (3 + len(rl.COLUMNS))]
         for k in p["kernels"][:8]:

@@ -135,10 +135,10 @@ def roofline_lines(r: dict) -> list[str]:
             f"a decode step at context {r['context']} reads {r['weight_bytes_per_step'] / 1e6:.1f} MB of weights and "
             f"{r['kv_bytes_per_step'] / 1e6:.1f} MB of KV cache: {r['step_ms']:.2f} ms per step is "
             f"{r['achieved_gb_s']:.1f} GB/s, {100 * r['roofline_fraction']:.0f}% of the lower all-thread probe "
-            f"(its limit: {r['roofline_tok_s']:.0f} tok/s)"] + _compute_lines(r)
+            f"(its limit: {r['roofline_tok_s']:.0f} tok/s)"] + compute_lines(r)
 
 
-def _compute_lines(r: dict) -> list[str]:
+def compute_lines(r: dict) -> list[str]:
     peak, balance = r["bandwidth_before"].get("dot_gops"), r.get("balance_ops_per_byte")
     if not peak or not balance:
         return []
