@@ -12,6 +12,7 @@ from .ir import sym
 from .ir.kernel import Kernel, scheduled
 from .ir.tir import TensorProgram
 from .ir.tir_interp import NP_DTYPES, bind_shapes
+from .runtime.validate import entry_name
 from .targets.backend import backend
 
 
@@ -74,7 +75,7 @@ class KernelRunner:
                 continue
             args = expand_ranges([bufs[b] for b in k.buffers], self._split(k))
             args += [int(sym.evaluate(sym.as_expr(v), env)) for v in k.scalars]
-            dev.launch(handles[_entry(k)], args, launch_grid(groups, self.target.max_grid), (k.threads, 1, 1))
+            dev.launch(handles[entry_name(k.name)], args, launch_grid(groups, self.target.max_grid), (k.threads, 1, 1))
             self.launches += 1
         for b, a in zip(prog.outputs, arrays[len(prog.inputs):]):
             a[...] = dev.download(bufs[b], a.shape, a.dtype)
@@ -94,9 +95,3 @@ def expand_ranges(bufs: list, split: dict) -> list:
     for i, b in enumerate(bufs):
         out += buffer_ranges(b, *split[i]) if i in split else [b]
     return out
-
-
-def _entry(k: Kernel) -> str:
-    from .targets.cstyle import ident
-
-    return ident(k.name)

@@ -32,7 +32,7 @@ from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 
 # deploycc.quantization's names; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF
-# sources). The runtime's table, which checks a package's manifest against it; LANGUAGES: kind -> kernel language
+# sources). The runtime's table, which checks a package's manifest against it
 from .runtime.validate import QUANTIZATIONS
 from .session import PAGE_SIZE, Pool, export
 from .targets.backend import backend

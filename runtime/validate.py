@@ -293,8 +293,8 @@ def _check_kernels(m: dict) -> None:
         n_buffers = _check_kernel_args(e["args"], f"{where}.args")
         if "macs_per_row" in e:  # a matmul's multiply-adds per row of activations (bench --roofline)
             need_int(e["macs_per_row"], f"{where}.macs_per_row", 1, 1 << 62)
-        if "activation_bits" in e:
-            need_int(e["activation_bits"], f"{where}.activation_bits", 8, 16)
+        if "activation_bits" in e and e["activation_bits"] not in (8, 16):
+            fail(f"{where}.activation_bits", f"must be 8 or 16, got {show(e['activation_bits'])}")
         if "split" in e:
             _check_split(e["split"], f"{where}.split", n_buffers, kind)
         if "file_no_f16" in e:  # the variant for adapters without shader-f16 (targets/wgsl.py: packed_f16)

@@ -133,7 +133,7 @@ class _FunctionCheck:
         elif fn == "kv.view":
             need_str(values[1], f"{w}.args[1].str", ("k", "v"))
             need_int(values[2], f"{w}.args[2].i", 0, self.m["kv_cache"]["layers"] - 1)
-        elif fn in ("kv.pages", "kv.meta") and "pool" not in self.m["kv_cache"]:
+        elif BUILTIN_TABLE[fn].paged and "pool" not in self.m["kv_cache"]:
             fail(w, f"calls {fn}, but manifest.json kv_cache has no pool")
         elif fn == "kv.meta":
             need_str(values[1], f"{w}.args[1].str", KV_META)

@@ -49,7 +49,8 @@ class Backend:
 
     def finish(self, tmp: Path, lowered, kernel_files: dict, preset, context: dict) -> None:
         """After the kernels: add to the manifest's `kernels` object (`kernel_files`) what this kind needs.
-        `context`: kv_cache, bounds, exported (deploycc/package.py)."""
+        `context` (deploycc/package.py): kv_cache, bounds, exported (the module before the pipeline) and progress
+        (compile's progress callback)."""
 
 
 @dataclass(frozen=True)
