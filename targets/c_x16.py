@@ -5,11 +5,12 @@ sums; 8- and 16-bit activations.
 
 8-bit, AVX-512 VNNI: per block, 8 `vpdpbusd` of 16 outputs' 4 codes by 4 activation bytes broadcast. AVX2: two 8-lane
 halves; each half's quads go through `vpmaddubsw` and are added as int16 before `vpmaddwd`.
-16-bit (the linears calibration gives int16 codes, deploycc/calibrate.py), AVX2: each quad's 8 outputs x 4 codes are
-widened to int16 in two registers (outputs 0-3 and 4-7) and multiplied with the quad's 4 activations broadcast
-(`vpmaddwd`), the 8 quads summed in int32 (|sum| <= 8 * 2 * 31 * 32767 < 2^31); one `vphaddd` and a lane
-permutation put output l's sum in lane l. Plain C elsewhere. The source follows c_intrin.py's (dcc_tile_rows, the
-residue dispatch).
+16-bit (the linears calibration gives int16 codes, deploycc/calibrate.py), AVX2: each quad's codes are taken to int16
+in place, the codes at bytes 0 and 2 of each output's word in one register and those at bytes 1 and 3 in another (a
+shift and a mask each, no widening across lanes), and multiplied (`vpmaddwd`) with the activation pairs (x0, x2) and
+(x1, x3) broadcast, put in that order once per block and row (dcc_x16_pairs16); the 8 quads summed in int32
+(|sum| <= 32 * 31 * 32767 < 2^31) land with output l's sum in lane l. Plain C elsewhere. The source follows
+c_intrin.py's (dcc_tile_rows, the residue dispatch).
 """
 
 X16 = r"""
@@ -40,6 +41,14 @@ static inline void dcc_x16_store(float* out, int ldo, __m256 (*acc)[2], int R) {
 static inline __m256i dcc_bits16(__m256i v, int mask4) {
   const __m256i m = _mm256_set1_epi32(mask4);
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8(16));
+}
+/* a block's 32 int16 activations as 16 int32 pairs, (x[4 j], x[4 j + 2]) and (x[4 j + 1], x[4 j + 3]) for quad j:
+   what vpmaddwd multiplies with a quad's codes taken in place from its bytes 0 and 2, and 1 and 3 */
+static inline void dcc_x16_pairs16(const int16_t* x, int32_t* xp) {
+  const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,
+                                         0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+  _mm256_storeu_si256((__m256i*)xp, _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)x), pairs));
+  _mm256_storeu_si256((__m256i*)(xp + 8), _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)(x + 16)), pairs));
 }
 #endif
 
@@ -252,35 +261,39 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i nib = _mm256_set1_epi8(15), order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  const __m256i nib = _mm256_set1_epi16(15), low = _mm256_set1_epi16(255);
   uint8_t kb[256];
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
     if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
+    int32_t xp[DCC_TILE][16];
+    for (int r = 0; r < R; ++r) dcc_x16_pairs16(xr[r] + 32 * b, xp[r]);
     for (int h = 0; h < 2; ++h) {
-      __m256i lo[DCC_TILE], hi[DCC_TILE];  /* int32 pair sums of outputs 8h..8h+3 and 8h+4..8h+7 */
-      for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) {
-        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * (j & 3) + 8 * h));
-        __m256i c = _mm256_and_si256(j < 4 ? p : _mm256_srli_epi16(p, 4), nib);
-        if (qh)
-          c = _mm256_or_si256(c, dcc_bits16(dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * (j & 3) + 8 * h),
-                                            j < 4 ? 0x08040201 : (int)0x80402010));
-        const __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c));
-        const __m256i c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1));
-        for (int r = 0; r < R; ++r) {
-          int64_t x4;
-          __builtin_memcpy(&x4, xr[r] + 32 * b + 4 * j, 8);
-          const __m256i xb = _mm256_set1_epi64x(x4);
-          lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(c0, xb));
-          hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(c1, xb));
+      __m256i e[8], o[8];  /* quad j's codes 0 and 2 (e) and 1 and 3 (o) of outputs 8h .. 8h + 7, as int16 */
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
+        e[j] = _mm256_and_si256(p, nib);
+        o[j] = _mm256_and_si256(_mm256_srli_epi16(p, 8), nib);
+        e[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
+        o[j + 4] = _mm256_srli_epi16(p, 12);
+        if (qh) {  /* bytes of 16 where a code's fifth bit is set, moved into the same int16 halves */
+          const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
+          const __m256i f = dcc_bits16(hv, 0x08040201), g = dcc_bits16(hv, (int)0x80402010);
+          e[j] = _mm256_or_si256(e[j], _mm256_and_si256(f, low));
+          o[j] = _mm256_or_si256(o[j], _mm256_srli_epi16(f, 8));
+          e[j + 4] = _mm256_or_si256(e[j + 4], _mm256_and_si256(g, low));
+          o[j + 4] = _mm256_or_si256(o[j + 4], _mm256_srli_epi16(g, 8));
         }
       }
       __m256 dv, cv;
       dcc_x16_scales(s, m, ks ? kb : 0, zero, b, h, &dv, &cv);
       for (int r = 0; r < R; ++r) {
-        const __m256i sums = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), order);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
+        __m256i a = _mm256_add_epi32(_mm256_madd_epi16(e[0], _mm256_set1_epi32(xp[r][0])),
+                                     _mm256_madd_epi16(o[0], _mm256_set1_epi32(xp[r][1])));
+        for (int j = 1; j < 8; ++j)
+          a = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_madd_epi16(e[j], _mm256_set1_epi32(xp[r][2 * j])),
+                                                   _mm256_madd_epi16(o[j], _mm256_set1_epi32(xp[r][2 * j + 1]))));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r][h]);
       }
     }
@@ -437,45 +450,43 @@ static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
   DCC_X16_PLAIN_Q6
 #endif
 }
-/* 16-bit activations, AVX2: each quad's codes widened to int16 and multiplied by its 4 activations (vpmaddwd), the
-   sub-blocks' int32 sums kept apart (|sum| <= 16 * 63 * 32767) and scaled in float */
+/* 16-bit activations, AVX2: each quad's 6-bit codes taken to int16 in place (bytes 0 and 2, 1 and 3) and multiplied
+   with the activation pairs (vpmaddwd), as dcc_x16_rows16 does; the sub-blocks' sums scaled apart in float */
 static inline __attribute__((always_inline)) void dcc_x16_rows16_q6(
     float* out, int ldo, const uint32_t* q, const uint32_t* qh, const int8_t* sc, const half* s,
     const int16_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  const __m256i low = _mm256_set1_epi16(255);
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
     const uint32_t* hb = qh + 32 * b;
     const int8_t* scb = sc + 256 * (b >> 3) + 32 * (b & 7);
+    int32_t xp[DCC_TILE][16];
+    for (int r = 0; r < R; ++r) dcc_x16_pairs16(xr[r] + 32 * b, xp[r]);
     for (int h = 0; h < 2; ++h) {
-      __m256i c[8];
+      __m256i c[8], e[8], o[8];
       dcc_q6_codes(pb, hb, h, c);
-      __m256i lo[DCC_TILE][2], hi[DCC_TILE][2];  /* per sub-block: int32 pair sums of outputs 8h..8h+3, 8h+4..8h+7 */
-      for (int r = 0; r < R; ++r) lo[r][0] = lo[r][1] = hi[r][0] = hi[r][1] = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) {
-        const __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c[j]));
-        const __m256i c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c[j], 1));
-        for (int r = 0; r < R; ++r) {
-          int64_t x4;
-          __builtin_memcpy(&x4, xr[r] + 32 * b + 4 * j, 8);
-          const __m256i xb = _mm256_set1_epi64x(x4);
-          lo[r][j >> 2] = _mm256_add_epi32(lo[r][j >> 2], _mm256_madd_epi16(c0, xb));
-          hi[r][j >> 2] = _mm256_add_epi32(hi[r][j >> 2], _mm256_madd_epi16(c1, xb));
-        }
+      for (int j = 0; j < 8; ++j) {  /* bytes 0 and 2, and 1 and 3, of each output's quad as int16 */
+        e[j] = _mm256_and_si256(c[j], low);
+        o[j] = _mm256_srli_epi16(c[j], 8);
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * (b >> 3) + 8 * h)));
       const __m128i w0 = _mm_loadl_epi64((const __m128i*)(scb + 8 * h)), w1 = _mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h));
       const __m256 f0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w0)));
       const __m256 f1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w1)));
       for (int r = 0; r < R; ++r) {
+        __m256i a[2];  /* the two sub-blocks' int32 sums (|sum| <= 16 * 63 * 32767), scaled apart in float */
+        for (int v = 0; v < 2; ++v) {
+          a[v] = _mm256_setzero_si256();
+          for (int j = 4 * v; j < 4 * v + 4; ++j)
+            a[v] = _mm256_add_epi32(a[v], _mm256_add_epi32(_mm256_madd_epi16(e[j], _mm256_set1_epi32(xp[r][2 * j])),
+                                                           _mm256_madd_epi16(o[j], _mm256_set1_epi32(xp[r][2 * j + 1]))));
+        }
         const __m256 dx = _mm256_set1_ps(dr[r][b]);
-        const __m256i s0 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r][0], hi[r][0]), order);
-        const __m256i s1 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r][1], hi[r][1]), order);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(f0, dx), acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(f1, dx), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(f0, dx), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), _mm256_mul_ps(f1, dx), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(f0, _mm256_set1_ps(-32.0f * sr[r][2 * b]), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(f1, _mm256_set1_ps(-32.0f * sr[r][2 * b + 1]), acc[r][h]);
       }
