@@ -20,6 +20,7 @@ from .c_intrin import INTRINSICS
 from .c_pool import POOL_SOURCE
 from .c_stored import STORED_INTRINSICS
 from .c_x16 import X16
+from .c_x16_q8 import X16_Q8
 from .cstyle import CStyleRenderer, ident
 
 PREAMBLE = """#include <math.h>
@@ -153,7 +154,7 @@ class CRenderer(CStyleRenderer):
     def module(self, kernels) -> str:
         body = "\n".join(self.kernel(k) for k in kernels)
         launchers = "\n".join(self.launcher(k) for k in kernels)
-        return self.preamble + INTRINSICS + X16 + STORED_INTRINSICS + POOL_SOURCE + body + "\n" + launchers
+        return self.preamble + INTRINSICS + X16 + X16_Q8 + STORED_INTRINSICS + POOL_SOURCE + body + "\n" + launchers
 
 
 def render(kernels, target=None) -> str:

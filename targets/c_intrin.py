@@ -12,8 +12,8 @@ d * (the sum of its codes), for the zero point or the minimum. Every dot returns
     sum_b  s_b * d_b * (codes . xq)_b  +  c_b * (d * sum)_b,   c_b = m_b (asymmetric) or -zero * s_b
 The corrections are one short float dot product per row (and token), outside the block loop.
 
-Interleaved weights (`*_x16*`, the layout of InterleavedScheme and InterleavedQ5): targets/c_x16.py, whose source
-follows this one (the layout is chosen for CPUs with AVX2 or AVX-512, runtime/native.weight_interleave).
+Interleaved weights (`*_x16*`, the layout of InterleavedScheme and InterleavedQ5): targets/c_x16.py and, 8-bit,
+c_x16_q8.py, whose source follows this one (the layout is chosen for CPUs with AVX2 or AVX-512, runtime/native.weight_interleave).
 
 Prefill (`*_tile`): DCC_TILE activation rows against one weight row, each block's codes unpacked once. With
 AVX-512 VNNI two blocks go through one 512-bit `vpdpbusd` (their scales spread over the two halves);

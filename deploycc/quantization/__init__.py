@@ -33,11 +33,12 @@ QUANTIZATION: dict[str, Scheme] = {
 }
 
 
-# The cpu target's layout of the 4-bit schemes (rows interleaved in 16s), used where runtime/native.py's
+# The cpu target's layout of the 4- and 8-bit schemes (rows interleaved in 16s), used where runtime/native.py's
 # weight_interleave says the target's integer kernels read it (AVX2 and AVX-512).
 INTERLEAVED: dict[str, Scheme] = {
     "q4f16_1": InterleavedScheme("q4f16_1x16", bits=4, scale_dtype="float16", symmetric=True),
     "q4f16_2": InterleavedScheme("q4f16_2x16", bits=4, scale_dtype="float16", symmetric=False),
+    "q8f16_0": InterleavedScheme("q8f16_0x16", bits=8, scale_dtype="float16", symmetric=True),
 }
 
 
@@ -76,7 +77,7 @@ class QuantizedModel:
 
     def build(self):
         if self._module is None:
-            wide = INTERLEAVED.get(self.scheme.name) if self.interleave else None
+            wide = INTERLEAVED if self.interleave else None
             self._module = swap_modules(self.base.arch.Model(self.base.config), self.scheme, self.head, wide)
             mark_activations(self._module, self.activations)
         return self._module
@@ -100,8 +101,8 @@ def quantize(model, name: str | None, head: str | None = None, interleave: bool 
              activations: int | dict | None = None):
     """`model` (a LoadedModel) under scheme `name`, its embeddings and output head under `head`
     (None: the same scheme); q0f32 (or None) with no other head returns the model itself. interleave:
-    the linears, and the embeddings unless `head` names their scheme, in the cpu target's interleaved layout
-    where the scheme has one. groups:
+    the linears, the embeddings and the head in the cpu target's interleaved layout of their scheme where it has
+    one and their shape fits. groups:
     a GGUF kept as stored ("gguf") has its Q4_0/Q4_1/Q8_0 tensors moved, value for value, into
     q4f16_1/q4f16_2/q8f16_0 (what the cpu target's integer kernels read). activations: the weights whose linears
     round their input, and to how many bits (base.mark_activations: every one the integer kernels take, or a

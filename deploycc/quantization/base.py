@@ -175,24 +175,26 @@ def mark_activations(module: nn.Module, activations: int | dict[str, int] | None
 
 
 def swap_modules(module: nn.Module, scheme: Scheme, head: Scheme | None = None,
-                 wide: Scheme | None = None, prefix: str = "") -> nn.Module:
+                 wide: dict[str, Scheme] | None = None, prefix: str = "") -> nn.Module:
     """Replace every nn.Linear / nn.Embedding below `module` (in place) with its quantized form.
     Embeddings (and with them a tied output head) and an untied `lm_head` take `head` when given
-    (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float. `wide`: the other
-    linears, and embeddings without a head scheme of their own, in this layout of `scheme` where their shape
-    allows it (InterleavedScheme.fits); its kernels take 8- and 16-bit activations alike."""
+    (None: `scheme`); a `head` that does not swap (q0f32) leaves them in float. `wide` (scheme name -> the
+    cpu target's interleaved layout of that scheme, quantization.INTERLEAVED): every weight whose scheme has one
+    takes it where the shape allows (InterleavedScheme.fits); its kernels take 8- and 16-bit activations alike,
+    and an embedding's lookup reads it too (a tied output head then runs the interleaved kernels)."""
     head = head or scheme
+
+    def layout(s: Scheme, rows: int, cols: int) -> Scheme:
+        w = (wide or {}).get(s.name)
+        return w if w is not None and w.fits(rows, cols) else s
+
     for name, value in list(vars(module).items()):
         if isinstance(value, nn.Linear):
-            s = head if name in HEAD_LINEARS else scheme
-            if s is scheme and wide is not None and wide.fits(value.out_features, value.in_features):
-                s = wide
+            s = layout(head if name in HEAD_LINEARS else scheme, value.out_features, value.in_features)
             if s.swaps:
                 setattr(module, name, QuantizedLinear(value, s))
         elif isinstance(value, nn.Embedding):
-            s = head
-            if s is scheme and wide is not None and wide.fits(*value.weight.shape):
-                s = wide  # a tied output head then reads it in the layout the integer kernels read fastest
+            s = layout(head, *value.weight.shape)
             if s.swaps:
                 setattr(module, name, QuantizedEmbedding(value, s))
         elif isinstance(value, nn.Module):

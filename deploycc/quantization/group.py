@@ -131,28 +131,37 @@ def split_index(i, n: int):
 
 @dataclass(frozen=True)
 class InterleavedScheme(GroupScheme):
-    """A 4-bit group scheme's weights in the layout the cpu target's integer kernels read fastest
-    (a compile-time layout transform, chosen by the target: runtime/native.weight_interleave).
+    """A group scheme's weights (4-bit, or 8-bit symmetric) in the layout the cpu target's integer kernels read
+    fastest (a compile-time layout transform, chosen by the target: runtime/native.weight_interleave).
 
-    16 output rows are interleaved so that one SIMD lane holds one output: for rows 16*g .. 16*g+15 and
+    16 output rows are interleaved so that one SIMD lane holds one output. 4-bit: for rows 16*g .. 16*g+15 and
     group b, q_weight[g, b] is 64 words in which word 16*j + l holds, byte i, the codes of row 16*g + l at
-    columns 32*b + 4*j + i (low nibble) and 32*b + 4*(j + 4) + i (high nibble), j < 4; q_scale[g, b, l]
-    (and q_min) are row 16*g + l's. A kernel loads 16 outputs' 4 consecutive codes as one vector and
-    multiplies them by 4 bytes of activations broadcast (`vpdpbusd`), so the sums of a group never
-    need a horizontal reduction. Rows must be a multiple of 16 and columns of 32."""
+    columns 32*b + 4*j + i (low nibble) and 32*b + 4*(j + 4) + i (high nibble), j < 4. 8-bit: 128 words, word
+    16*j + l holding, byte i, row 16*g + l's value at column 32*b + 4*j + i, j < 8, as a signed byte (code - 128:
+    GGUF Q8_0's own bytes). q_scale[g, b, l] (and q_min) are row 16*g + l's. A kernel loads 16 outputs' 4
+    consecutive codes as one vector and multiplies them by 4 activations broadcast (`vpdpbusd`, `vpmaddubsw`,
+    `vpmaddwd`), so the sums of a group never need a horizontal reduction. Rows must be a multiple of 16 and
+    columns of 32."""
 
     lanes: int = LANES
 
     def fits(self, rows: int, cols: int) -> bool:
         """Whether a [rows, cols] weight can take this layout (else it keeps the plain one)."""
-        return rows % self.lanes == 0 and cols % self.group_size == 0 and self.bits == 4
+        return rows % self.lanes == 0 and cols % self.group_size == 0 and (self.bits == 4 or
+                                                                            self.bits == 8 and self.symmetric)
+
+    @property
+    def quads(self) -> int:
+        """Words per row and group: 4 (two quads of nibbles each) or 8 (one quad of bytes each)."""
+        return self.bits
 
     def param_shapes(self, rows: int, cols: int):
         if not self.fits(rows, cols):
-            raise ValueError(f"{self.name} interleaves 4-bit rows in {self.lanes}s and needs whole groups: "
+            raise ValueError(f"{self.name} interleaves {self.bits}-bit rows in {self.lanes}s and needs whole groups: "
                              f"got [{rows}, {cols}]")
         g, nb = rows // self.lanes, cols // self.group_size
-        shapes = {"q_weight": ((g, nb, 4 * self.lanes), "uint32"), "q_scale": ((g, nb, self.lanes), self.scale_dtype)}
+        shapes = {"q_weight": ((g, nb, self.quads * self.lanes), "uint32"),
+                  "q_scale": ((g, nb, self.lanes), self.scale_dtype)}
         if not self.symmetric:
             shapes["q_min"] = ((g, nb, self.lanes), self.scale_dtype)
         return shapes
@@ -166,11 +175,14 @@ class InterleavedScheme(GroupScheme):
         """The plain group layout (GroupScheme) -> this one."""
         words = packed["q_weight"]
         rows, L, nb = words.shape[0], self.lanes, cols // self.group_size
-        shifts = np.arange(8, dtype=np.uint32) * 4
-        codes = ((words[:, :, None] >> shifts) & 15).astype(np.uint8).reshape(rows // L, L, nb, 8, 4)
-        byte = codes[:, :, :, :4, :] | (codes[:, :, :, 4:, :] << 4)  # [g, l, b, j, i]
+        if self.bits == 8:  # the codes' bytes, less 128: signed
+            byte = (np.ascontiguousarray(words).astype("<u4").view(np.uint8) ^ 0x80).reshape(rows // L, L, nb, 8, 4)
+        else:
+            shifts = np.arange(8, dtype=np.uint32) * 4
+            codes = ((words[:, :, None] >> shifts) & 15).astype(np.uint8).reshape(rows // L, L, nb, 8, 4)
+            byte = codes[:, :, :, :4, :] | (codes[:, :, :, 4:, :] << 4)  # [g, l, b, j, i]
         byte = np.ascontiguousarray(byte.transpose(0, 2, 3, 1, 4))  # [g, b, j, l, i]
-        out = {"q_weight": byte.view("<u4").reshape(rows // L, nb, 4 * L).astype(np.uint32)}
+        out = {"q_weight": byte.view("<u4").reshape(rows // L, nb, self.quads * L).astype(np.uint32)}
         for k in ("q_scale", "q_min"):
             if k in packed:
                 out[k] = np.ascontiguousarray(packed[k].reshape(rows // L, L, nb).transpose(0, 2, 1))
@@ -180,9 +192,9 @@ class InterleavedScheme(GroupScheme):
         """This layout -> the plain group layout."""
         g, nb, _ = packed["q_weight"].shape
         L = self.lanes
-        byte = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, 4, L, 4)
-        codes = np.concatenate([byte & 15, byte >> 4], axis=2)  # [g, b, j(8), l, i]
-        out = {"q_weight": pack_codes(codes.transpose(0, 3, 1, 2, 4).reshape(g * L, nb * 32), 4)}  # [row, col]
+        byte = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, self.quads, L, 4)
+        codes = byte ^ 0x80 if self.bits == 8 else np.concatenate([byte & 15, byte >> 4], axis=2)  # [g, b, j(8), l, i]
+        out = {"q_weight": pack_codes(codes.transpose(0, 3, 1, 2, 4).reshape(g * L, nb * 32), self.bits)}  # [row, col]
         for k in ("q_scale", "q_min"):
             if k in packed:
                 out[k] = np.ascontiguousarray(packed[k].transpose(0, 2, 1).reshape(g * L, nb))
@@ -196,10 +208,14 @@ class InterleavedScheme(GroupScheme):
         g, lane = split_index(r, L)
         b = c // self.group_size
         quad = (c % self.group_size) // 4
+        scale = tir.cast("float32", bufs[1][g, b, lane])
+        if self.bits == 8:  # a signed byte
+            word = bufs[0][g, b, lane + quad * L]
+            byte = tir.bitwise("bitand", tir.bitwise("shr", word, tir.cast("uint32", tir.index((c % 4) * 8))), 255)
+            return (tir.cast("float32", byte) - tir.cast("float32", tir.bitwise("shr", byte, 7)) * 256.0) * scale
         word = bufs[0][g, b, lane + (quad % 4) * L]
         shift = tir.cast("uint32", tir.index((c % 4) * 8 + (quad // 4) * 4))
         code = tir.cast("float32", tir.bitwise("bitand", tir.bitwise("shr", word, shift), 15))
-        scale = tir.cast("float32", bufs[1][g, b, lane])
         if self.symmetric:
             return (code - float(self.offset)) * scale
         return code * scale + tir.cast("float32", bufs[2][g, b, lane])

@@ -47,8 +47,8 @@ OUT_BLOCK = 64  # prefill outputs per block: 64 weight rows of 576 4-bit values 
 # name -> (bits, symmetric, zero point): the block formats the intrinsics implement
 FORMATS = {"q4_sym": (4, True, 8), "q4_asym": (4, False, 0), "q8_sym": (8, True, 128),
            "q4_sym_x16": (4, True, 8), "q4_asym_x16": (4, False, 0), "q5_sym_x16": (5, True, 16),
-           "q5_asym_x16": (5, False, 0), "q4_k_x16": (4, False, 0), "q5_k_x16": (5, False, 0),
-           "q6_k_x16": (6, True, 32)}
+           "q5_asym_x16": (5, False, 0), "q8_sym_x16": (8, True, 0), "q4_k_x16": (4, False, 0),
+           "q5_k_x16": (5, False, 0), "q6_k_x16": (6, True, 32)}  # q8_sym_x16: signed bytes (GGUF Q8_0's)
 HALVES = {"q6_k_x16"}  # formats with a scale per 16 values: their kernels take the activations' code sum per half
 ACTIVATION_BITS = (8, 16)  # op/linalg.py round_activations; 16 where calibration says 8 costs too much
 LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
@@ -329,21 +329,23 @@ def _format(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, prog: Tenso
 
 def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buffer, scales: list[Buffer],
                 qh: Buffer | None = None):
-    """The interleaved formats: 4-bit (InterleavedScheme: codes [N/16, K/32, 64], scales [N/16, K/32, 16]) and,
-    with fifth bits `qh` [N/16, K/32, 16], GGUF's Q5_0 / Q5_1 (quantization/gguf_blocks.py InterleavedQ5),
-    recognised, as the plain ones, by evaluating W at random points against the layout's definition."""
+    """The interleaved formats: 4-bit (InterleavedScheme: codes [N/16, K/32, 64], scales [N/16, K/32, 16]), 8-bit
+    (signed bytes [N/16, K/32, 128]) and, with fifth bits `qh` [N/16, K/32, 16], GGUF's Q5_0 / Q5_1
+    (quantization/gguf_blocks.py InterleavedQ5), recognised, as the plain ones, by evaluating W at random points
+    against the layout's definition."""
     nb = K // BLOCK
     if not (N.is_const and N.value % LANES == 0):
         return None
     g = N.value // LANES
     dims = lambda b: tuple(sym.as_expr(d).value for d in b.shape)  # noqa: E731
-    if dims(q) != (g, nb, 4 * LANES) or any(dims(b) != (g, nb, LANES) for b in scales + ([qh] if qh else [])):
+    symmetric = len(scales) == 1
+    bits = 5 if qh is not None else 8 if dims(q) == (g, nb, 8 * LANES) and symmetric and qh is None else 4
+    if dims(q) != (g, nb, bits // 4 * 4 * LANES) or any(dims(b) != (g, nb, LANES) for b in scales + ([qh] if qh else [])):
         return None
     rng = np.random.default_rng(0)
     pts = 64
     nn, kk = rng.integers(0, N.value, pts), rng.integers(0, K, pts)
-    symmetric = len(scales) == 1
-    bits, zero = (5, 16) if qh is not None else (4, 8)
+    zero = {4: 8, 5: 16, 8: 0}[bits]
     for s, m in ([(scales[0], None)] if symmetric else [(scales[0], scales[1]), (scales[1], scales[0])]):
         arrays = {q: rng.integers(0, 1 << 32, dims(q), dtype=np.uint64).astype(np.uint32),
                   s: rng.uniform(0.5, 2.0, dims(s)).astype(s.dtype),
@@ -354,8 +356,12 @@ def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buff
         except Exception:  # noqa: BLE001 - an expression the interpreter cannot run is no match
             return None
         grp, lane, blk, quad = nn // LANES, nn % LANES, kk // BLOCK, (kk % BLOCK) // 4
-        word = arrays[q][grp, blk, (quad % 4) * LANES + lane].astype(np.int64)
-        code = (word >> (8 * (kk % 4) + 4 * (quad // 4))) & 15
+        if bits == 8:  # byte kk % 4 of word 16 quad + lane, signed
+            code = ((arrays[q][grp, blk, quad * LANES + lane].astype(np.int64) >> (8 * (kk % 4))) & 255) ^ 128
+            code = code - 128
+        else:
+            word = arrays[q][grp, blk, (quad % 4) * LANES + lane].astype(np.int64)
+            code = (word >> (8 * (kk % 4) + 4 * (quad // 4))) & 15
         if qh is not None:
             at = (quad % 4) * LANES + lane
             hword = arrays[qh][grp, blk, at // 4].astype(np.int64)

@@ -59,14 +59,16 @@ ISAS = ("native", "x86-64-v4", "x86-64-v3", "generic")
 
 
 # (scheme, head, interleaved layout, fixture): llama-gqa1 has one block per row, llama-wide 3 and 5; the interleaved
-# layout (InterleavedScheme: 512-bit VNNI on native, its plain-C branch on the other ISAs) on llama-wide, whose
-# rows all come in 16s (llama-gqa1's MLP rows, 56, do not)
+# layout (InterleavedScheme, 4- and 8-bit: 512-bit VNNI or AVX2 on native, its plain-C branch on generic) on
+# llama-wide, whose rows all come in 16s (llama-gqa1's MLP rows, 56, do not)
 CASES = [(s, h, False, f) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))
          for f in ("llama-gqa1", "llama-wide")] + [("q4f16_1", None, True, "llama-wide"),
-                                                    ("q4f16_2", "q8f16_0", True, "llama-wide")]
+                                                    ("q4f16_2", "q8f16_0", True, "llama-wide"),
+                                                    ("q8f16_0", None, True, "llama-wide")]
 # 16-bit activations (int16 codes: vpmaddwd, vpdpwssd on AVX-512 VNNI) in the plain layouts, 3 and 5 blocks per row
 CASES16 = [(s, h, False, "llama-wide", 16) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))] + [
-    (s, h, True, "llama-wide", 16) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"))]  # interleaved: c_x16.py
+    (s, h, True, "llama-wide", 16) for s, h in (("q4f16_1", None), ("q4f16_2", "q8f16_0"), ("q8f16_0", None))]
+# (interleaved: c_x16.py, 8-bit c_x16_q8.py)
 
 
 @pytest.mark.parametrize("isa", ISAS)

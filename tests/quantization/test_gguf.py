@@ -561,7 +561,7 @@ def test_k_quants_stay_kept_when_the_rest_moves(tmp_path):
     model = deploycc.load_model(str(path))
     moved = quantize(model, "gguf", interleave=True, groups=True)
     names = {getattr(s, "qtype", s.name) for s in moved.quantized_names().values()}
-    assert names == {"Q4_K", "Q6_K", "q4f16_1x16", "q8f16_0"}, names
+    assert names == {"Q4_K", "Q6_K", "q4f16_1x16", "q8f16_0x16"}, names
     got = logits(ReferenceSession(moved))
     want = logits(reference_session(model, quantization="gguf"))
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

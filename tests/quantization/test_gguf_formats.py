@@ -250,6 +250,44 @@ def test_interleaved_q5_kernels_match_the_interpreter(tmp_path, isa, bits):
     assert {"qgemv-q5_sym_x16", "qgemm-q5_sym_x16", "qgemv-q5_asym_x16", "qgemm-q5_asym_x16"} <= ran, ran
 
 
+@pytest.mark.parametrize("isa,bits", [("x86-64-v3", 8), ("x86-64-v3", 16), ("x86-64-v4", 8), ("generic", 8)])
+def test_interleaved_q8_0_kernels_match_the_interpreter(tmp_path, isa, bits):
+    """Q8_0 linears, and a tied Q8_0 table with its output head (what llama-quantize's Q4_K_M writes for SmolLM2 and
+    Qwen2.5), whose rows come in 16s take the 8-bit interleaved layout (quantization/group.py InterleavedScheme
+    bits=8: the file's signed bytes and scales, as many, rearranged): dequantized, by numpy, the loop-level program
+    and the embedding lookup, bit for bit against gguf-py; its kernels (targets/c_x16_q8.py) against the interpreter
+    on identically rounded activations, 1e-5 of the largest output."""
+    from deploycc.ir.tir_interp import run_program
+    from deploycc.quantization import INTERLEAVED, quantize
+    from deploycc.quantization.gguf_blocks import BLOCK_SCHEMES
+
+    rows, cols = 32, 96
+    raw = blocks("Q8_0", rows, cols, np.random.default_rng(7))
+    want = gguf.quants.dequantize(raw, Q.Q8_0).reshape(rows, cols)
+    scheme = INTERLEAVED["q8f16_0"]
+    packed = scheme.interleave(BLOCK_SCHEMES["Q8_0"].to_group(raw), cols)
+    assert sum(a.nbytes for a in packed.values()) == raw.nbytes
+    stored = raw.reshape(rows, cols // 32, 34)[:, :, 2:].view(np.int8).reshape(rows // 16, 16, cols // 32, 8, 4)
+    np.testing.assert_array_equal(packed["q_weight"].view(np.int8).reshape(rows // 16, cols // 32, 8, 16, 4),
+                                  stored.transpose(0, 2, 3, 1, 4))  # word 16 j + l: row l's values 4 j .. 4 j + 3
+    np.testing.assert_array_equal(scheme.dequantize(packed, cols), want)
+    out = np.zeros((rows, cols), np.float32)
+    run_program(scheme.program(rows, cols), [*packed.values(), out], [])
+    np.testing.assert_array_equal(out, want)
+    ids = np.array([[17, 0, 31, 5, 16]], np.int32)
+    got = np.zeros((1, 5, cols), np.float32)
+    run_program(scheme.take_program(rows, cols, 2), [*packed.values(), ids, got], [])
+    np.testing.assert_array_equal(got[0], want[ids[0]])
+    q8 = {"token_embd.weight": Q.Q8_0, **{f"blk.{n}.{t}.weight": Q.Q8_0 for n in (0, 1) for t in (
+        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}}
+    path, _ = write_tiny(tmp_path, q8, tied=True, vocab_multiple=16, hidden_size=64, intermediate_size=96, head_dim=16)
+    model = quantize(deploycc.load_model(str(path)), "gguf", interleave=True, groups=True, activations=bits)
+    names = {k: s.name for k, s in model.quantized_names().items()}
+    assert set(names.values()) == {"q8f16_0x16"}, names  # the table too: the lookup and the head read it
+    ran = _check_kernels(model, isa, bits)
+    assert {"qgemv-q8_sym_x16", "qgemm-q8_sym_x16"} <= ran, ran
+
+
 # tied, as Llama-3.2-1B is (llama-quantize stores the table as Q6_K)
 K_MIX = {"token_embd.weight": Q.Q6_K,
          **{f"blk.{n}.{t}.weight": Q.Q4_K if n == 0 else Q.Q5_K
