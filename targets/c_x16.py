@@ -261,7 +261,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i nib = _mm256_set1_epi16(15), low = _mm256_set1_epi16(255);
+  const __m256i nib = _mm256_set1_epi8(15), low = _mm256_set1_epi16(255);
   uint8_t kb[256];
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
@@ -269,31 +269,31 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
     int32_t xp[DCC_TILE][16];
     for (int r = 0; r < R; ++r) dcc_x16_pairs16(xr[r] + 32 * b, xp[r]);
     for (int h = 0; h < 2; ++h) {
-      __m256i e[8], o[8];  /* quad j's codes 0 and 2 (e) and 1 and 3 (o) of outputs 8h .. 8h + 7, as int16 */
-      for (int j = 0; j < 4; ++j) {
+      __m256i a[DCC_TILE];  /* per row: the int32 sums of outputs 8h .. 8h + 7 */
+      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {  /* the word of quads j and j + 4: their codes 0 and 2 (e), 1 and 3 (o) as int16 */
         const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
-        e[j] = _mm256_and_si256(p, nib);
-        o[j] = _mm256_and_si256(_mm256_srli_epi16(p, 8), nib);
-        e[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
-        o[j + 4] = _mm256_srli_epi16(p, 12);
-        if (qh) {  /* bytes of 16 where a code's fifth bit is set, moved into the same int16 halves */
+        /* the codes as bytes (5-bit: the fifth bits added as 16s, dcc_bits16), then split into int16 halves */
+        __m256i c0 = _mm256_and_si256(p, nib), c1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
+        if (qh) {
           const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
-          const __m256i f = dcc_bits16(hv, 0x08040201), g = dcc_bits16(hv, (int)0x80402010);
-          e[j] = _mm256_or_si256(e[j], _mm256_and_si256(f, low));
-          o[j] = _mm256_or_si256(o[j], _mm256_srli_epi16(f, 8));
-          e[j + 4] = _mm256_or_si256(e[j + 4], _mm256_and_si256(g, low));
-          o[j + 4] = _mm256_or_si256(o[j + 4], _mm256_srli_epi16(g, 8));
+          c0 = _mm256_or_si256(c0, dcc_bits16(hv, 0x08040201));
+          c1 = _mm256_or_si256(c1, dcc_bits16(hv, (int)0x80402010));
+        }
+        const __m256i e0 = _mm256_and_si256(c0, low), o0 = _mm256_srli_epi16(c0, 8);
+        const __m256i e1 = _mm256_and_si256(c1, low), o1 = _mm256_srli_epi16(c1, 8);
+        for (int r = 0; r < R; ++r) {
+          const int32_t* x = xp[r];
+          a[r] = _mm256_add_epi32(a[r], _mm256_add_epi32(_mm256_madd_epi16(e0, _mm256_set1_epi32(x[2 * j])),
+                                                         _mm256_madd_epi16(o0, _mm256_set1_epi32(x[2 * j + 1]))));
+          a[r] = _mm256_add_epi32(a[r], _mm256_add_epi32(_mm256_madd_epi16(e1, _mm256_set1_epi32(x[2 * j + 8])),
+                                                         _mm256_madd_epi16(o1, _mm256_set1_epi32(x[2 * j + 9]))));
         }
       }
       __m256 dv, cv;
       dcc_x16_scales(s, m, ks ? kb : 0, zero, b, h, &dv, &cv);
       for (int r = 0; r < R; ++r) {
-        __m256i a = _mm256_add_epi32(_mm256_madd_epi16(e[0], _mm256_set1_epi32(xp[r][0])),
-                                     _mm256_madd_epi16(o[0], _mm256_set1_epi32(xp[r][1])));
-        for (int j = 1; j < 8; ++j)
-          a = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_madd_epi16(e[j], _mm256_set1_epi32(xp[r][2 * j])),
-                                                   _mm256_madd_epi16(o[j], _mm256_set1_epi32(xp[r][2 * j + 1]))));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r][h]);
       }
     }
@@ -466,27 +466,26 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16_q6(
     int32_t xp[DCC_TILE][16];
     for (int r = 0; r < R; ++r) dcc_x16_pairs16(xr[r] + 32 * b, xp[r]);
     for (int h = 0; h < 2; ++h) {
-      __m256i c[8], e[8], o[8];
+      __m256i c[8];
       dcc_q6_codes(pb, hb, h, c);
+      __m256i a[DCC_TILE][2];  /* per row, the two sub-blocks' int32 sums (|sum| <= 16 * 63 * 32767), scaled apart */
+      for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {  /* bytes 0 and 2, and 1 and 3, of each output's quad as int16 */
-        e[j] = _mm256_and_si256(c[j], low);
-        o[j] = _mm256_srli_epi16(c[j], 8);
+        const __m256i e = _mm256_and_si256(c[j], low), o = _mm256_srli_epi16(c[j], 8);
+        for (int r = 0; r < R; ++r) {
+          const __m256i d = _mm256_add_epi32(_mm256_madd_epi16(e, _mm256_set1_epi32(xp[r][2 * j])),
+                                             _mm256_madd_epi16(o, _mm256_set1_epi32(xp[r][2 * j + 1])));
+          a[r][j >> 2] = _mm256_add_epi32(a[r][j >> 2], d);
+        }
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * (b >> 3) + 8 * h)));
       const __m128i w0 = _mm_loadl_epi64((const __m128i*)(scb + 8 * h)), w1 = _mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h));
       const __m256 f0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w0)));
       const __m256 f1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w1)));
       for (int r = 0; r < R; ++r) {
-        __m256i a[2];  /* the two sub-blocks' int32 sums (|sum| <= 16 * 63 * 32767), scaled apart in float */
-        for (int v = 0; v < 2; ++v) {
-          a[v] = _mm256_setzero_si256();
-          for (int j = 4 * v; j < 4 * v + 4; ++j)
-            a[v] = _mm256_add_epi32(a[v], _mm256_add_epi32(_mm256_madd_epi16(e[j], _mm256_set1_epi32(xp[r][2 * j])),
-                                                           _mm256_madd_epi16(o[j], _mm256_set1_epi32(xp[r][2 * j + 1]))));
-        }
         const __m256 dx = _mm256_set1_ps(dr[r][b]);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[0]), _mm256_mul_ps(f0, dx), acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), _mm256_mul_ps(f1, dx), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][0]), _mm256_mul_ps(f0, dx), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][1]), _mm256_mul_ps(f1, dx), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(f0, _mm256_set1_ps(-32.0f * sr[r][2 * b]), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(f1, _mm256_set1_ps(-32.0f * sr[r][2 * b + 1]), acc[r][h]);
       }

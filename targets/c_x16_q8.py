@@ -36,20 +36,19 @@ static inline __attribute__((always_inline)) void dcc_x16q8_rows(float* out, int
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 128 * b;
     for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
-      __m256i w[8], aw[8];
+      __m256i a[DCC_TILE];
+      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        w[j] = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
-        aw[j] = _mm256_sign_epi8(w[j], w[j]);  /* |w|, read as unsigned (-128 -> 128) */
+        const __m256i w = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
+        const __m256i aw = _mm256_sign_epi8(w, w);  /* |w|, read as unsigned (-128 -> 128) */
+        for (int r = 0; r < R; ++r) {
+          const __m256i x = _mm256_set1_epi32(((const int32_t*)(xr[r] + 32 * b))[j]);
+          a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones));
+        }
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
-      for (int r = 0; r < R; ++r) {
-        const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
-        __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[0], _mm256_sign_epi8(_mm256_set1_epi32(x[0]), w[0])), ones);
-        for (int j = 1; j < 8; ++j)
-          a = _mm256_add_epi32(a, _mm256_madd_epi16(
-                                      _mm256_maddubs_epi16(aw[j], _mm256_sign_epi8(_mm256_set1_epi32(x[j]), w[j])), ones));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
-      }
+      for (int r = 0; r < R; ++r)
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
     }
   }
   dcc_x16_store(out, ldo, acc, R);
@@ -69,21 +68,18 @@ static inline __attribute__((always_inline)) void dcc_x16q8_rows16(float* out, i
     int32_t xp[DCC_TILE][16];  /* row r's activation pairs (c_x16.py dcc_x16_pairs16) */
     for (int r = 0; r < R; ++r) dcc_x16_pairs16(xr[r] + 32 * b, xp[r]);
     for (int h = 0; h < 2; ++h) {
-      __m256i e[8], o[8];  /* quad j's bytes 0 and 2 (e) and 1 and 3 (o) of each output, as int16 */
-      for (int j = 0; j < 8; ++j) {
+      __m256i a[DCC_TILE];
+      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {  /* quad j's bytes 0 and 2 (e) and 1 and 3 (o) of each output, as int16 */
         const __m256i w = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
-        e[j] = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8);
-        o[j] = _mm256_srai_epi16(w, 8);
+        const __m256i e = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8), o = _mm256_srai_epi16(w, 8);
+        for (int r = 0; r < R; ++r)
+          a[r] = _mm256_add_epi32(a[r], _mm256_add_epi32(_mm256_madd_epi16(e, _mm256_set1_epi32(xp[r][2 * j])),
+                                                         _mm256_madd_epi16(o, _mm256_set1_epi32(xp[r][2 * j + 1]))));
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
-      for (int r = 0; r < R; ++r) {
-        __m256i a = _mm256_add_epi32(_mm256_madd_epi16(e[0], _mm256_set1_epi32(xp[r][0])),
-                                     _mm256_madd_epi16(o[0], _mm256_set1_epi32(xp[r][1])));
-        for (int j = 1; j < 8; ++j)
-          a = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_madd_epi16(e[j], _mm256_set1_epi32(xp[r][2 * j])),
-                                                   _mm256_madd_epi16(o[j], _mm256_set1_epi32(xp[r][2 * j + 1]))));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
-      }
+      for (int r = 0; r < R; ++r)
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
     }
   }
   dcc_x16_store(out, ldo, acc, R);
