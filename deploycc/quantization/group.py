@@ -151,8 +151,8 @@ class InterleavedScheme(GroupScheme):
                                                                             self.bits == 8 and self.symmetric)
 
     @property
-    def quads(self) -> int:
-        """Words per row and group: 4 (two quads of nibbles each) or 8 (one quad of bytes each)."""
+    def words_per_row(self) -> int:
+        """Words per row and group of 32: 4 (two quads of nibbles each) or 8 (one quad of bytes each)."""
         return self.bits
 
     def param_shapes(self, rows: int, cols: int):
@@ -160,7 +160,7 @@ class InterleavedScheme(GroupScheme):
             raise ValueError(f"{self.name} interleaves {self.bits}-bit rows in {self.lanes}s and needs whole groups: "
                              f"got [{rows}, {cols}]")
         g, nb = rows // self.lanes, cols // self.group_size
-        shapes = {"q_weight": ((g, nb, self.quads * self.lanes), "uint32"),
+        shapes = {"q_weight": ((g, nb, self.words_per_row * self.lanes), "uint32"),
                   "q_scale": ((g, nb, self.lanes), self.scale_dtype)}
         if not self.symmetric:
             shapes["q_min"] = ((g, nb, self.lanes), self.scale_dtype)
@@ -182,7 +182,7 @@ class InterleavedScheme(GroupScheme):
             codes = ((words[:, :, None] >> shifts) & 15).astype(np.uint8).reshape(rows // L, L, nb, 8, 4)
             byte = codes[:, :, :, :4, :] | (codes[:, :, :, 4:, :] << 4)  # [g, l, b, j, i]
         byte = np.ascontiguousarray(byte.transpose(0, 2, 3, 1, 4))  # [g, b, j, l, i]
-        out = {"q_weight": byte.view("<u4").reshape(rows // L, nb, self.quads * L).astype(np.uint32)}
+        out = {"q_weight": byte.view("<u4").reshape(rows // L, nb, self.words_per_row * L).astype(np.uint32)}
         for k in ("q_scale", "q_min"):
             if k in packed:
                 out[k] = np.ascontiguousarray(packed[k].reshape(rows // L, L, nb).transpose(0, 2, 1))
@@ -192,7 +192,7 @@ class InterleavedScheme(GroupScheme):
         """This layout -> the plain group layout."""
         g, nb, _ = packed["q_weight"].shape
         L = self.lanes
-        byte = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, self.quads, L, 4)
+        byte = np.ascontiguousarray(packed["q_weight"]).astype("<u4").view(np.uint8).reshape(g, nb, self.words_per_row, L, 4)
         codes = byte ^ 0x80 if self.bits == 8 else np.concatenate([byte & 15, byte >> 4], axis=2)  # [g, b, j(8), l, i]
         out = {"q_weight": pack_codes(codes.transpose(0, 3, 1, 2, 4).reshape(g * L, nb * 32), self.bits)}  # [row, col]
         for k in ("q_scale", "q_min"):

@@ -339,8 +339,9 @@ def _format_x16(w: V, n: sym.SymVar, k: sym.SymVar, N: sym.Expr, K: int, q: Buff
     g = N.value // LANES
     dims = lambda b: tuple(sym.as_expr(d).value for d in b.shape)  # noqa: E731
     symmetric = len(scales) == 1
-    bits = 5 if qh is not None else 8 if dims(q) == (g, nb, 8 * LANES) and symmetric and qh is None else 4
-    if dims(q) != (g, nb, bits // 4 * 4 * LANES) or any(dims(b) != (g, nb, LANES) for b in scales + ([qh] if qh else [])):
+    bits = 5 if qh is not None else 8 if dims(q) == (g, nb, 8 * LANES) and symmetric else 4
+    words = (8 if bits == 8 else 4) * LANES  # per group and block: 16 lanes of 8 quads of bytes, or 4 of nibble pairs
+    if dims(q) != (g, nb, words) or any(dims(b) != (g, nb, LANES) for b in scales + ([qh] if qh else [])):
         return None
     rng = np.random.default_rng(0)
     pts = 64
