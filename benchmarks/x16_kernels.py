@@ -1,11 +1,11 @@
 """The cpu target's interleaved integer kernels (targets/c_x16.py, c_x16_q8.py) one by one, this tree against a git
 revision, on one thread, interleaved in one process.
 
-    .venv/bin/python benchmarks/x16_kernels.py [--against REV] [--rows 1536] [--cols 576] [--prompt 128] [--json]
+    .venv/bin/python benchmarks/x16_kernels.py [--against REV] [--rows 1536] [--cols 512] [--prompt 128] [--json]
 
 Both trees' kernel sources (c.py's preamble, c_intrin.py, c_x16.py and, where the revision has it, c_x16_q8.py) are
 compiled as the packages compile them (-O3 -march=native) into two shared objects with one timing loop each; every
-kernel runs over a [rows, cols] weight matrix (SmolLM2's MLP by default: 1536 x 576), a decode GEMV (one activation
+kernel runs over a [rows, cols] weight matrix (by default 1536 x 512, near SmolLM2's MLP), a decode GEMV (one activation
 row) and a prefill GEMM (--prompt rows in tiles), alternately in the two objects, 7 times; the table gives the
 fastest time of each and the ratio. The weights are random codes with small positive scales: the timings do not
 depend on the values. A revision without the 8-bit interleaved layout runs its row-at-a-time Q8_0 kernel on the same
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--against", default="HEAD", help="git revision to compare with (default HEAD: uncommitted work)")
     ap.add_argument("--rows", type=int, default=1536)
-    ap.add_argument("--cols", type=int, default=576)
+    ap.add_argument("--cols", type=int, default=512)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
