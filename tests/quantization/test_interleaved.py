@@ -69,3 +69,26 @@ def test_an_interleaved_embedding_gathers_the_plain_rows(name):
     out = np.zeros((*ids.shape, cols), np.float32)
     KernelRunner(require_device("cpu"), target)(schedule_program(prog, target), arrays[:-1] + [out], [])
     np.testing.assert_array_equal(out, want)
+
+
+
+def test_a_head_scheme_takes_its_interleaved_layout_too():
+    """The cpu packages' default, q4f16_2 with a q8f16_0 head: with the interleaved layouts, every linear whose rows
+    come in 16s takes q4f16_2x16 and the embedding table and an untied lm_head q8f16_0x16 (the 8-bit interleaved
+    kernels read them); rows not in 16s, and every weight without the layouts, keep the plain ones."""
+    from deploycc import nn
+    from deploycc.quantization.base import swap_modules
+
+    def model():
+        m = nn.Module()
+        m.embed_tokens, m.lm_head = nn.Embedding(48, 64), nn.Linear(64, 48)
+        m.up, m.odd, m.odd_head = nn.Linear(64, 32), nn.Linear(64, 40), nn.Embedding(40, 64)
+        return m
+
+    head = QUANTIZATION["q8f16_0"]
+    wide = swap_modules(model(), QUANTIZATION["q4f16_2"], head, INTERLEAVED)
+    assert {k: getattr(wide, k).scheme.name for k in ("embed_tokens", "lm_head", "up", "odd", "odd_head")} == {
+        "embed_tokens": "q8f16_0x16", "lm_head": "q8f16_0x16", "up": "q4f16_2x16", "odd": "q4f16_2",
+        "odd_head": "q8f16_0"}
+    plain = swap_modules(model(), QUANTIZATION["q4f16_2"], head)
+    assert {getattr(plain, k).scheme.name for k in ("embed_tokens", "lm_head", "up")} == {"q8f16_0", "q4f16_2"}
