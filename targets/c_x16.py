@@ -23,6 +23,9 @@ static inline uint32_t dcc_x16_code(const uint32_t* pb, const uint8_t* hb, int l
   return c;
 }
 #if defined(__AVX2__)
+/* an empty asm the value passes through: an accumulator's sums then happen in the written order, one at a time,
+   where gcc would otherwise reassociate a row's unrolled sums into a tree and spill the products it holds for it */
+#define DCC_KEEP(v) __asm__("" : "+x"(v))
 /* 8 outputs' bytes of fifth bits, each repeated over its output's 4 code bytes */
 static inline __m256i dcc_x16_fifth(const uint8_t* hb) {
   int64_t v;
@@ -170,46 +173,47 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
   }
 #endif
 #if defined(__AVX2__)
-  /* AVX2: the 16 outputs in two 8-lane halves; per block, each half's quads go through vpmaddubsw and are added
-     as int16 (|pair sum| <= 2 * 15 * 127, eight of them < 2^15; 5-bit codes: 2 * 31 * 127, four of them) before
-     vpmaddwd into int32 */
-  __m256 acc[DCC_TILE][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  /* AVX2: the 16 outputs in two 8-lane halves, each half over the whole row (a half's R accumulators, R int16 sums
+     and one word's codes stay in registers: with both halves in one pass over the blocks gcc keeps every activation
+     broadcast for the other half and spills them). Per block and word j, the codes of quads j and j + 4 go through
+     vpmaddubsw and are added as int16: without fifth bits all 8 quads (|pair sum| <= 2 * 15 * 127, eight of them
+     < 2^15) before one vpmaddwd into int32; 5-bit codes (2 * 31 * 127) into int32 per word */
   const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   uint8_t kb[256];
-  for (int b = 0; b < nb; ++b) {
-    const uint32_t* pb = q + 64 * b;
-    if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
-    for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
-      __m256i c[8];
+  for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
+    __m256 acc[DCC_TILE];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const uint32_t* pb = q + 64 * b;
+      if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
+      __m256i a[DCC_TILE];
       for (int j = 0; j < 4; ++j) {
         const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
-        c[j] = _mm256_and_si256(p, lo);
-        c[j + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
+        __m256i c0 = _mm256_and_si256(p, lo), c1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
         if (qh) {
           const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
-          c[j] = _mm256_or_si256(c[j], dcc_bits16(hv, 0x08040201));
-          c[j + 4] = _mm256_or_si256(c[j + 4], dcc_bits16(hv, (int)0x80402010));
+          c0 = _mm256_or_si256(c0, dcc_bits16(hv, 0x08040201));
+          c1 = _mm256_or_si256(c1, dcc_bits16(hv, (int)0x80402010));
+        }
+        for (int r = 0; r < R; ++r) {
+          const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, _mm256_set1_epi32(x[j])),
+                                               _mm256_maddubs_epi16(c1, _mm256_set1_epi32(x[j + 4])));
+          if (qh) a[r] = j ? _mm256_add_epi32(a[r], _mm256_madd_epi16(s16, ones)) : _mm256_madd_epi16(s16, ones);
+          else a[r] = j ? _mm256_add_epi16(a[r], s16) : s16;
+          DCC_KEEP(a[r]);
         }
       }
       __m256 dv, cv;
       dcc_x16_scales(s, m, ks ? kb : 0, zero, b, h, &dv, &cv);
       for (int r = 0; r < R; ++r) {
-        const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
-        __m256i a = _mm256_maddubs_epi16(c[0], _mm256_set1_epi32(x[0]));
-        for (int j = 1; j < 4; ++j) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
-        __m256i a2 = qh ? _mm256_maddubs_epi16(c[4], _mm256_set1_epi32(x[4]))
-                        : _mm256_add_epi16(a, _mm256_maddubs_epi16(c[4], _mm256_set1_epi32(x[4])));
-        for (int j = 5; j < 8; ++j) a2 = _mm256_add_epi16(a2, _mm256_maddubs_epi16(c[j], _mm256_set1_epi32(x[j])));
-        const __m256i i32 = qh ? _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(a2, ones))
-                               : _mm256_madd_epi16(a2, ones);
-        const __m256 dot = _mm256_cvtepi32_ps(i32);
-        acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r][h]);
+        const __m256 dot = _mm256_cvtepi32_ps(qh ? a[r] : _mm256_madd_epi16(a[r], ones));
+        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r]);
       }
     }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r]);
   }
-  dcc_x16_store(out, ldo, acc, R);
 #else
   DCC_X16_PLAIN
 #endif
@@ -293,8 +297,10 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
           const int32_t* x = xp[r];
           a[r] = _mm256_add_epi32(a[r], _mm256_add_epi32(_mm256_madd_epi16(e0, _mm256_set1_epi32(x[2 * j])),
                                                          _mm256_madd_epi16(o0, _mm256_set1_epi32(x[2 * j + 1]))));
+          DCC_KEEP(a[r]);
           a[r] = _mm256_add_epi32(a[r], _mm256_add_epi32(_mm256_madd_epi16(e1, _mm256_set1_epi32(x[2 * j + 8])),
                                                          _mm256_madd_epi16(o1, _mm256_set1_epi32(x[2 * j + 9]))));
+          DCC_KEEP(a[r]);
         }
       }
       __m256 dv, cv;
