@@ -26,6 +26,14 @@ static inline uint32_t dcc_x16_code(const uint32_t* pb, const uint8_t* hb, int l
 /* an empty asm the value passes through: an accumulator's sums then happen in the written order, one at a time,
    where gcc would otherwise reassociate a row's unrolled sums into a tree and spill the products it holds for it */
 #define DCC_KEEP(v) __asm__("" : "+x"(v))
+/* the 8-lane halves (outputs 8h .. 8h + 7) each pass over a group's blocks takes, through FN_h(ARGS..., h0, h1): for
+   one activation row (decode) both, so each weight byte is read once; for a tile one per pass, so a half's R
+   accumulators and sums stay in registers (with both halves in one pass gcc keeps every activation broadcast for the
+   other half and spills them). Constant bounds: with a loop over passes gcc kept the accumulators in memory. */
+#define DCC_X16_HALVES(FN, ...) do {                                                                                   \
+    if (R == 1) FN(__VA_ARGS__, 0, 2);                                                                              \
+    else { FN(__VA_ARGS__, 0, 1); FN(__VA_ARGS__, 1, 2); }                                                          \
+  } while (0)
 /* 8 outputs' bytes of fifth bits, each repeated over its output's 4 code bytes */
 static inline __m256i dcc_x16_fifth(const uint8_t* hb) {
   int64_t v;
@@ -131,6 +139,55 @@ static inline void dcc_x16_scales(const half* s, const half* m, const uint8_t* k
    linear order) against the 16 outputs of one interleaved group, one output per lane: per block, 8
    vpdpbusd of 16 outputs' 4 codes by 4 activation bytes broadcast, then the block's scales as vectors;
    out[r * ldo + l] for output l of the group. No horizontal sums. */
+#if defined(__AVX2__)
+/* dcc_x16_rows's AVX2 pass over the blocks for outputs 8 h0 .. 8 h1 - 1 (DCC_X16_HALVES) */
+static inline __attribute__((always_inline)) void dcc_x16_rows_h(
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, const uint8_t* ks,
+    float zero, const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R, int h0,
+    int h1) {
+  /* per block and word j, the codes of quads j and j + 4 go through vpmaddubsw and are added as int16: without fifth
+     bits all 8 quads (|pair sum| <= 2 * 15 * 127, eight of them < 2^15) before one vpmaddwd into int32; 5-bit codes
+     (2 * 31 * 127) into int32 per word */
+  const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  uint8_t kb[256];
+  __m256 acc[DCC_TILE][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint32_t* pb = q + 64 * b;
+    if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
+    for (int h = h0; h < h1; ++h) {
+      __m256i a[DCC_TILE];
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
+        __m256i c0 = _mm256_and_si256(p, lo), c1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
+        if (qh) {
+          const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
+          c0 = _mm256_or_si256(c0, dcc_bits16(hv, 0x08040201));
+          c1 = _mm256_or_si256(c1, dcc_bits16(hv, (int)0x80402010));
+        }
+        for (int r = 0; r < R; ++r) {
+          const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, _mm256_set1_epi32(x[j])),
+                                               _mm256_maddubs_epi16(c1, _mm256_set1_epi32(x[j + 4])));
+          if (qh) a[r] = j ? _mm256_add_epi32(a[r], _mm256_madd_epi16(s16, ones)) : _mm256_madd_epi16(s16, ones);
+          else a[r] = j ? _mm256_add_epi16(a[r], s16) : s16;
+          DCC_KEEP(a[r]);
+        }
+      }
+      __m256 dv, cv;
+      dcc_x16_scales(s, m, ks ? kb : 0, zero, b, h, &dv, &cv);
+      for (int r = 0; r < R; ++r) {
+        const __m256 dot = _mm256_cvtepi32_ps(qh ? a[r] : _mm256_madd_epi16(a[r], ones));
+        acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = h0; h < h1; ++h)
+      _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r][h]);
+}
+#endif
 static inline __attribute__((always_inline)) void dcc_x16_rows(
     float* out, int ldo, const uint32_t* q, const uint32_t* qh, const half* s, const half* m, const uint8_t* ks,
     float zero, const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
@@ -173,47 +230,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows(
   }
 #endif
 #if defined(__AVX2__)
-  /* AVX2: the 16 outputs in two 8-lane halves, each half over the whole row (a half's R accumulators, R int16 sums
-     and one word's codes stay in registers: with both halves in one pass over the blocks gcc keeps every activation
-     broadcast for the other half and spills them). Per block and word j, the codes of quads j and j + 4 go through
-     vpmaddubsw and are added as int16: without fifth bits all 8 quads (|pair sum| <= 2 * 15 * 127, eight of them
-     < 2^15) before one vpmaddwd into int32; 5-bit codes (2 * 31 * 127) into int32 per word */
-  const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  uint8_t kb[256];
-  for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
-    __m256 acc[DCC_TILE];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
-      const uint32_t* pb = q + 64 * b;
-      if (ks && (b & 7) == 0) dcc_k_unpack(ks + 192 * (b >> 3), kb);
-      __m256i a[DCC_TILE];
-      for (int j = 0; j < 4; ++j) {
-        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
-        __m256i c0 = _mm256_and_si256(p, lo), c1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
-        if (qh) {
-          const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
-          c0 = _mm256_or_si256(c0, dcc_bits16(hv, 0x08040201));
-          c1 = _mm256_or_si256(c1, dcc_bits16(hv, (int)0x80402010));
-        }
-        for (int r = 0; r < R; ++r) {
-          const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
-          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, _mm256_set1_epi32(x[j])),
-                                               _mm256_maddubs_epi16(c1, _mm256_set1_epi32(x[j + 4])));
-          if (qh) a[r] = j ? _mm256_add_epi32(a[r], _mm256_madd_epi16(s16, ones)) : _mm256_madd_epi16(s16, ones);
-          else a[r] = j ? _mm256_add_epi16(a[r], s16) : s16;
-          DCC_KEEP(a[r]);
-        }
-      }
-      __m256 dv, cv;
-      dcc_x16_scales(s, m, ks ? kb : 0, zero, b, h, &dv, &cv);
-      for (int r = 0; r < R; ++r) {
-        const __m256 dot = _mm256_cvtepi32_ps(qh ? a[r] : _mm256_madd_epi16(a[r], ones));
-        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(cv, _mm256_set1_ps(sr[r][b]), acc[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r]);
-  }
+  DCC_X16_HALVES(dcc_x16_rows_h, out, ldo, q, qh, s, m, ks, zero, xr, dr, sr, nb, R);
 #else
   DCC_X16_PLAIN
 #endif
@@ -424,41 +441,56 @@ static inline void dcc_q6_codes(const uint32_t* pb, const uint32_t* hb, int h, _
   }
 }
 #endif
-static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
-    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const int8_t* sc, const half* s,
-    const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
 #if defined(__AVX2__)
+/* dcc_x16_rows_q6's AVX2 pass over the blocks for outputs 8 h0 .. 8 h1 - 1 (DCC_X16_HALVES) */
+static inline __attribute__((always_inline)) void dcc_x16_rows_q6_h(
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const int8_t* sc, const half* s,
+    const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R, int h0, int h1) {
+  /* quads 2 k and 2 k + 1 summed as int16 (|sum| <= 2 * 2 * 63 * 127 < 2^15), then vpmaddwd by their sub-block's
+     scale */
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
     const uint32_t* hb = qh + 32 * b;
     const int8_t* scb = sc + 256 * (b >> 3) + 32 * (b & 7);
-    for (int h = 0; h < 2; ++h) {
+    for (int h = h0; h < h1; ++h) {
       __m256i c[8];
       dcc_q6_codes(pb, hb, h, c);
       const __m256i w0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 8 * h)));
       const __m256i w1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(scb + 16 + 8 * h)));
       const __m256i p0 = _mm256_or_si256(_mm256_and_si256(w0, low16), _mm256_slli_epi32(w0, 16));  /* sc, sc */
       const __m256i p1 = _mm256_or_si256(_mm256_and_si256(w1, low16), _mm256_slli_epi32(w1, 16));
+      __m256i a[DCC_TILE];
+      for (int k = 0; k < 4; ++k)
+        for (int r = 0; r < R; ++r) {
+          const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
+          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(c[2 * k], _mm256_set1_epi32(x[2 * k])),
+                                               _mm256_maddubs_epi16(c[2 * k + 1], _mm256_set1_epi32(x[2 * k + 1])));
+          const __m256i s32 = _mm256_madd_epi16(s16, k < 2 ? p0 : p1);
+          a[r] = k ? _mm256_add_epi32(a[r], s32) : s32;
+          DCC_KEEP(a[r]);
+        }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * (b >> 3) + 8 * h)));
       const __m256 f0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(w0)), f1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(w1));
       for (int r = 0; r < R; ++r) {
-        const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
-        __m256i a[4];
-        for (int k = 0; k < 4; ++k)
-          a[k] = _mm256_add_epi16(_mm256_maddubs_epi16(c[2 * k], _mm256_set1_epi32(x[2 * k])),
-                                  _mm256_maddubs_epi16(c[2 * k + 1], _mm256_set1_epi32(x[2 * k + 1])));
-        const __m256i i32 = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(a[0], p0), _mm256_madd_epi16(a[1], p0)),
-                                             _mm256_add_epi32(_mm256_madd_epi16(a[2], p1), _mm256_madd_epi16(a[3], p1)));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(f0, _mm256_set1_ps(-32.0f * sr[r][2 * b]), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(f1, _mm256_set1_ps(-32.0f * sr[r][2 * b + 1]), acc[r][h]);
       }
     }
   }
-  dcc_x16_store(out, ldo, acc, R);
+  for (int r = 0; r < R; ++r)
+    for (int h = h0; h < h1; ++h)
+      _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r][h]);
+}
+#endif
+static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
+    float* out, int ldo, const uint32_t* q, const uint32_t* qh, const int8_t* sc, const half* s,
+    const int8_t* const* xr, const float* const* dr, const float* const* sr, int nb, int R) {
+#if defined(__AVX2__)
+  DCC_X16_HALVES(dcc_x16_rows_q6_h, out, ldo, q, qh, sc, s, xr, dr, sr, nb, R);
 #else
   DCC_X16_PLAIN_Q6
 #endif

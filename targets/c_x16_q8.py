@@ -27,24 +27,26 @@ X16_Q8 = r"""
     }                                                                                                              \
   }
 
-static inline __attribute__((always_inline)) void dcc_x16q8_rows(float* out, int ldo, const uint32_t* q,
-                                                                 const half* s, const int8_t* const* xr,
-                                                                 const float* const* dr, int nb, int R) {
 #if defined(__AVX2__)
+/* dcc_x16q8_rows's AVX2 pass over the blocks for outputs 8 h0 .. 8 h1 - 1 (DCC_X16_HALVES) */
+static inline __attribute__((always_inline)) void dcc_x16q8_rows_h(
+    float* out, int ldo, const uint32_t* q, const half* s, const int8_t* const* xr, const float* const* dr, int nb,
+    int R, int h0, int h1) {
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 128 * b;
-    for (int h = 0; h < 2; ++h) {  /* outputs 8h .. 8h + 7 */
+    for (int h = h0; h < h1; ++h) {
       __m256i a[DCC_TILE];
-      for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
         const __m256i w = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
         const __m256i aw = _mm256_sign_epi8(w, w);  /* |w|, read as unsigned (-128 -> 128) */
         for (int r = 0; r < R; ++r) {
           const __m256i x = _mm256_set1_epi32(((const int32_t*)(xr[r] + 32 * b))[j]);
-          a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones));
+          const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+          a[r] = j ? _mm256_add_epi32(a[r], d) : d;
+          DCC_KEEP(a[r]);
         }
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
@@ -52,7 +54,16 @@ static inline __attribute__((always_inline)) void dcc_x16q8_rows(float* out, int
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
     }
   }
-  dcc_x16_store(out, ldo, acc, R);
+  for (int r = 0; r < R; ++r)
+    for (int h = h0; h < h1; ++h)
+      _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r][h]);
+}
+#endif
+static inline __attribute__((always_inline)) void dcc_x16q8_rows(float* out, int ldo, const uint32_t* q,
+                                                                 const half* s, const int8_t* const* xr,
+                                                                 const float* const* dr, int nb, int R) {
+#if defined(__AVX2__)
+  DCC_X16_HALVES(dcc_x16q8_rows_h, out, ldo, q, s, xr, dr, nb, R);
 #else
   DCC_X16Q8_PLAIN
 #endif
@@ -74,7 +85,10 @@ static inline __attribute__((always_inline)) void dcc_x16q8_rows16(float* out, i
       for (int j = 0; j < 8; ++j) {  /* quad j's bytes 0 and 2 (e) and 1 and 3 (o) of each output, as int16 */
         const __m256i w = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
         const __m256i e = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8), o = _mm256_srai_epi16(w, 8);
-        for (int r = 0; r < R; ++r) a[r] = _mm256_add_epi32(a[r], dcc_x16_dot16(e, o, xp[r] + 2 * j));
+        for (int r = 0; r < R; ++r) {
+          a[r] = _mm256_add_epi32(a[r], dcc_x16_dot16(e, o, xp[r] + 2 * j));
+          DCC_KEEP(a[r]);
+        }
       }
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + 16 * b + 8 * h)));
       for (int r = 0; r < R; ++r)
