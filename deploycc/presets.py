@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from .errors import DeployError
+from .runtime.kinds import KINDS
 from .targets.base import Target
 
 TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk",
@@ -159,7 +160,7 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     web = runtime.get("web", False)
     if not isinstance(web, bool):
         raise DeployError(f"{where}: runtime 'web' must be true or false, not {web!r}")
-    if web and target.kind != "webgpu":
+    if web and not KINDS[target.kind].browser:
         raise DeployError(f"{where}: runtime 'web: true' (a browser bundle) needs target kind webgpu, not {target.kind}")
     for k, (lo, hi) in (("context_window", CONTEXT_WINDOW), ("prefill_chunk", PREFILL_CHUNK),
                         ("max_num_sequences", MAX_NUM_SEQUENCES), ("kv_pool_tokens", KV_POOL_TOKENS)):

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from .bench import batch_bench, batch_bench_lines, bench, bench_lines, parse_counts
 from .devices import DeviceError
+from .errors import PackageError
 from .generate import ContextWindowError, UsageError, encode_prompt, generate
 from .kvcache import ContextWindowFull
-from .package import PackageError
 from .safetensors_io import SafetensorsError
 from .sampler import LLAMA_CLI, SAMPLING_FIELDS, Sampler, SamplingDefaults, resolve_sampling
 from .server import ServeError, ServeOptions, allowed_hosts

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from .kvcache import KV_META
 from .symexpr import compile_expr
-from .validate import INT32_MAX, SHAPE_VARS, fail, kv_rows, nbytes, show
+from .validate import INT32_MAX, fail, kv_rows, nbytes, show
+from .vm import SHAPE_VARS
 
 LIMIT = 1 << 62
 

@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 
 from .devices import DeviceError, open_device
+from .kinds import KINDS
 from .kvcache import KV_META, ContextWindowFull, KVCache, PagedKVCache
+from .loaders import KernelLoadError, load_kernels
 from .package import PackageError, load_params, read_manifest, verify
 from .safetensors_io import SafetensorsError
 from .vm import NP, VM, DTensor, VMError
-
-INSTALL = {"opencl": 'pip install "pyopencl[pocl]" (or apt-get install pocl-opencl-icd for a CPU)',
-           "webgpu": "pip install wgpu (and apt-get install mesa-vulkan-drivers libvulkan1 for a CPU)",
-           "cuda": "pip install cupy-cuda12x (or cupy-cuda13x; needs an NVIDIA GPU and driver)"}
 
 
 class Engine:
@@ -35,12 +33,17 @@ class Engine:
         self.context_window = b["context_window"]
         self.prefill_chunk = b["prefill_chunk"]
         self.vocab_size = manifest.get("vocab_size")
+        self.kind = KINDS[manifest["target"]["kind"]]
         requires = manifest["kernels"].get("requires")  # packages before deploycc stated them have none
-        if requires is not None and manifest["target"]["kind"] == "webgpu":
+        if requires is not None and self.kind.adapter_limits:
             device.check_limits(requires)
         t0 = time.perf_counter()
-        self.f16: str | None = None  # WebGPU: "native" (shader-f16), "packed" (f16 read from u32 words) or "none"
-        kernels = self._build_kernels(bytecode)
+        try:
+            loaded = load_kernels(device, path, manifest, bytecode)
+        except KernelLoadError as e:
+            raise PackageError(str(e)) from None
+        kernels, self.lib = loaded.kernels, loaded.library
+        self.f16 = loaded.f16  # f16 variants (WebGPU): "native" (shader-f16), "packed" (from u32 words) or "none"
         self.build_seconds = time.perf_counter() - t0
         storages = [device.alloc(max(int(s["bytes"]), 4)) for s in manifest["storages"]]
         kv = manifest["kv_cache"]
@@ -72,7 +75,7 @@ class Engine:
                 fn.preset[r] = weights[key]
         self.ids_buf = device.alloc(self.prefill_chunk * 4)
         self.native_steps = False
-        if manifest["target"]["kind"] == "cpu" and native_steps:
+        if self.kind.native and native_steps:
             self._bind_native(weights, storages)
         self._tokenizer = None
         self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0,
@@ -102,51 +105,9 @@ class Engine:
             dev = open_device(kind)
         except DeviceError as e:
             msg = str(e)
-            hint = "" if "install" in msg else f"; install it: {INSTALL.get(kind, '')}"
+            hint = "" if "install" in msg or not KINDS[kind].install else f"; install it: {KINDS[kind].install}"
             raise DeviceError(f"no {kind} runtime on this machine ({msg}){hint}") from None
         return cls(path, manifest, bytecode, dev, params, native_steps, paged)
-
-    def _build_kernels(self, bytecode: dict) -> dict:
-        entries = self.manifest["kernels"]["entries"]
-        if self.manifest["target"]["kind"] == "cpu":  # one shared object, compiled with the package
-            from . import native
-
-            nat = self.manifest["kernels"]["native"]
-            try:
-                self.lib = native.load(self.path / nat["library"], nat["cpu_flags"],
-                                       self.manifest["target"].get("num_threads", 0),
-                                       tuple(f["symbol"] for f in nat["functions"].values())
-                                       + tuple(f"{e['entry']}__launch" for e in entries.values()))
-                native.check_lowered_from(self.lib, self.path / nat["library"], bytecode, entries)
-            except native.NativeError as e:
-                raise PackageError(str(e)) from None
-            built = self.device.kernels_of(self.lib, sorted({e["entry"] for e in entries.values()}))
-            return {n: built[e["entry"]] for n, e in entries.items()}
-        # WebGPU without shader-f16: each kernel's variant that reads f16 from packed u32 words, where it has one
-        packed = self.manifest["target"]["kind"] == "webgpu" and not self.device.has_f16
-        by_file: dict[str, list[str]] = {}
-        for name, e in entries.items():
-            by_file.setdefault(e.get("file_no_f16", e["file"]) if packed else e["file"], []).append(name)
-        out = {}
-        used = set()
-        for f, names in by_file.items():
-            source = (self.path / f).read_text()
-            if "enable f16;" in source:
-                if packed:
-                    raise PackageError(f"this package's kernels need shader-f16, which {self.device.name} lacks, and it "
-                                       "has no kernels without it (compiled by an older deploycc); recompile it")
-                used.add("native")
-            elif f != entries[names[0]]["file"]:
-                used.add("packed")
-            options = {"fast_math": bool(self.manifest["target"].get("fast_math"))}
-            built = self.device.build(source, [entries[n]["entry"] for n in names], options)
-            for n in names:
-                out[n] = built[entries[n]["entry"]]
-                if "split" in entries[n]:  # buffers bound as several ranges (WebGPU binding-size limit)
-                    out[n].meta["split"] = {int(i): tuple(v) for i, v in entries[n]["split"].items()}
-        if self.manifest["target"]["kind"] == "webgpu":
-            self.f16 = "packed" if "packed" in used else "native" if used else "none"
-        return out
 
     def _bind_native(self, weights: dict, storages: list) -> None:
         """One context per engine with every pointer the step functions use (the module keeps none):

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from .devices import DeviceError
+from .errors import PackageError
 from .loopir import DTYPES, ProgramError, exact, round_activations, run_program, shape_of, sym_eval
-from .package import PackageError
 
 FLOAT_TOLERANCE = 1e-4
 INTERIOR = 2  # random interior sizes per call site, beside the corners

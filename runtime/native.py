@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from . import scratch
-from .validate import SHAPE_VARS
+from .vm import SHAPE_VARS
 
 # The CPU flags (as /proc/cpuinfo spells them) that code compiled for an ISA may use.
 X86_64_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "sse4_1", "sse4_2", "ssse3", "popcnt")
@@ -36,7 +36,7 @@ MARCH = {"generic": "x86-64", "x86-64-v3": "x86-64-v3", "x86-64-v4": "x86-64-v4"
 INSTALL_CC = "install a C compiler: apt-get install gcc (Debian/Ubuntu), or pip install ziglang (python -m ziglang cc)"
 
 
-# The step functions' layout, derived from the bytecode alone (deploycc/vm/native.py writes the C from
+# The step functions' layout, derived from the bytecode alone (deploycc/vm/capture.py writes the C from
 # it; runtime/validate.py recomputes it and refuses a manifest that says otherwise).
 HEAP = SHAPE_VARS  # h[0], h[1], ... of every step function
 PROLOGUE = ("vm.match_shape", "kv.begin", "kv.pages", "vm.move")  # run in Python before the native call

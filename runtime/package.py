@@ -9,15 +9,13 @@ import hashlib
 import json
 from pathlib import Path
 
+from .errors import PackageError
+
 # 2: manifest.sha256 seals the manifest (format 1 packages had no seal; recompile them)
 FORMAT_VERSION = 2
 SEAL = "manifest.sha256"
 REQUIRED = ("format", "format_version", "model", "quantization", "preset", "target", "bounds", "kv_cache",
             "storages", "kernels", "params", "files")
-
-
-class PackageError(ValueError):
-    """A package that cannot be used; the message says what is wrong and what to do."""
 
 
 def sha256_of(path: Path) -> str:
@@ -130,12 +128,13 @@ def check_package(path: Path, manifest: dict, bytecode) -> None:
     and references (validate.py), the memory plan and every launch at the bounds (dryrun.py), and kernel
     sources that are text."""
     from .dryrun import check_plan
+    from .kinds import KINDS
     from .validate import check_manifest, check_native_bytecode
     from .validate_bytecode import check_bytecode
 
     check_manifest(manifest)
     check_bytecode(bytecode, manifest)
-    if manifest["target"]["kind"] == "cpu":
+    if KINDS[manifest["target"]["kind"]].native:
         check_native_bytecode(manifest, bytecode)
     check_plan(manifest, bytecode)
     for f in sorted({e["file"] for e in manifest["kernels"]["entries"].values()}):

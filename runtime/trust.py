@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .package import PackageError
+from .errors import PackageError
 
 SIGNATURE = "signature.json"
 FORMAT = "deploycc-signature"

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import re
 
-from .package import PackageError
-from .vm import DTYPE_BYTES
+from .errors import PackageError
+from .kinds import KINDS
+from .vm import DTYPE_BYTES, SHAPE_VARS
 
-# target kind -> the kernel language its files are in (targets/backend.py: Backend.language)
-LANGUAGES = {"opencl": "opencl-c", "cuda": "cuda-c", "webgpu": "wgsl", "cpu": "c"}
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
-# The shape variables vm.match_shape binds (deploycc/vm/lower.py): a step's tokens, the cached positions after
-# it, and in a batched step its sequences and the width of their page tables.
-SHAPE_VARS = ("seq_len", "total_len", "batch", "pages_len")
 FUNCTIONS = ("prefill", "prefill_all", "decode", "step")  # what the engines call (step: runtime/batch.py) ...
 REQUIRED_FUNCTIONS = FUNCTIONS[:3]  # ... and what every package has (step: where kv_cache has a pool)
 NUM_INPUTS = 2  # input_ids and the KV cache
@@ -215,7 +211,7 @@ def _check_target(m: dict) -> None:
     if "description" in preset and type(preset["description"]) is not str:
         fail(f"{M} preset.description", f"must be a string, got {show(preset['description'])}")
     target = need_dict(m["target"], f"{M} target", ("kind",))
-    kind = need_str(target["kind"], f"{M} target.kind", tuple(LANGUAGES))
+    kind = need_str(target["kind"], f"{M} target.kind", tuple(KINDS))
     need_str(preset["backend"], f"{M} preset.backend", (kind,))
     for key, (lo, hi) in TARGET_INTS.items():
         if key in target:
@@ -225,7 +221,7 @@ def _check_target(m: dict) -> None:
             need_bool(target[key], f"{M} target.{key}")
     if "arch" in target:
         need_str(target["arch"], f"{M} target.arch", pattern=_ARCH, hi=16, lo=0)
-    if kind == "cpu":
+    if KINDS[kind].isa:
         need_str(target.get("isa"), f"{M} target.isa", ISAS)
 
 
@@ -273,7 +269,7 @@ def kv_bytes(m: dict) -> int:
 def _check_kernels(m: dict) -> None:
     k = need_dict(m["kernels"], f"{M} kernels", ("language", "entries"))
     kind = m["target"]["kind"]
-    need_str(k["language"], f"{M} kernels.language", (LANGUAGES[kind],))
+    need_str(k["language"], f"{M} kernels.language", (KINDS[kind].language,))
     entries = need_dict(k["entries"], f"{M} kernels.entries")
     if not entries:
         fail(f"{M} kernels.entries", "is empty")
@@ -298,14 +294,15 @@ def _check_kernels(m: dict) -> None:
         if "split" in e:
             _check_split(e["split"], f"{where}.split", n_buffers, kind)
         if "file_no_f16" in e:  # the variant for adapters without shader-f16 (targets/wgsl.py: packed_f16)
-            if kind != "webgpu":
-                fail(f"{where}.file_no_f16", "is a WebGPU kernel variant, but the package is for " + kind)
+            if not KINDS[kind].f16_variants:
+                fail(f"{where}.file_no_f16", "is a kernel variant for devices without f16, which a " + kind +
+                     " package has none of")
             f = need_str(e["file_no_f16"], f"{where}.file_no_f16", hi=1024)
             if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".wgsl"):
                 fail(f"{where}.file_no_f16", f"is {show(f)}, not a .wgsl file of the package's kernels/ listed in files")
     if "requires" in k:
         _check_requires(k["requires"], kind)
-    if kind == "cpu":
+    if KINDS[kind].native:
         _check_native(m, need_dict(k.get("native"), f"{M} kernels.native",
                                    ("library", "isa", "cpu_flags", "weights", "functions")))
 
@@ -315,7 +312,7 @@ def _check_requires(req, kind: str) -> None:
     from .devices.webgpu import LIMITS
 
     where = f"{M} kernels.requires"
-    if kind != "webgpu":
+    if not KINDS[kind].adapter_limits:
         fail(where, "states WebGPU limits, but the package is for " + kind)
     for name, v in need_dict(req, where).items():
         if name not in LIMITS:
@@ -324,7 +321,7 @@ def _check_requires(req, kind: str) -> None:
 
 
 def _check_native(m: dict, n: dict) -> None:
-    """The shared object of a cpu package and what its step functions need (deploycc/vm/native.py)."""
+    """The shared object of a cpu package and what its step functions need (deploycc/vm/capture.py)."""
     where = f"{M} kernels.native"
     f = need_str(n["library"], f"{where}.library", hi=1024)
     if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".so"):
@@ -418,7 +415,7 @@ def _check_kernel_args(a, where: str) -> int:
 
 def _check_split(split, where: str, n_buffers: int, kind: str) -> None:
     """WebGPU: buffer argument index -> [bytes per range, number of ranges]."""
-    if kind != "webgpu":
+    if not KINDS[kind].binding_ranges:
         fail(where, "is a WebGPU binding feature, but the package is for " + kind)
     for i, v in need_dict(split, where).items():
         if not (type(i) is str and i.isdigit() and int(i) < n_buffers):

@@ -12,7 +12,6 @@ from .validate import (
     MAX_ITEMS,
     NUM_INPUTS,
     REQUIRED_FUNCTIONS,
-    SHAPE_VARS,
     affine,
     check_expr,
     fail,
@@ -24,7 +23,7 @@ from .validate import (
     need_str,
     show,
 )
-from .vm import BUILTIN_TABLE, BUILTINS, DTYPE_BYTES
+from .vm import BUILTIN_TABLE, BUILTINS, DTYPE_BYTES, SHAPE_VARS
 
 B = "bytecode.json:"
 # the groups of operand kinds a builtin's further operands may be (runtime/vm.py Builtin.more)

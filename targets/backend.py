@@ -3,9 +3,10 @@
 A `Backend` names its renderer module (targets/<module>.py, a `render(kernels, target)` function), the file a
 package's kernels are written into, and the manifest's language name; it builds kernels for a device (the kernel
 tests' KernelRunner), writes a package's kernels/ (the entries the runtime checks every launch against) and
-finishes the package after the kernels (the cpu kind's shared object, WebGPU's adapter limits). deploycc/execute.py
+finishes the package after the kernels (the cpu kind's shared object, WebGPU's adapter limits). deploycc/kernel_runner.py
 and deploycc/package.py ask `backend(kind)` and never test the kind themselves. Adding a kind is a renderer module,
-its Backend in BACKENDS, a device in runtime/devices/ and presets (docs/adding-a-target.md).
+its Backend in BACKENDS, its Kind in runtime/kinds.py (what its packages hold, how the runtime loads them), a device
+in runtime/devices/ and presets (docs/adding-a-target.md).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploycc.runtime.validate import LANGUAGES, entry_name
+from deploycc.runtime.kinds import KINDS
+from deploycc.runtime.validate import entry_name
 
 
 @dataclass(frozen=True)
@@ -21,10 +23,15 @@ class Backend:
     kind: str
     module: str  # the renderer: targets/<module>.py
     kernel_file: str  # every kernel of a package in this one file of kernels/
+    # the kernels are C loop nests that a pool of the CPU's cores runs (a group is one loop iteration on a core: no
+    # work-items, barriers or shared memory within it), not launches of work-groups of threads
+    core_loops: bool = False
+    # the renderer turns a reduction's `lanes` loop of the target's vector width into vector types (OpenCL)
+    vector_lanes: bool = False
 
     @property
     def language(self) -> str:
-        return LANGUAGES[self.kind]
+        return KINDS[self.kind].language
 
     def render(self, kernels: list, target) -> str:
         return importlib.import_module(f"deploycc.targets.{self.module}").render(kernels, target)
@@ -60,12 +67,12 @@ class CpuBackend(Backend):
 
     def finish(self, tmp, lowered, kernel_files, preset, context) -> None:
         """The step functions appended to kernels.c, and the whole module compiled into kernels/kernels.so for the
-        preset's ISA (deploycc/vm/native.py, runtime/native.py)."""
+        preset's ISA (deploycc/vm/capture.py, runtime/native.py)."""
         from deploycc.errors import DeployError
         from deploycc.ir.tir import Intrin, walk
         from deploycc.runtime import native
         from deploycc.transform.absorb_rounding import rounded_linears
-        from deploycc.vm.native import NativeLoweringError, lower_native
+        from deploycc.vm.capture import NativeLoweringError, lower_native
 
         context["progress"]("native")
         try:
@@ -141,8 +148,9 @@ class WebGPUBackend(Backend):
         kernel_files["requires"] = webgpu_limits.check(list(lowered.kernels.values()), preset.target, buffers)
 
 
-BACKENDS = {b.kind: b for b in (Backend("opencl", "opencl", "kernels.cl"), Backend("cuda", "cuda", "kernels.cu"),
-                                 WebGPUBackend("webgpu", "wgsl", ""), CpuBackend("cpu", "c", "kernels.c"))}
+BACKENDS = {b.kind: b for b in (Backend("opencl", "opencl", "kernels.cl", vector_lanes=True),
+                                 Backend("cuda", "cuda", "kernels.cu"), WebGPUBackend("webgpu", "wgsl", ""),
+                                 CpuBackend("cpu", "c", "kernels.c", core_loops=True))}
 
 
 def backend(kind: str) -> Backend:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, fields
 
+from deploycc.runtime.kinds import KINDS as RUNTIME_KINDS
 from deploycc.runtime.validate import ISAS, TARGET_INTS
 
-KINDS = ("opencl", "cuda", "webgpu", "cpu")
-# The most threads a block may have, per kind: CUDA's 1024 on every architecture, WebGPU's largest
+KINDS = tuple(RUNTIME_KINDS)  # the runtime's table (runtime/kinds.py): what each kind's packages hold
+# The most threads a block may have, per kind (runtime/kinds.py): CUDA's 1024 on every architecture, WebGPU's largest
 # maxComputeInvocationsPerWorkgroup (1024 on desktop adapters), OpenCL's largest on devices we know
 # (PoCL on a CPU reports 4096).
-MAX_THREADS = {"cuda": 1024, "webgpu": 1024, "opencl": 4096, "cpu": 4096}
+MAX_THREADS = {k: v.max_threads for k, v in RUNTIME_KINDS.items()}
 GiB = 1 << 30
 # field -> (lowest, highest) allowed, inclusive; the runtime's table (runtime/validate.py TARGET_INTS), which checks
 # a package's target with the same ranges. vector_width is checked against VECTOR_WIDTHS instead.
@@ -81,9 +82,9 @@ class Target:
         if self.threads_per_block > self.max_threads_per_block:
             raise ValueError(f"threads_per_block {self.threads_per_block} exceeds max_threads_per_block "
                              f"{self.max_threads_per_block}")
-        if self.kind == "cpu" and self.isa not in ISAS:
+        if RUNTIME_KINDS[self.kind].isa and self.isa not in ISAS:
             raise ValueError(f"'isa' is {self.isa!r}; choose one of {', '.join(ISAS)}")
-        if self.kind != "cpu" and self.isa:
+        if not RUNTIME_KINDS[self.kind].isa and self.isa:
             raise ValueError(f"'isa' is for the cpu target; remove it from this {self.kind} preset")
         if not isinstance(self.arch, str) or not _ARCH.match(self.arch):
             raise ValueError(f"'arch' is {self.arch!r}; give a CUDA architecture such as sm_90 (or leave it empty)")
@@ -92,7 +93,21 @@ class Target:
     def integer_kernels(self) -> bool:
         """Whether matmuls on quantized weights become integer dot products on rounded activations (the cpu kind's
         kernels, deploycc/schedule/qgemv.py): the graph then rounds those activations as the kernels do."""
-        return self.kind == "cpu" and self.integer_matmuls
+        return self.core_loops and self.integer_matmuls
+
+    @property
+    def core_loops(self) -> bool:
+        """The kind's kernels are loop nests run by a pool of CPU cores (targets/backend.py Backend.core_loops)."""
+        from .backend import backend
+
+        return backend(self.kind).core_loops
+
+    @property
+    def vector_lanes(self) -> bool:
+        """The kind's renderer makes vector types of `lanes` loops (targets/backend.py Backend.vector_lanes)."""
+        from .backend import backend
+
+        return backend(self.kind).vector_lanes
 
     @classmethod
     def from_dict(cls, d: dict) -> Target:

@@ -163,12 +163,14 @@ def test_the_runtime_and_the_compiler_share_one_table_of_target_fields():
     from deploycc.package import QUANTIZATIONS as compiled
     from deploycc.quantization import QUANTIZATION
     from deploycc.runtime import validate
+    from deploycc.runtime.kinds import KINDS
     from deploycc.targets import base
+    from deploycc.targets.backend import BACKENDS
 
     ints = {f.name for f in fields(base.Target) if f.type in ("int", int)}
     assert set(validate.TARGET_INTS) == ints
     assert base.ISAS is validate.ISAS and compiled is validate.QUANTIZATIONS
-    assert set(validate.LANGUAGES) == set(base.MAX_THREADS)
+    assert set(KINDS) == set(base.MAX_THREADS) == set(BACKENDS)
     assert set(compiled) == set(QUANTIZATION) | {"gguf"}
 
 

@@ -37,9 +37,10 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return None
     paged = Paged.of(prog)
     t, row = (paged.t, None) if paged else keys_of(prog)
-    if getattr(target, "kind", "") == "cpu" and (not paged or paged.size % BLOCK == 0):
+    cores = getattr(target, "core_loops", False)
+    if cores and (not paged or paged.size % BLOCK == 0):
         return _blocked(prog, target)
-    if getattr(target, "kind", "") != "cpu" and target.workgroup_gemv and split_threads(target, d.value) >= 2:
+    if not cores and target.workgroup_gemv and split_threads(target, d.value) >= 2:
         return _split(prog, target)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])

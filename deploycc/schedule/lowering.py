@@ -129,7 +129,7 @@ def reduce_lanes(target) -> int:
     """Lanes of the split reduction loop: the target's vector width where its renderer turns a `lanes`
     loop into vector code (OpenCL: float16 on AVX-512 PoCL), else UNROLL scalar copies."""
     w = getattr(target, "vector_width", 0)
-    return w if getattr(target, "kind", "") == "opencl" and w in (4, 8, 16) else UNROLL
+    return w if getattr(target, "vector_lanes", False) and w in (4, 8, 16) else UNROLL
 
 
 def _unrolled(last, outer, acc: Buffer, combine: str, value: V, nest, lanes: int = 0) -> Stmt | None:

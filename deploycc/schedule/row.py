@@ -92,7 +92,7 @@ def _whole_rows(blocks: list[Block], p: int, target) -> bool:
     """cpu: a purely elementwise/injective program gets whole innermost rows per group, not one element
     (the inner loop is contiguous, vectorised by the C compiler, and the index arithmetic of the outer
     coordinates is done once per row)."""
-    if getattr(target, "kind", "") != "cpu" or p < 2:
+    if not getattr(target, "core_loops", False) or p < 2:
         return False
     last = [sym.as_expr(b.iters[p - 1].extent) for b in blocks]
     return (all(not b.reduce and len(b.iters) == p for b in blocks)

@@ -25,7 +25,7 @@ MIN_ROW = 32  # shorter rows stay one per thread: less than a warp of work
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
-    if getattr(target, "kind", "") == "cpu" or not target.workgroup_gemv:
+    if getattr(target, "core_loops", False) or not target.workgroup_gemv:
         return None
     found = row_form(prog)
     if found is None:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..kinds import KINDS
+
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -160,7 +162,7 @@ class Device(abc.ABC):
         ints: list[int] = []
         for i, a in enumerate(args):
             if isinstance(a, (Buffer, BufferRange)):
-                if isinstance(a, BufferRange) and self.kind != "webgpu":
+                if isinstance(a, BufferRange) and not getattr(KINDS.get(self.kind), "binding_ranges", False):
                     raise DeviceError(f"{kernel.name}: buffer ranges are a WebGPU binding feature")
                 if ints:
                     raise DeviceError(f"{kernel.name}: argument {i} is a Buffer after an int; "

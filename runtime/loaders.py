@@ -1,0 +1,76 @@
+"""How a package's kernels load, per target kind (runtime/kinds.py Kind.loader): sources built by the device, or
+one shared object compiled with the package.
+
+    load_kernels(device, path, manifest, bytecode) -> Loaded(kernels by name, native library or None, f16 mode)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import native
+from .kinds import KINDS, Kind
+
+
+class KernelLoadError(ValueError):
+    """A package's kernels cannot be loaded as its manifest says (the engine reports it as a PackageError)."""
+
+
+@dataclass
+class Loaded:
+    kernels: dict  # kernel name (manifest kernels.entries) -> the device's Kernel
+    library: Any = None  # native: the package's shared object (ctypes), whose step functions the engine binds
+    f16: str | None = None  # f16 variants: "native" (shader-f16), "packed" (f16 read from u32 words) or "none"
+
+
+def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) -> Loaded:
+    """Kernel sources built by the device, one build per file; with f16 variants, the files that read f16 from
+    packed words where the device has no f16."""
+    entries = manifest["kernels"]["entries"]
+    packed = kind.f16_variants and not device.has_f16
+    by_file: dict[str, list[str]] = {}
+    for name, e in entries.items():
+        by_file.setdefault(e.get("file_no_f16", e["file"]) if packed else e["file"], []).append(name)
+    out, used = {}, set()
+    options = {"fast_math": bool(manifest["target"].get("fast_math"))}
+    for f, names in by_file.items():
+        source = (path / f).read_text()
+        if kind.f16_variants and "enable f16;" in source:
+            if packed:
+                raise KernelLoadError(f"this package's kernels need shader-f16, which {device.name} lacks, and it "
+                                      "has no kernels without it (compiled by an older deploycc); recompile it")
+            used.add("native")
+        elif f != entries[names[0]]["file"]:
+            used.add("packed")
+        built = device.build(source, [entries[n]["entry"] for n in names], options)
+        for n in names:
+            out[n] = built[entries[n]["entry"]]
+            if "split" in entries[n]:  # buffers bound as several ranges (binding_ranges)
+                out[n].meta["split"] = {int(i): tuple(v) for i, v in entries[n]["split"].items()}
+    f16 = ("packed" if "packed" in used else "native" if used else "none") if kind.f16_variants else None
+    return Loaded(out, f16=f16)
+
+
+def load_native(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) -> Loaded:
+    """One shared object compiled with the package (kernels.native), checked against the bytecode it was lowered
+    from; its kernels' launch entry points on the device."""
+    entries = manifest["kernels"]["entries"]
+    nat = manifest["kernels"]["native"]
+    try:
+        lib = native.load(path / nat["library"], nat["cpu_flags"], manifest["target"].get("num_threads", 0),
+                          tuple(f["symbol"] for f in nat["functions"].values())
+                          + tuple(f"{e['entry']}__launch" for e in entries.values()))
+        native.check_lowered_from(lib, path / nat["library"], bytecode, entries)
+    except native.NativeError as e:
+        raise KernelLoadError(str(e)) from None
+    built = device.kernels_of(lib, sorted({e["entry"] for e in entries.values()}))
+    return Loaded({n: built[e["entry"]] for n, e in entries.items()}, library=lib)
+
+
+LOADERS = {"sources": load_sources, "native": load_native}
+
+
+def load_kernels(device, path: Path, manifest: dict, bytecode: dict) -> Loaded:
+    kind = KINDS[manifest["target"]["kind"]]
+    return LOADERS[kind.loader](kind, device, path, manifest, bytecode)
