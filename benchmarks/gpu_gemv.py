@@ -15,8 +15,8 @@ import statistics
 import numpy as np
 
 from deploycc import presets
-from deploycc.execute import render
 from deploycc.ir import tir
+from deploycc.kernel_runner import render
 from deploycc.quantization import QUANTIZATION
 from deploycc.runtime.devices import open_device
 from deploycc.schedule import gemv

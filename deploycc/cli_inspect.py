@@ -56,9 +56,9 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
     its VM bytecode, its kernel list (--kernels) or its memory plan (--memory). MODEL may be a compiled package
     with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to."""
     from . import pipeline, presets
+    from .export import export
     from .hub import load_model
     from .package import apply_overrides, kv_cache_bytes, prepare, resolve_quantization
-    from .session import export
 
     if kernels and memory:
         raise DeployError("choose one of --kernels and --memory")
@@ -91,7 +91,7 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
         exported = prepared.exported
         cfg = prepared.model.config
     if source:  # one kernel of the package, rendered for the target
-        from .execute import kernel_source
+        from .kernel_runner import kernel_source
 
         shipped = pipeline.compile(exported, target, prepared.prefill_chunk).lowered.kernels
         if source not in shipped:

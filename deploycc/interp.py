@@ -104,7 +104,7 @@ class Interpreter:
                  run_program: Callable = run_program, call_py_func: Callable | None = None,
                  ops: Mapping[str, Callable] | None = None, keep_weights: bool = False):
         """`run_program(prog, arrays, sym_args)` runs one tensor program in place: the loop-level
-        interpreter by default, or compiled kernels on a device (deploycc.execute.KernelRunner).
+        interpreter by default, or compiled kernels on a device (deploycc.kernel_runner.KernelRunner).
         `call_py_func(name, args)` runs a Python function on numpy arguments and returns numpy values:
         by default the module's `PyFunc.fn` called with torch tensors (a BasePyModule instance passes
         its own, which binds `self`). `ops`: op name -> a numpy function run instead of the op's reference
@@ -193,7 +193,7 @@ class Interpreter:
         raise TypeError(f"cannot evaluate {type(e).__name__}")
 
     def _call_module_py_func(self, name: str, args: list) -> Any:
-        from .pymodule import to_numpy, to_torch  # torch is needed only when a module has Python functions
+        from .dlpack import to_numpy, to_torch  # torch is needed only when a module has Python functions
 
         f = self.module.functions.get(name)
         if not isinstance(f, PyFunc):

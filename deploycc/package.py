@@ -26,15 +26,15 @@ import numpy as np
 
 from . import pipeline, presets
 from .errors import DeployError
+from .export import PAGE_SIZE, Pool, export
 from .hub import load_model
 from .ir.kernel import Kernel
-from .output import MARKER, Staging, check_output
 from .runtime.package import FORMAT_VERSION, SEAL, seal_text, sha256_of
 
 # deploycc.quantization's names; "gguf" keeps a .gguf file's quantized blocks as stored (the default for GGUF
 # sources). The runtime's table, which checks a package's manifest against it
 from .runtime.validate import QUANTIZATIONS
-from .session import PAGE_SIZE, Pool, export
+from .staging import MARKER, Staging, check_output
 from .targets.backend import backend
 from .vm.lower import kernel_args
 from .vm.programs import kernel_work, write_programs

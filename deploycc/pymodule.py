@@ -19,7 +19,7 @@ becomes a `PyFunc` node (its source text and the callable), printed with the res
 
 Graph functions run in the reference interpreter (deploycc.interp), whose call_tir runs the
 programs on the device: the loop-level interpreter on "host", compiled kernels through
-deploycc.execute.KernelRunner on "opencl", "webgpu" and "cuda". `call_py_func` calls back into the
+deploycc.kernel_runner.KernelRunner on "opencl", "webgpu" and "cuda". `call_py_func` calls back into the
 instance's Python methods.
 
 Tensors cross between torch and numpy by DLPack, without a copy, where both sides can share the
@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
+from .dlpack import to_numpy, to_torch
 from .interp import LIBRARY, Interpreter
 from .ir import annotation as A
 from .ir import op as op_registry
@@ -59,42 +59,6 @@ def py_func(fn: Callable) -> Callable:
     """Mark a method of a BasePyModule subclass as a Python function of its IRModule."""
     setattr(fn, _PY_FUNC, True)
     return fn
-
-
-# ---- torch <-> numpy -------------------------------------------------------------------------
-
-def to_numpy(x: Any) -> Any:
-    """torch tensors (also inside tuples and lists) -> numpy arrays; other values unchanged.
-    Shares memory (DLPack) for a contiguous CPU tensor, copies otherwise."""
-    if isinstance(x, torch.Tensor):
-        t = x.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        if not t.is_contiguous():
-            t = t.contiguous()
-        if t.dtype == torch.bfloat16:
-            raise TypeError("bfloat16 tensors have no numpy form; convert with .float() first")
-        return np.from_dlpack(t)
-    if isinstance(x, (tuple, list)):
-        return type(x)(to_numpy(v) for v in x)
-    return x
-
-
-def to_torch(x: Any) -> Any:
-    """numpy arrays (also inside tuples and lists) -> torch tensors; other values unchanged.
-    Shares memory (DLPack) for a writable array, copies a read-only one."""
-    if isinstance(x, np.ndarray):
-        if x.flags.writeable:
-            try:
-                return torch.from_dlpack(x)
-            except (BufferError, RuntimeError, TypeError):
-                pass
-        return torch.from_numpy(np.array(x, copy=True))
-    if isinstance(x, np.generic):
-        return torch.from_numpy(np.asarray(x).copy())
-    if isinstance(x, (tuple, list)):
-        return type(x)(to_torch(v) for v in x)
-    return x
 
 
 # ---- module classes --------------------------------------------------------------------------
@@ -215,8 +179,8 @@ def _compile(mod: IRModule, device: str, preset: str | None):
     if device == "host":
         return mod, run_program, None
     from . import presets
-    from .execute import KernelRunner
     from .ir.kernel import scheduled
+    from .kernel_runner import KernelRunner
     from .runtime.devices import open_device
     from .schedule import schedule_program
 

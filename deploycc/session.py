@@ -6,12 +6,11 @@ checked against it: `prefill(ids, all_logits)`, `decode(token)`, `reset()`, `tru
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import nn
 from .errors import DeployError
+from .export import export
 from .hub import LoadedModel
 from .interp import Interpreter
 from .ir.module import IRModule
@@ -19,48 +18,6 @@ from .op.attention import ContextOverflow, RefKVCache
 from .transform.merge_matmuls import function_params
 
 STAGES = ("exported", "legalized", "fused")  # stages the reference interpreter runs
-
-
-PAGE_SIZE = 16  # rows per page: one block of the cpu attention schedule
-
-
-@dataclass(frozen=True)
-class Pool:
-    """The page pool of batched steps: `pages` pages of `page_size` rows each for every layer, shared by at most
-    `sequences` sequences, whose steps hold at most the prefill chunk's tokens all together."""
-
-    pages: int
-    sequences: int
-    page_size: int = PAGE_SIZE
-
-
-def export(model: LoadedModel, context_window: int | None = None, step: int = 0, pool: Pool | None = None) -> IRModule:
-    """The graph-level module: `prefill` (input ids [1, seq_len]) and `decode` (one token). With `step` (the
-    most tokens a prefill step holds, the package's prefill chunk), sliding-window layers keep a ring of
-    window + step - 1 rows instead of the whole context window (nn.Cache.rows). With a `pool`, also `step`:
-    a batched step of several sequences over a page pool (continuous batching, runtime/batch.py)."""
-    cfg = model.config
-    ctx = context_window or cfg.context_window
-    limit = getattr(cfg, "max_context_window", None)
-    if limit is not None and ctx > limit:
-        raise DeployError(f"context window {ctx} exceeds the {limit} positions this model was trained for; "
-                          f"use --context-window {limit} or less")
-    spec = {
-        # prefill returns the last position's logits (what generation needs), prefill_all every position's.
-        "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
-        "prefill_all": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
-        "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
-    }
-    bounds = {"total_len": ctx, "seq_len": step or ctx}
-    if pool is not None:
-        spec["step"] = {"input_ids": nn.spec((1, "seq_len"), "int32"),
-                        "cache": nn.kv_cache_spec(ctx, step, pool.page_size, pool.pages)}
-        bounds.update(batch=pool.sequences, pages_len=-(-ctx // pool.page_size))
-    mod, _ = model.build().export(spec, bounds=bounds)
-    mod.attrs.update(context_window=ctx, model=model.architecture, num_layers=cfg.num_hidden_layers)
-    if pool is not None:
-        mod.attrs["pool"] = asdict(pool)
-    return mod
 
 
 def lower(mod: IRModule, stage: str, target=None) -> IRModule:

@@ -1,7 +1,7 @@
 """Scratch directories: made by one process, marked with its pid and host, and removed by a later process once
 that owner is gone (a SIGKILL leaves the owner no chance to clean up).
 
-deploycc compile's staging directories (deploycc/output.py) and the C compiler's work directories
+deploycc compile's staging directories (deploycc/staging.py) and the C compiler's work directories
 (runtime/native.py) are such. A directory without a marker, or with one that cannot be read or names another
 host, is never removed: nothing proves it is ours. A pid that was reused by a live process keeps its directory
 until that process ends too.

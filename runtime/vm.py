@@ -7,6 +7,7 @@ allocated at load), and launches kernels straight through the device.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,9 @@ class DTensor:
     dtype: str
 
 
+# The shape variables vm.match_shape binds (deploycc/vm/lower.py), in the shape heap's slot order: a step's tokens,
+# the cached positions after it, and in a batched step its sequences and the width of their page tables.
+SHAPE_VARS = ("seq_len", "total_len", "batch", "pages_len")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "int16": 2, "uint8": 1}
 NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint32": np.uint32, "int8": np.int8,
       "int16": np.int16, "uint8": np.uint8}
@@ -39,7 +43,7 @@ class Builtin:
     s symbolic expression, str string, k kernel; `more`: the kind of any further operands, a group of kinds named in
     validate_bytecode.py KINDS), whether it writes its destination register, and whether only a batched `step`
     (a page pool) calls it. The emitter (deploycc/vm/lower.py), this VM, the validator, the dry run, the C
-    lowering (deploycc/vm/native.py) and the browser runtime (web/deploycc.js, its BUILTINS: the builtins of
+    lowering (deploycc/vm/capture.py) and the browser runtime (web/deploycc.js, its BUILTINS: the builtins of
     one sequence's steps) implement these names and no others (tests/runtime/test_builtins.py)."""
 
     operands: tuple[str, ...]
@@ -61,6 +65,16 @@ BUILTIN_TABLE = {
     "kv.meta": Builtin(("r", "str"), None, True, paged=True),
 }
 BUILTINS = tuple(BUILTIN_TABLE)
+# builtin -> the VM's method (vm, args, function) -> closure (regs, heap) -> value; one per BUILTIN_TABLE entry
+# (tests/runtime/test_builtins.py), as the dry run's methods (runtime/dryrun.py) and the C lowering's (vm/capture.py)
+RUNS: dict[str, Callable] = {}
+
+
+def _runs(name: str):
+    def register(method):
+        RUNS[name] = method
+        return method
+    return register
 
 
 class Function:
@@ -75,7 +89,7 @@ class Function:
         self.native = None  # (prologue, epilogue, call, heap slots, int array): set by use_native
 
     def use_native(self, info: dict, call, heap_values) -> None:
-        """Run this function as one native call (deploycc/vm/native.py): the prologue instructions in
+        """Run this function as one native call (deploycc/vm/capture.py): the prologue instructions in
         Python (they bind and check the shape variables), then `call()` for every launch (it reads `heap_values`),
         then the epilogue instructions that build the returned tensor."""
         ret = next(i for i, c in enumerate(self.code) if c[0] == "ret")
@@ -129,36 +143,49 @@ class VM:
         if op != "call":
             raise VMError(f"unknown opcode {op!r}")
         name, args, dst = ins["fn"], ins["args"], ins.get("dst")
-        if name == "vm.launch":
-            return ("call", self._prep_launch(args, fn), dst)
-        if name == "vm.match_shape":
-            return ("call", self._prep_match(args, fn), None)
-        if name == "vm.alloc":
-            return ("call", self._prep_alloc(args, fn), dst)
-        if name == "kv.begin":
-            n = self.operand(args[1], fn)
-            slot_cache = self.operand(args[0], fn)
-            return ("call", lambda regs, heap: (slot_cache(regs, heap).begin(n(regs, heap)),), dst)
-        if name == "kv.view":
-            cache, which, layer = (self.operand(a, fn) for a in args)
-            return ("call", lambda regs, heap: cache(regs, heap).view(which(regs, heap), layer(regs, heap)), dst)
-        if name == "kv.pages":  # a batched step: (sequences, page-table width) of the pool's plan
-            cache = self.operand(args[0], fn)
-            return ("call", lambda regs, heap: cache(regs, heap).pages_shape(), dst)
-        if name == "kv.meta":
-            cache, which = (self.operand(a, fn) for a in args)
-            return ("call", lambda regs, heap: cache(regs, heap).meta(which(regs, heap)), dst)
-        if name == "vm.move":
-            src = self.operand(args[0], fn)
-            return ("call", src, dst)
-        if name == "vm.tuple":
-            gets = [self.operand(a, fn) for a in args]
-            return ("call", lambda regs, heap: tuple(g(regs, heap) for g in gets), dst)
-        if name == "vm.get":
-            t, i = (self.operand(a, fn) for a in args)
-            return ("call", lambda regs, heap: t(regs, heap)[i(regs, heap)], dst)
-        raise VMError(f"unknown builtin {name!r}")
+        run = RUNS.get(name)
+        if run is None:
+            raise VMError(f"unknown builtin {name!r}")
+        return ("call", run(self, args, fn), dst if BUILTIN_TABLE[name].writes else None)
 
+    # ---- the builtins: each makes the closure (regs, heap) -> value of one instruction ------------
+    @_runs("kv.begin")
+    def _kv_begin(self, args: list, fn: Function):
+        n = self.operand(args[1], fn)
+        slot_cache = self.operand(args[0], fn)
+        return lambda regs, heap: (slot_cache(regs, heap).begin(n(regs, heap)),)
+
+    @_runs("kv.view")
+    def _kv_view(self, args: list, fn: Function):
+        cache, which, layer = (self.operand(a, fn) for a in args)
+        return lambda regs, heap: cache(regs, heap).view(which(regs, heap), layer(regs, heap))
+
+    @_runs("kv.pages")
+    def _kv_pages(self, args: list, fn: Function):
+        """a batched step: (sequences, page-table width) of the pool's plan"""
+        cache = self.operand(args[0], fn)
+        return lambda regs, heap: cache(regs, heap).pages_shape()
+
+    @_runs("kv.meta")
+    def _kv_meta(self, args: list, fn: Function):
+        cache, which = (self.operand(a, fn) for a in args)
+        return lambda regs, heap: cache(regs, heap).meta(which(regs, heap))
+
+    @_runs("vm.move")
+    def _move(self, args: list, fn: Function):
+        return self.operand(args[0], fn)
+
+    @_runs("vm.tuple")
+    def _tuple(self, args: list, fn: Function):
+        gets = [self.operand(a, fn) for a in args]
+        return lambda regs, heap: tuple(g(regs, heap) for g in gets)
+
+    @_runs("vm.get")
+    def _get(self, args: list, fn: Function):
+        t, i = (self.operand(a, fn) for a in args)
+        return lambda regs, heap: t(regs, heap)[i(regs, heap)]
+
+    @_runs("vm.match_shape")
     def _prep_match(self, args: list, fn: Function):
         get = self.operand(args[0], fn)
         checks = []
@@ -191,12 +218,14 @@ class VM:
         if name == "total_len" and self.cache is not None and value != self.cache.length:
             raise VMError(f"{fname}: total_len = {value}, but the KV cache holds {self.cache.length} tokens")
 
+    @_runs("vm.alloc")
     def _prep_alloc(self, args: list, fn: Function):
         sid, dtype = args[0]["i"], args[1]["str"]
         dims = [compile_expr(a["s"], fn.slot) for a in args[2:]]
         storage = self.storages[sid]
         return lambda regs, heap: DTensor(storage, tuple(d(heap) for d in dims), dtype)
 
+    @_runs("vm.launch")
     def _prep_launch(self, args: list, fn: Function):
         kernel = self.kernels[args[0]["k"]]
         groups = compile_expr(args[1]["s"], fn.slot)

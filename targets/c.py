@@ -9,7 +9,7 @@ type (`_Float16`, converted with F16C where the ISA has it); arithmetic is float
 
 The module also gets, per kernel, `NAME__launch(void* const* b, const int* s, int groups)`: the
 kernel over `groups` groups on the package's thread pool, for launch-by-launch execution (tests,
-`bench --profile`); the whole-step functions (deploycc/vm/native.py) call the kernels directly.
+`bench --profile`); the whole-step functions (deploycc/vm/capture.py) call the kernels directly.
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def test_costs_are_each_linears_relative_output_error():
                      activations=8)
     ids = calibrate.calibration_ids(model, 96)
     costs = calibrate.activation_costs(model, ids)
-    from deploycc.session import export
+    from deploycc.export import export
     from deploycc.transform.absorb_rounding import rounded_linears
 
     assert set(costs) == set(rounded_linears(export(model, 64)))  # what a package records

@@ -64,8 +64,8 @@ def test_inspect_as_python_runs(tmp_path):
     import torch
 
     import deploycc
+    from deploycc.export import export
     from deploycc.pymodule import TorchKVCache, torch_weights
-    from deploycc.session import export
     from deploycc.topython import load_python
 
     path = make_tiny("llama-gqa1")

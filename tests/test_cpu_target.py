@@ -1,5 +1,5 @@
 """The cpu target end to end: C kernels compiled into PKG/kernels/kernels.so at compile time, each prefill and
-decode step one native call (deploycc/vm/native.py), the same package run launch by launch for comparison.
+decode step one native call (deploycc/vm/capture.py), the same package run launch by launch for comparison.
 
 Packages are compiled from the tiny fixtures (llama-gqa1 in q4f16_1 with a byte-level BPE tokenizer, gpt2-odd in
 q0f32) with `--device cpu` (-march=native) into tmp_path. Tolerances: `deploycc verify` against the numpy

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import deploycc
-from deploycc.session import export, lower
+from deploycc.export import export
+from deploycc.session import lower
 from fakehub import FakeHub
 from fixtures import make_tiny
 

@@ -124,7 +124,7 @@ def test_without_a_policy_signatures_are_not_looked_at(signed, tmp_path):
 
 def test_a_signed_package_is_still_a_package_to_replace(signed):
     """compile --force replaces only what is provably a package: signature.json, unlisted, is part of one."""
-    from deploycc.output import foreign_content
+    from deploycc.staging import foreign_content
 
     assert foreign_content(signed) is None
 

@@ -104,8 +104,9 @@ def test_rounded_transformers_equals_the_quantized_reference(name):
     round_activations: the 90th percentile of the positions' relative RMS difference within 1e-5 (a rounding
     that float32 summation order flips may move a position; none did here)."""
     import deploycc
+    from deploycc.export import export
     from deploycc.quantization import quantize
-    from deploycc.session import export, reference_session
+    from deploycc.session import reference_session
     from deploycc.transform.absorb_rounding import rounded_linears
     from deploycc.verify import QUANTILE, compare_logits, summary, transformers_references
 

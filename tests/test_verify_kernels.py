@@ -158,12 +158,12 @@ def test_the_package_interpreter_agrees_with_deploycc(fixture, device):
     inputs the check draws: equal but for float32 summation order (loopir sums products with einsum)."""
     import deploycc
     from deploycc import pipeline, presets
+    from deploycc.export import export
     from deploycc.ir.tir_interp import run_program as interpret
     from deploycc.package import pool_of
     from deploycc.quantization import quantize
     from deploycc.runtime import loopir
     from deploycc.runtime.kernel_check import Ranges, make_inputs
-    from deploycc.session import export
     from deploycc.vm.programs import program_json
 
     preset = presets.load(device)

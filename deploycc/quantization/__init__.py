@@ -22,24 +22,7 @@ from .base import Scheme, mark_activations, quantized_modules, swap_modules
 from .gguf_blocks import BLOCK_SCHEMES, INTERLEAVED_K, INTERLEAVED_Q5, GGUFBlockScheme, GGUFModel, keep_blocks
 from .group import GroupScheme, InterleavedScheme
 from .none import NoQuantize, StoreHalf
-
-QUANTIZATION: dict[str, Scheme] = {
-    "q0f32": NoQuantize("q0f32"),
-    "q0f16": StoreHalf("q0f16"),
-    "q4f16_1": GroupScheme("q4f16_1", bits=4, scale_dtype="float16", symmetric=True),
-    "q4f32_1": GroupScheme("q4f32_1", bits=4, scale_dtype="float32", symmetric=True),
-    "q4f16_2": GroupScheme("q4f16_2", bits=4, scale_dtype="float16", symmetric=False),
-    "q8f16_0": GroupScheme("q8f16_0", bits=8, scale_dtype="float16", symmetric=True),
-}
-
-
-# The cpu target's layout of the 4- and 8-bit schemes (rows interleaved in 16s), used where runtime/native.py's
-# weight_interleave says the target's integer kernels read it (AVX2 and AVX-512).
-INTERLEAVED: dict[str, Scheme] = {
-    "q4f16_1": InterleavedScheme("q4f16_1x16", bits=4, scale_dtype="float16", symmetric=True),
-    "q4f16_2": InterleavedScheme("q4f16_2x16", bits=4, scale_dtype="float16", symmetric=False),
-    "q8f16_0": InterleavedScheme("q8f16_0x16", bits=8, scale_dtype="float16", symmetric=True),
-}
+from .schemes import INTERLEAVED, QUANTIZATION
 
 
 def scheme_by_name(name: str) -> Scheme:

@@ -43,6 +43,7 @@ from .gguf_stored import (
     StoredScheme,
 )
 from .group import InterleavedScheme, pack_codes
+from .schemes import INTERLEAVED, QUANTIZATION
 
 __all__ = ["BLOCK_SCHEMES", "CONVERT_TO", "FLOAT_TYPES", "GGUFBlockScheme", "GGUFModel", "INTERLEAVED_K", "INTERLEAVED_Q5",
            "LAYOUTS", "PARAM_ORDER", "QK_K", "InterleavedK", "InterleavedQ5", "StoredScheme", "keep_blocks"]
@@ -185,8 +186,6 @@ class GGUFModel:
             return None
         block = BLOCK_SCHEMES.get(self._stored_as(hf))
         if block is None:
-            from . import QUANTIZATION
-
             return QUANTIZATION["q0f16"] if self.base.weights.qtype(hf) == "F16" else None
         # a linear's rows, or an embedding's (a tied output head is a linear of its table: the interleaved layouts'
         # lookup splits a gathered row by shifts)
@@ -197,8 +196,6 @@ class GGUFModel:
                 return table[block.qtype]
         if not (self.groups and isinstance(block, GGUFBlockScheme)):
             return block
-        from . import INTERLEAVED, QUANTIZATION
-
         name = block.group_scheme
         if self.interleave and shape and name in INTERLEAVED and INTERLEAVED[name].fits(*shape):
             return INTERLEAVED[name]

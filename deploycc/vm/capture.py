@@ -27,6 +27,30 @@ class NativeLoweringError(ValueError):
     pass
 
 
+def _get(args: list, regs: dict) -> tuple:
+    t = _value(args[0], regs)
+    return t[1][args[1]["i"]] if t[0] == "tuple" else ("?",)
+
+
+# Each builtin of the bytecode (runtime/vm.py BUILTIN_TABLE) as the C lowering treats it after a step's prologue: the
+# value it gives its register, known statically (a function of the operands and the registers so far); "launch", a
+# kernel launch written into the step; "checked at load", nothing (vm.match_shape: shapes inside the step follow from
+# the plan, which the dry run checks when the package loads); "prologue", only in the prologue, which runs in Python
+# (runtime/native.py PROLOGUE). tests/runtime/test_builtins.py holds the keys to the table.
+LOWERING = {
+    "vm.alloc": lambda args, regs: ("st", args[0]["i"]),
+    "vm.move": lambda args, regs: regs.get(args[0]["r"], ("?",)),
+    "kv.view": lambda args, regs: ("kv", args[1]["str"], args[2]["i"]),
+    "kv.meta": lambda args, regs: ("meta", KV_META.index(args[1]["str"])),
+    "vm.tuple": lambda args, regs: ("tuple", tuple(_value(a, regs) for a in args)),
+    "vm.get": _get,
+    "vm.launch": "launch",
+    "vm.match_shape": "checked at load",
+    "kv.begin": "prologue",
+    "kv.pages": "prologue",
+}
+
+
 def lower_native(bytecode: dict, entries: dict) -> tuple[str, dict]:
     """(C source of the step functions, manifest section): `entries` are the manifest's kernel entries
     (their `args.buffers[i].written` says what each launch writes)."""
@@ -73,24 +97,12 @@ def _function(fname: str, spec: dict, entries: dict, weights: list[str]) -> tupl
             ret = x["args"][0].get("r")
             break
         fn, args, dst = x.get("fn"), x.get("args", []), x.get("dst")
-        if fn == "vm.alloc":
-            regs[dst] = ("st", args[0]["i"])
-        elif fn == "vm.move":
-            regs[dst] = regs.get(args[0]["r"], ("?",))
-        elif fn == "kv.view":
-            regs[dst] = ("kv", args[1]["str"], args[2]["i"])
-        elif fn == "kv.meta":
-            regs[dst] = ("meta", KV_META.index(args[1]["str"]))
-        elif fn == "vm.tuple":
-            regs[dst] = ("tuple", tuple(_value(a, regs) for a in args))
-        elif fn == "vm.get":
-            t = _value(args[0], regs)
-            regs[dst] = t[1][args[1]["i"]] if t[0] == "tuple" else ("?",)
-        elif fn == "vm.match_shape":
-            continue  # shapes inside the step follow from the plan (checked by the dry run at load)
-        elif fn == "vm.launch":
+        how = LOWERING.get(fn)
+        if how == "launch":
             body += _launch(args, regs, entries, heap, pending_w, pending_r)
-        else:
+        elif callable(how):
+            regs[dst] = how(args, regs)
+        elif how != "checked at load":
             raise NativeLoweringError(f"{fname}: {fn} after the prologue has no native lowering")
     if ret is None:
         raise NativeLoweringError(f"{fname}: no ret")

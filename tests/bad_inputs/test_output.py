@@ -233,7 +233,7 @@ def test_a_killed_recompile_keeps_the_old_package_and_is_cleaned_up(model, packa
 def test_the_temporary_directory_of_a_running_compile_is_left_alone(model, tmp_path):
     """A marker naming a live process (this one) means a concurrent compile: not stale."""
     require_device("opencl")
-    from deploycc.output import MARKER
+    from deploycc.staging import MARKER
 
     out = tmp_path / "dist" / "pkg"
     live = out.parent / ".pkg.deploycc-tmp-live"

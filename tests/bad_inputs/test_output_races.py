@@ -35,7 +35,7 @@ PAUSING = textwrap.dedent("""
     # renamed aside).
     import os, sys, time
     from pathlib import Path
-    import deploycc.output as o
+    import deploycc.staging as o
     import deploycc.package as p
     from deploycc.cli import main
 
@@ -162,7 +162,7 @@ def test_a_package_set_aside_is_kept_when_its_place_is_taken(model, cpu_package,
     """--force: the package was set aside and found whole, and then a writer that takes no lock made the output
     again before the new package could be renamed there. Neither the writer's file nor the old package is
     deleted, now or by the next compile's cleanup; the error says where the package is."""
-    from deploycc.output import remove_stale
+    from deploycc.staging import remove_stale
 
     before = tree_digest(cpu_package)
     p = start_paused(tmp_path / "flags", "aside", "compile", model, "--device", "cpu", "-o", cpu_package, "--force",
@@ -190,7 +190,7 @@ def test_two_compiles_to_one_new_output(model, tmp_path, force):
     written = tree_digest(out)
     r = resume(first, tmp_path / "flags")
     assert [q.name for q in out.parent.iterdir()] == ["pkg"]
-    from deploycc.output import foreign_content
+    from deploycc.staging import foreign_content
 
     assert foreign_content(out) is None
     chunk = json.loads((out / "manifest.json").read_text())["bounds"]["prefill_chunk"]

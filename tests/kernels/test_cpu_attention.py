@@ -15,8 +15,8 @@ import pytest
 from conftest import require_cc, require_device
 
 from deploycc import presets
-from deploycc.execute import KernelRunner, render
 from deploycc.ir import sym, tir
+from deploycc.kernel_runner import KernelRunner, render
 from deploycc.op.attention import attention_reference
 from deploycc.schedule import attention, schedule_program
 

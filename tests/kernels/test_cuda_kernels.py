@@ -8,12 +8,12 @@ from conftest import require_nvcc
 
 import deploycc
 from deploycc import presets
-from deploycc.execute import render
+from deploycc.export import Pool, export
 from deploycc.ir.kernel import scheduled
+from deploycc.kernel_runner import render
 from deploycc.pipeline import run as run_pipeline
 from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
 from deploycc.schedule import schedule_program
-from deploycc.session import Pool, export
 from deploycc.vm.lower import kv_copy_paged_program, kv_copy_program
 
 

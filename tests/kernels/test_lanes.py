@@ -9,9 +9,9 @@ import pytest
 from conftest import require_device
 
 from deploycc import presets
-from deploycc.execute import KernelRunner, render
 from deploycc.ir import tir
 from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner, render
 from deploycc.quantization import QUANTIZATION
 from deploycc.schedule import schedule_program
 

@@ -7,8 +7,8 @@ from conftest import require_device
 from transform.test_fusion_text import module
 
 from deploycc import presets
-from deploycc.execute import KernelRunner
 from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
 from deploycc.schedule import schedule_program
 from deploycc.transform.annotate_patterns import annotate_patterns
 from deploycc.transform.fuse_ops import fuse_ops

@@ -17,13 +17,13 @@ from conftest import require_device
 
 import deploycc
 from deploycc import presets
-from deploycc.execute import KernelRunner
+from deploycc.export import export
 from deploycc.interp import Interpreter
 from deploycc.ir.checker import check
 from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
 from deploycc.op.attention import RefKVCache
 from deploycc.pipeline import run as run_pipeline
-from deploycc.session import export
 from deploycc.transform.merge_matmuls import function_params
 
 CONTEXT = 72

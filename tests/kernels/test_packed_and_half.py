@@ -6,9 +6,9 @@ import pytest
 from conftest import require_device, require_nvcc
 
 from deploycc import presets
-from deploycc.execute import KernelRunner
 from deploycc.ir import tir
 from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
 from deploycc.schedule import schedule_program
 
 
@@ -43,7 +43,7 @@ def test_unpack_nibbles_with_half_scales(preset):
 
 def test_unpack_compiles_for_cuda():
     require_nvcc()
-    from deploycc.execute import render
+    from deploycc.kernel_runner import render
     from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
 
     target = presets.load("h100").target

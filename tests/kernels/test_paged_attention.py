@@ -12,12 +12,12 @@ import pytest
 from conftest import require_cc, require_device
 
 from deploycc import presets
-from deploycc.execute import KernelRunner, render
 from deploycc.ir import annotation as A
 from deploycc.ir import sym
 from deploycc.ir.expr import Call, Var
 from deploycc.ir.module import IRModule
 from deploycc.ir.op import get as get_op
+from deploycc.kernel_runner import KernelRunner, render
 from deploycc.op.attention import RefPagedCache, paged_attention_reference
 from deploycc.schedule import schedule_program
 from deploycc.vm.lower import kv_copy_paged_program

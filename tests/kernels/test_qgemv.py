@@ -17,17 +17,17 @@ from conftest import require_cc, require_device
 
 import deploycc
 from deploycc import presets
-from deploycc.execute import KernelRunner
+from deploycc.export import export
 from deploycc.interp import Interpreter
 from deploycc.ir.kernel import scheduled
 from deploycc.ir.tir import Intrin, walk
 from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
 from deploycc.op.attention import RefKVCache
 from deploycc.op.linalg import round_activations_np
 from deploycc.pipeline import run as run_pipeline
 from deploycc.quantization import quantize
 from deploycc.schedule import qgemv
-from deploycc.session import export
 from deploycc.transform.merge_matmuls import function_params
 from fixtures import make_tiny
 

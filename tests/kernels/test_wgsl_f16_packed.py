@@ -12,10 +12,10 @@ from conftest import require_device
 
 import deploycc
 from deploycc import presets
-from deploycc.execute import KernelRunner
 from deploycc.ir import tir
 from deploycc.ir.kernel import scheduled
 from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
 from deploycc.schedule import schedule_program
 from deploycc.targets.wgsl import render
 from fixtures import make_tiny

@@ -9,9 +9,9 @@ import pytest
 from conftest import require_device, require_nvcc
 
 from deploycc import op, presets  # noqa: F401  (op registers the ops)
-from deploycc.execute import KernelRunner, render
 from deploycc.ir import BlockBuilder, Tensor, Var
 from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner, render
 from deploycc.schedule import schedule_program
 from deploycc.targets import cstyle
 from deploycc.transform import legalize

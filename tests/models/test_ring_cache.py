@@ -22,10 +22,10 @@ import torch
 from conftest import require_device
 
 import deploycc
+from deploycc.export import export
 from deploycc.interp import Interpreter
 from deploycc.op.attention import RefKVCache
 from deploycc.pymodule import TorchKVCache, torch_weights
-from deploycc.session import export
 from deploycc.topython import load_python, module_to_python
 from deploycc.transform.merge_matmuls import function_params
 from fixtures import make_tiny

@@ -13,6 +13,7 @@ from conftest import require_device
 
 import deploycc
 from deploycc import pipeline
+from deploycc.export import export
 from deploycc.interp import Interpreter
 from deploycc.ir import BlockBuilder, CallDPSLibrary, CallTIR, If, Object, SeqExpr, Shape, Tensor, Tuple, TupleGetItem, Var, sym
 from deploycc.ir.builder import shape_of
@@ -20,7 +21,6 @@ from deploycc.ir.expr import Binding, BindingBlock, Call
 from deploycc.ir.module import ExternFunc
 from deploycc.op.attention import RefKVCache
 from deploycc.pymodule import TorchKVCache, torch_weights
-from deploycc.session import export
 from deploycc.topython import (
     OPS,
     function_to_python,

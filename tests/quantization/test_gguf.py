@@ -326,9 +326,9 @@ def test_kept_blocks_logits_equal_dequantized(tmp_path, tied, stage):
 @pytest.mark.parametrize("kquants", [False, True])
 def test_kept_blocks_fuse_into_consumers(tmp_path, kquants):
     from deploycc import presets
+    from deploycc.export import export
     from deploycc.pipeline import kernel_report
     from deploycc.quantization import quantize
-    from deploycc.session import export
 
     if kquants:
         path, _ = write_tiny(tmp_path, K_MIXED, hidden_size=256, intermediate_size=256, head_dim=64)
@@ -370,7 +370,7 @@ def test_smollm2_gguf_kept_blocks(smollm2_gguf, smollm2_path):
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
 def test_block_dequantize_kernel_on_device(preset, qtype):
     from deploycc import presets
-    from deploycc.execute import KernelRunner
+    from deploycc.kernel_runner import KernelRunner
     from deploycc.quantization import BLOCK_SCHEMES
     from deploycc.quantization.gguf_blocks import LAYOUTS
     from deploycc.schedule import schedule_program

@@ -51,7 +51,7 @@ def test_an_interleaved_embedding_gathers_the_plain_rows(name):
     from conftest import require_cc, require_device
 
     from deploycc import presets
-    from deploycc.execute import KernelRunner
+    from deploycc.kernel_runner import KernelRunner
     from deploycc.schedule import schedule_program
 
     plain, wide = QUANTIZATION[name], INTERLEAVED[name]

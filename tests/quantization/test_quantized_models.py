@@ -7,9 +7,10 @@ from conftest import require_device
 
 import deploycc
 from deploycc import presets
+from deploycc.export import export
 from deploycc.pipeline import kernel_report
 from deploycc.quantization import quantize
-from deploycc.session import export, reference_session
+from deploycc.session import reference_session
 from fixtures import make_tiny
 
 MODELS = ["llama-gqa1", "gpt2-odd"]

@@ -4,8 +4,8 @@ import pytest
 
 import deploycc
 from deploycc import presets
+from deploycc.export import export
 from deploycc.pipeline import kernel_report
-from deploycc.session import export
 from fixtures import make_tiny
 
 

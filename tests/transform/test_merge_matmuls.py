@@ -13,11 +13,11 @@ import pytest
 
 import deploycc
 from deploycc import presets
+from deploycc.export import export
 from deploycc.interp import Interpreter
 from deploycc.op.attention import RefKVCache
 from deploycc.pipeline import kernel_report, run
 from deploycc.quantization import quantize
-from deploycc.session import export
 from deploycc.transform.merge_matmuls import ATTR, function_params, merge_params, merged_name
 from fixtures import make_tiny
 

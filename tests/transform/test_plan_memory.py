@@ -14,7 +14,7 @@ import pytest
 import deploycc
 import deploycc.pipeline
 import deploycc.presets
-import deploycc.session
+import deploycc.export
 from deploycc.interp import Interpreter
 from deploycc.ir import BlockBuilder, CallTIR, Tensor, Tuple, TupleGetItem, Var, sym, tir
 from deploycc.ir import annotation as A
@@ -33,7 +33,7 @@ TARGET = deploycc.presets.load("cpu-opencl").target
 @cache
 def scheduled_module(name: str):
     model = deploycc.load_model(str(make_tiny(name)))
-    return model, deploycc.pipeline.run(deploycc.session.export(model, 64), TARGET, "scheduled")
+    return model, deploycc.pipeline.run(deploycc.export.export(model, 64), TARGET, "scheduled")
 
 
 # ---- the invariant, from lifetimes recomputed here -------------------------------------------------
