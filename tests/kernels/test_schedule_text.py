@@ -1,24 +1,32 @@
 # ruff: noqa: E501  (expected IR text is kept verbatim)
 """Schedule rules stated as text: a small program before and after its rule, on the adreno preset (an OpenCL GPU:
-the rules' GPU shapes). The printer shows a scheduled program's kernels as loop nests under the program (thread
+the rules' GPU shapes) or, for the cpu target's own rules (integer matmuls, blocked attention), the cpu preset. The
+printer shows a scheduled program's kernels as loop nests under the program (thread
 loops, shared and local allocations, barriers); the texts were read and checked by hand once, then frozen, so a
 change to a rule shows here as a diff of loops rather than only as a speed or a failure elsewhere."""
+from functools import cache
+
 from transform.test_fusion_text import module
 
+import deploycc
 from deploycc import op, presets  # noqa: F401  (op registers the ops)
-from deploycc.ir import BlockBuilder, Tensor, Var
+from deploycc.export import export
+from deploycc.ir import BlockBuilder, Tensor, Var, sym
 from deploycc.ir.printer import program_text
+from deploycc.pipeline import run as run_pipeline
+from deploycc.quantization import quantize
 from deploycc.schedule import schedule_program
 from deploycc.transform import legalize
 from deploycc.transform.annotate_patterns import annotate_patterns
 from deploycc.transform.fuse_ops import fuse_ops
 from deploycc.transform.fuse_tensor import fuse_tensor
+from fixtures import make_tiny
 
 
-def schedule_text(prog) -> str:
+def schedule_text(prog, preset: str = "adreno") -> str:
     """What scheduling adds to a program's text; the program's own text (frozen in test_fusion_text for the fused
     ones) must print unchanged above it."""
-    text, plain = program_text(schedule_program(prog, presets.load("adreno").target)), program_text(prog)
+    text, plain = program_text(schedule_program(prog, presets.load(preset).target)), program_text(prog)
     assert text.startswith(plain.rstrip("\n") + "\n    # scheduled")
     return text[len(plain):]
 
@@ -36,6 +44,26 @@ def decode_linear() -> str:
     return schedule_text(legalize(bb.module)["linear"])
 
 
+def norm_rows() -> str:
+    """RMSNorm of rows of 64: a reduction along each row, then an elementwise pass over it."""
+    bb = BlockBuilder()
+    x, w = Var("x", Tensor((sym.var("n"), 64))), Var("w", Tensor((64,)))
+    with bb.function("main", [x, w], auto_dataflow=True):
+        bb.finish(bb.call("rms_norm", x, w, eps=1e-5))
+    return schedule_text(legalize(bb.module)["rms_norm"])
+
+
+@cache
+def tiny_fused():
+    """A tiny Llama (2 layers, hidden 32) in q4f16_1 with 8-bit activations, fused as the cpu pipeline fuses it."""
+    model = quantize(deploycc.load_model(str(make_tiny("llama-gqa1"))), "q4f16_1", None, False, activations=8)
+    return run_pipeline(export(model, 64), presets.load("cpu").target, "fused")
+
+
+def tiny_on_cpu(name: str) -> str:
+    return schedule_text(tiny_fused()[name], "cpu")
+
+
 def test_matmul_rule_tiles_with_the_prologue_in_the_tile_load_and_the_epilogue_after():
     assert scheduled("fused_dequantize_linear_add") == MATMUL
 
@@ -48,8 +76,24 @@ def test_gemv_rule_rows_per_group_whose_lanes_split_the_reduction():
     assert decode_linear() == GEMV
 
 
+def test_row_block_rule_one_group_per_row_with_a_tree_reduction():
+    assert norm_rows() == ROW_BLOCK
+
+
+def test_qgemv_rule_rounds_the_activations_once_then_one_integer_dot_per_output():
+    """Decode of the tiny model's output head (101 outputs): the activations rounded to 8 bits once, before the
+    group loop, then one tensorized integer dot product per output row."""
+    assert tiny_on_cpu("fused_dequantize_q4f16__linear4") == QGEMV
+
+
+def test_attention_rule_on_cpu_online_softmax_over_blocks_of_keys():
+    """One (query, head) per group; keys in blocks of 16 with a running maximum and sum, the last partial block
+    masked apart."""
+    assert tiny_on_cpu("attention") == ATTENTION
+
+
 def test_no_scheduled_line_is_long():
-    for text in (MATMUL, ROW, GEMV):
+    for text in (MATMUL, ROW, GEMV, ROW_BLOCK, QGEMV, ATTENTION):
         assert max(len(line) for line in text.splitlines()) < 200
 
 
@@ -200,4 +244,120 @@ GEMV = """    # scheduled (gemv): 1 kernel(s)
                     y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 2] = (0.0 + red[2, t])
                 if ((t % 32 == 0) and (4 * (t // 32) + 8 * g + 3 < 16)):
                     y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 3] = (0.0 + red[3, t])
+"""
+
+ROW_BLOCK = """    # scheduled (row_block): 1 kernel(s)
+    kernel rms_norm(x, w, y, n: int), groups=n, threads=64:  # writes y
+        for g in range(n, thread "group"):
+            for u in range(64, thread "local"):
+                red0 = alloc((64,), "float32", "shared")
+                sumsq_1 = alloc((1,), "float32", "local")
+                acc0 = alloc((1,), "float32", "local")
+                acc0[0] = 0.0
+                for k in range(1):
+                    if (u + 64 * k < 64):
+                        acc0[0] = (acc0[0] + (x[g, u + 64 * k] * x[g, u + 64 * k]))
+                red0[u] = acc0[0]
+                barrier("shared")
+                if (u < 32):
+                    red0[u] = (red0[u] + red0[u + 32])
+                barrier("shared")
+                if (u < 16):
+                    red0[u] = (red0[u] + red0[u + 16])
+                barrier("shared")
+                if (u < 8):
+                    red0[u] = (red0[u] + red0[u + 8])
+                barrier("shared")
+                if (u < 4):
+                    red0[u] = (red0[u] + red0[u + 4])
+                barrier("shared")
+                if (u < 2):
+                    red0[u] = (red0[u] + red0[u + 2])
+                barrier("shared")
+                if (u < 1):
+                    red0[u] = (red0[u] + red0[u + 1])
+                barrier("shared")
+                sumsq_1[0] = red0[0]
+                for k_1 in range(1):
+                    if (u + 64 * k_1 < 64):
+                        y[g, u + 64 * k_1] = (w[u + 64 * k_1] * (x[g, u + 64 * k_1] * rsqrt(((sumsq_1[0] / float32(64)) + 1e-05))))
+"""
+
+QGEMV = """    # scheduled (qgemv-q4_sym): 1 kernel(s)
+    kernel fused_dequantize_q4f16__linear4(a0, a1, a2, out), groups=101, threads=1:  # writes out
+        xq = alloc((32,), "int8", "local")
+        xd = alloc((1,), "float32", "local")
+        xsd = alloc((1,), "float32", "local")
+        quantize_q8_pairs(a2, xq, xd, xsd, 0, 32, 0)  # writes xq, xd, xsd
+        for g in range(101, thread "group"):
+            for t in range(1, thread "local"):
+                if (t + g < 101):
+                    acc = alloc((1,), "float32", "local")
+                    dot_q4_sym_q8(acc, a0, a1, xq, xd, xsd, t + g, 1)  # writes acc
+                    for i in range(1):
+                        for l in range(1):
+                            out[0, 0, t + l + g] = (0.0 + acc[l + i])
+"""
+
+ATTENTION = """    # scheduled (attention): 1 kernel(s)
+    kernel attention(q, k, v, o, seq_len: int, total_len: int), groups=4 * seq_len, threads=1:  # writes o
+        for g in range(4 * seq_len, thread "group"):
+            for t in range(1, thread "local"):
+                if (t + g < 4 * seq_len):
+                    acc = alloc((8,), "float32", "local")
+                    p = alloc((16,), "float32", "local")
+                    s = alloc((16,), "float32", "local")
+                    bm = alloc((1,), "float32", "local")
+                    corr = alloc((1,), "float32", "local")
+                    dot = alloc((1,), "float32", "local")
+                    l = alloc((1,), "float32", "local")
+                    m = alloc((1,), "float32", "local")
+                    m[0] = -1e+30
+                    l[0] = 0.0
+                    for c_1 in range(8):
+                        acc[c_1] = 0.0
+                    for jb in range(((t + g) % seq_len + total_len - seq_len + 1) // 16):
+                        for jj in range(16):
+                            dot[0] = 0.0
+                            for c_2 in range(8):
+                                dot[0] = (dot[0] + (q[(t + g) % seq_len, (t + g) // seq_len, c_2] * k[jj + 16 * jb, (t + g) // seq_len, c_2]))
+                            s[jj] = (dot[0] * 0.3535533905932738)
+                        bm[0] = m[0]
+                        for jj_1 in range(16):
+                            bm[0] = max(bm[0], s[jj_1])
+                        corr[0] = exp((m[0] - bm[0]))
+                        l[0] = (l[0] * corr[0])
+                        for c_3 in range(8):
+                            acc[c_3] = (acc[c_3] * corr[0])
+                        m[0] = bm[0]
+                        for jj_2 in range(16):
+                            p[jj_2] = exp((s[jj_2] - m[0]))
+                        for jj_3 in range(16):
+                            l[0] = (l[0] + p[jj_3])
+                            for c_4 in range(8):
+                                acc[c_4] = (acc[c_4] + (p[jj_3] * v[jj_3 + 16 * jb, (t + g) // seq_len, c_4]))
+                    if (16 * (((t + g) % seq_len + total_len - seq_len + 1) // 16) < (t + g) % seq_len + total_len - seq_len + 1):
+                        for jj_4 in range(16):
+                            s[jj_4] = -1e+30
+                        for jj_5 in range((t + g) % seq_len - 16 * (((t + g) % seq_len + total_len - seq_len + 1) // 16) + total_len - seq_len + 1):
+                            dot[0] = 0.0
+                            for c_5 in range(8):
+                                dot[0] = (dot[0] + (q[(t + g) % seq_len, (t + g) // seq_len, c_5] * k[16 * (((t + g) % seq_len + total_len - seq_len + 1) // 16) + jj_5, (t + g) // seq_len, c_5]))
+                            s[jj_5] = (dot[0] * 0.3535533905932738)
+                        bm[0] = m[0]
+                        for jj_6 in range(16):
+                            bm[0] = max(bm[0], s[jj_6])
+                        corr[0] = exp((m[0] - bm[0]))
+                        l[0] = (l[0] * corr[0])
+                        for c_6 in range(8):
+                            acc[c_6] = (acc[c_6] * corr[0])
+                        m[0] = bm[0]
+                        for jj_7 in range(16):
+                            p[jj_7] = exp((s[jj_7] - m[0]))
+                        for jj_8 in range((t + g) % seq_len - 16 * (((t + g) % seq_len + total_len - seq_len + 1) // 16) + total_len - seq_len + 1):
+                            l[0] = (l[0] + p[jj_8])
+                            for c_7 in range(8):
+                                acc[c_7] = (acc[c_7] + (p[jj_8] * v[16 * (((t + g) % seq_len + total_len - seq_len + 1) // 16) + jj_8, (t + g) // seq_len, c_7]))
+                    for c_8 in range(8):
+                        o[(t + g) % seq_len, (t + g) // seq_len, c_8] = (acc[c_8] / l[0])
 """
