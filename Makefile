@@ -72,7 +72,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d build/docs
 
 test: install docs
-	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not model" $(PYTEST_ARGS)
