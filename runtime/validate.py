@@ -295,8 +295,7 @@ def _check_kernels(m: dict) -> None:
             _check_split(e["split"], f"{where}.split", n_buffers, kind)
         if "file_no_f16" in e:  # the variant for adapters without shader-f16 (targets/wgsl.py: packed_f16)
             if not KINDS[kind].f16_variants:
-                fail(f"{where}.file_no_f16", "is a kernel variant for devices without f16, which a " + kind +
-                     " package has none of")
+                fail(f"{where}.file_no_f16", "is a WebGPU kernel variant, but the package is for " + kind)
             f = need_str(e["file_no_f16"], f"{where}.file_no_f16", hi=1024)
             if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".wgsl"):
                 fail(f"{where}.file_no_f16", f"is {show(f)}, not a .wgsl file of the package's kernels/ listed in files")
