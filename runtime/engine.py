@@ -15,7 +15,7 @@ import numpy as np
 from .devices import DeviceError, open_device
 from .kinds import KINDS
 from .kvcache import KV_META, ContextWindowFull, KVCache, PagedKVCache
-from .loaders import KernelLoadError, load_kernels
+from .loaders import load_kernels
 from .package import PackageError, load_params, read_manifest, verify
 from .safetensors_io import SafetensorsError
 from .vm import NP, VM, DTensor, VMError
@@ -38,10 +38,7 @@ class Engine:
         if requires is not None and self.kind.adapter_limits:
             device.check_limits(requires)
         t0 = time.perf_counter()
-        try:
-            loaded = load_kernels(device, path, manifest, bytecode)
-        except KernelLoadError as e:
-            raise PackageError(str(e)) from None
+        loaded = load_kernels(device, path, manifest, bytecode)
         kernels, self.lib = loaded.kernels, loaded.library
         self.f16 = loaded.f16  # f16 variants (WebGPU): "native" (shader-f16), "packed" (from u32 words) or "none"
         self.build_seconds = time.perf_counter() - t0

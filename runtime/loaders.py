@@ -10,11 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from . import native
+from .errors import PackageError
 from .kinds import KINDS, Kind
-
-
-class KernelLoadError(ValueError):
-    """A package's kernels cannot be loaded as its manifest says (the engine reports it as a PackageError)."""
 
 
 @dataclass
@@ -38,7 +35,7 @@ def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict)
         source = (path / f).read_text()
         if kind.f16_variants and "enable f16;" in source:
             if packed:
-                raise KernelLoadError(f"this package's kernels need shader-f16, which {device.name} lacks, and it "
+                raise PackageError(f"this package's kernels need shader-f16, which {device.name} lacks, and it "
                                       "has no kernels without it (compiled by an older deploycc); recompile it")
             used.add("native")
         elif f != entries[names[0]]["file"]:
@@ -63,7 +60,7 @@ def load_native(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) 
                           + tuple(f"{e['entry']}__launch" for e in entries.values()))
         native.check_lowered_from(lib, path / nat["library"], bytecode, entries)
     except native.NativeError as e:
-        raise KernelLoadError(str(e)) from None
+        raise PackageError(str(e)) from None
     built = device.kernels_of(lib, sorted({e["entry"] for e in entries.values()}))
     return Loaded({n: built[e["entry"]] for n, e in entries.items()}, library=lib)
 
