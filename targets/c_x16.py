@@ -41,17 +41,30 @@ static inline __m256i dcc_x16_fifth(const uint8_t* hb) {
   return _mm256_shuffle_epi8(_mm256_set1_epi64x(v), _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
                                                                      4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
 }
-/* the two 8-lane halves of R rows' 16 outputs */
-static inline void dcc_x16_store(float* out, int ldo, __m256 (*acc)[2], int R) {
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + (int64_t)r * ldo, acc[r][0]);
-    _mm256_storeu_ps(out + (int64_t)r * ldo + 8, acc[r][1]);
-  }
+/* 8-lane halves h0 .. h1 - 1 of R rows' 16 outputs */
+static inline __attribute__((always_inline)) void dcc_x16_store(float* out, int ldo, __m256 (*acc)[2], int R, int h0,
+                                                                int h1) {
+  for (int r = 0; r < R; ++r)
+    for (int h = h0; h < h1; ++h) _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r][h]);
 }
 /* 16 in each byte whose bit (the byte's position in `mask4`'s 4 bytes) is set */
 static inline __m256i dcc_bits16(__m256i v, int mask4) {
   const __m256i m = _mm256_set1_epi32(mask4);
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8(16));
+}
+/* word j of block b, outputs 8h .. 8h + 7: quad j's codes (c0) and quad j + 4's (c1) as bytes, with fifth bits (qh,
+   GGUF Q5_0 / Q5_1) added as 16s */
+static inline __attribute__((always_inline)) void dcc_x16_word(const uint32_t* pb, const uint32_t* qh, int b, int j,
+                                                               int h, __m256i* c0, __m256i* c1) {
+  const __m256i nib = _mm256_set1_epi8(15);
+  const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
+  *c0 = _mm256_and_si256(p, nib);
+  *c1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
+  if (qh) {
+    const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
+    *c0 = _mm256_or_si256(*c0, dcc_bits16(hv, 0x08040201));
+    *c1 = _mm256_or_si256(*c1, dcc_bits16(hv, (int)0x80402010));
+  }
 }
 /* a block's 32 int16 activations as 16 int32 pairs, (x[4 j], x[4 j + 2]) and (x[4 j + 1], x[4 j + 3]) for quad j:
    what vpmaddwd multiplies with a quad's codes taken in place from its bytes 0 and 2, and 1 and 3 */
@@ -148,7 +161,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows_h(
   /* per block and word j, the codes of quads j and j + 4 go through vpmaddubsw and are added as int16: without fifth
      bits all 8 quads (|pair sum| <= 2 * 15 * 127, eight of them < 2^15) before one vpmaddwd into int32; 5-bit codes
      (2 * 31 * 127) into int32 per word */
-  const __m256i lo = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   uint8_t kb[256];
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -158,13 +171,8 @@ static inline __attribute__((always_inline)) void dcc_x16_rows_h(
     for (int h = h0; h < h1; ++h) {
       __m256i a[DCC_TILE];
       for (int j = 0; j < 4; ++j) {
-        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
-        __m256i c0 = _mm256_and_si256(p, lo), c1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo);
-        if (qh) {
-          const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
-          c0 = _mm256_or_si256(c0, dcc_bits16(hv, 0x08040201));
-          c1 = _mm256_or_si256(c1, dcc_bits16(hv, (int)0x80402010));
-        }
+        __m256i c0, c1;
+        dcc_x16_word(pb, qh, b, j, h, &c0, &c1);
         for (int r = 0; r < R; ++r) {
           const int32_t* x = (const int32_t*)(xr[r] + 32 * b);
           const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, _mm256_set1_epi32(x[j])),
@@ -183,9 +191,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows_h(
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int h = h0; h < h1; ++h)
-      _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r][h]);
+  dcc_x16_store(out, ldo, acc, R, h0, h1);
 }
 #endif
 static inline __attribute__((always_inline)) void dcc_x16_rows(
@@ -287,7 +293,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
 #if defined(__AVX2__)
   __m256 acc[DCC_TILE][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i nib = _mm256_set1_epi8(15), low = _mm256_set1_epi16(255);
+  const __m256i low = _mm256_set1_epi16(255);
   uint8_t kb[256];
   for (int b = 0; b < nb; ++b) {
     const uint32_t* pb = q + 64 * b;
@@ -298,14 +304,9 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
       __m256i a[DCC_TILE];  /* per row: the int32 sums of outputs 8h .. 8h + 7 */
       for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
       for (int j = 0; j < 4; ++j) {  /* the word of quads j and j + 4: their codes 0 and 2 (e), 1 and 3 (o) as int16 */
-        const __m256i p = _mm256_loadu_si256((const __m256i*)(pb + 16 * j + 8 * h));
-        /* the codes as bytes (5-bit: the fifth bits added as 16s, dcc_bits16), then split into int16 halves */
-        __m256i c0 = _mm256_and_si256(p, nib), c1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), nib);
-        if (qh) {
-          const __m256i hv = dcc_x16_fifth((const uint8_t*)(qh + 16 * b) + 16 * j + 8 * h);
-          c0 = _mm256_or_si256(c0, dcc_bits16(hv, 0x08040201));
-          c1 = _mm256_or_si256(c1, dcc_bits16(hv, (int)0x80402010));
-        }
+        /* the codes as bytes (dcc_x16_word), then split into int16 halves */
+        __m256i c0, c1;
+        dcc_x16_word(pb, qh, b, j, h, &c0, &c1);
         const __m256i e0 = _mm256_and_si256(c0, low), o0 = _mm256_srli_epi16(c0, 8);
         const __m256i e1 = _mm256_and_si256(c1, low), o1 = _mm256_srli_epi16(c1, 8);
         /* quad j's pairs at 2 j, quad j + 4's at 2 j + 8; written out rather than through dcc_x16_dot16, which gcc
@@ -328,7 +329,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16(
       }
     }
   }
-  dcc_x16_store(out, ldo, acc, R);
+  dcc_x16_store(out, ldo, acc, R, 0, 2);
 #else
   DCC_X16_PLAIN
 #endif
@@ -481,9 +482,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows_q6_h(
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int h = h0; h < h1; ++h)
-      _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r][h]);
+  dcc_x16_store(out, ldo, acc, R, h0, h1);
 }
 #endif
 static inline __attribute__((always_inline)) void dcc_x16_rows_q6(
@@ -532,7 +531,7 @@ static inline __attribute__((always_inline)) void dcc_x16_rows16_q6(
       }
     }
   }
-  dcc_x16_store(out, ldo, acc, R);
+  dcc_x16_store(out, ldo, acc, R, 0, 2);
 #else
   DCC_X16_PLAIN_Q6
 #endif

@@ -54,9 +54,7 @@ static inline __attribute__((always_inline)) void dcc_x16q8_rows_h(
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int h = h0; h < h1; ++h)
-      _mm256_storeu_ps(out + (int64_t)r * ldo + 8 * h, acc[r][h]);
+  dcc_x16_store(out, ldo, acc, R, h0, h1);
 }
 #endif
 static inline __attribute__((always_inline)) void dcc_x16q8_rows(float* out, int ldo, const uint32_t* q,
@@ -95,7 +93,7 @@ static inline __attribute__((always_inline)) void dcc_x16q8_rows16(float* out, i
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_mul_ps(dv, _mm256_set1_ps(dr[r][b])), acc[r][h]);
     }
   }
-  dcc_x16_store(out, ldo, acc, R);
+  dcc_x16_store(out, ldo, acc, R, 0, 2);
 #else
   DCC_X16Q8_PLAIN
 #endif
