@@ -9,6 +9,7 @@ import numpy as np
 
 from . import annotation as A
 from . import sym
+from .callables import ExternFunc, PyFunc
 from .expr import (
     BindingBlock,
     Call,
@@ -28,8 +29,7 @@ from .expr import (
     Var,
 )
 from .kernel import Schedule
-from .module import ExternFunc, IRModule, PyFunc
-from .tir import Alloc, Barrier, Block, For, IfThenElse, Intrin, Seq, Store, TensorProgram, V
+from .tir import Alloc, Barrier, Block, For, IfThenElse, Intrin, LanesReduce, Seq, Store, TensorProgram, V, VectorStore
 
 BIN_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
            "eq": "==", "ne": "!=", "and": "and", "or": "or", "shr": ">>", "shl": "<<", "bitand": "&", "bitor": "|"}
@@ -178,6 +178,11 @@ class _Printer:
         if v.op == "load":
             buf, idx = v.arg
             return f"{self.buf(buf)}[{', '.join(self.idx(i) for i in idx)}]"
+        if v.op == "vload":  # explicit vectors (schedule/vectorize.py)
+            buf, start = v.arg
+            return f"vload({self.buf(buf)}, {self.s(start)}, {v.dtype})"
+        if v.op in ("broadcast", "vec"):
+            return f"{v.op}({', '.join(self.value(s) for s in v.src)}, {v.dtype})"
         if v.op == "cast":
             return f"{v.dtype}({self.value(v.src[0])})"
         if v.op == "select":
@@ -220,6 +225,12 @@ class _Printer:
             return lines
         if isinstance(st, Barrier):
             return [f"{indent}barrier(\"{st.scope}\")"]
+        if isinstance(st, VectorStore):
+            return [f"{indent}vstore({self.buf(st.buffer)}, {self.s(st.start)}, {self.value(st.value)})"]
+        if isinstance(st, LanesReduce):
+            accs = ", ".join(self.buf(b) for b in st.accs)
+            lines = [f"{indent}for {self.sv(st.var)} in range({self.s(st.extent)}, lanes_reduce into {accs}):"]
+            return lines + [f"{indent}    {self.buf(b)} += {self.value(v)}" for b, v in zip(st.accs, st.values)]
         if isinstance(st, Intrin):  # a tensorized intrinsic, by name (the renderer's table has its code)
             args = [self.buf(b) for b in st.buffers] + [self.s(i) for i in st.ints]
             writes = f"  # writes {', '.join(self.buf(b) for b in st.writes)}" if st.writes else ""
@@ -259,7 +270,8 @@ class _Printer:
         return lines
 
 
-def module_text(mod: IRModule) -> str:
+def module_text(mod) -> str:
+    """The text of an IRModule: its functions in order."""
     chunks = []
     for name, f in mod.functions.items():
         pr = _Printer()

@@ -236,6 +236,43 @@ class Intrin(Stmt):
     writes: tuple[Buffer, ...] = ()
 
 
+# ---- explicit vectors ------------------------------------------------------------------------------
+# schedule/vectorize.py turns a "lanes" or "vector" loop into these on targets whose kernels have vector types
+# (OpenCL): a value of dtype "float32x8" is 8 lanes; `vload` (arg=(buffer, start)) reads consecutive elements,
+# `broadcast` repeats a scalar, `vec` lists the lanes' scalar values, and the usual ops apply lane-wise (a scalar
+# right operand of an arithmetic op is broadcast by the op). Like Intrin, only kernels contain them.
+
+def vector_dtype(dtype: str, lanes: int) -> str:
+    return f"{dtype}x{lanes}"
+
+
+def vector_lanes(dtype: str) -> tuple[str, int] | None:
+    """("float32", 8) for "float32x8"; None for a scalar dtype."""
+    base, x, n = dtype.rpartition("x")
+    return (base, int(n)) if x and n.isdigit() else None
+
+
+@dataclass(frozen=True, eq=False)
+class VectorStore(Stmt):
+    """buffer[start + c] = value's lane c, for every lane c (a float32 buffer)."""
+
+    buffer: Buffer
+    start: SExpr
+    value: V
+
+
+@dataclass(frozen=True, eq=False)
+class LanesReduce(Stmt):
+    """A sum reduction kept in vector registers: `for var in range(extent): vacc[k] += values[k]` with each vacc[k]
+    starting at zero, then `accs[k][0] += (the sum of vacc[k]'s lanes)`, the lanes halved until four are left,
+    then ((x + y) + (z + w))."""
+
+    var: sym.SymVar
+    extent: SExpr
+    accs: tuple[Buffer, ...]
+    values: tuple[V, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class TensorProgram:
     name: str

@@ -1,7 +1,8 @@
 """schedule: turn every tensor program into kernels for a target, by an ordered list of rules.
 
 Each rule looks at a (fused) program and returns a Schedule or None; the first that applies wins
-(TVM dlight's `_apply_rules`). The fallback always applies.
+(TVM dlight's `_apply_rules`). The fallback always applies. On a target whose kernels have vector types, the
+chosen schedule's lane loops then become explicit vectors (vectorize.py).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ..ir.kernel import Kernel, Schedule, scheduled
 from ..ir.module import IRModule
 from ..ir.tir import TensorProgram
 from . import attention, fallback, gemv, matmul, qgemv, row, row_block
+from .vectorize import vectorize
 
 RULES = (attention.rule, qgemv.rule, matmul.rule, gemv.rule, row_block.rule, row.rule, fallback.rule)
 
@@ -22,6 +24,8 @@ def schedule_program(prog: TensorProgram, target, rules=RULES) -> TensorProgram:
                 # compute something else than the graph says
                 raise ValueError(f"{prog.name} reads activations rounded to {prog.attrs['activations']} bits, but "
                                  f"no integer schedule takes it (the {s.rule} rule did); this is a bug")
+            if getattr(target, "vector_lanes", False):
+                s = vectorize(s)
             return TensorProgram(prog.name, prog.params, prog.body, prog.sym_params, prog.num_outputs,
                                  {**prog.attrs, "schedule": s})
     raise ValueError(f"no schedule rule applies to {prog.name}")

@@ -35,13 +35,13 @@ def scheduled(name: str) -> str:
     return schedule_text(fuse_tensor(fuse_ops(annotate_patterns(module())))[name])
 
 
-def decode_linear() -> str:
+def decode_linear(preset: str = "adreno") -> str:
     """A decode step's linear: one row of 64 activations against 16 outputs."""
     bb = BlockBuilder()
     x, w = Var("x", Tensor((1, 64))), Var("w", Tensor((16, 64)))
     with bb.function("main", [x, w], auto_dataflow=True):
         bb.finish(bb.call("linear", x, w))
-    return schedule_text(legalize(bb.module)["linear"])
+    return schedule_text(legalize(bb.module)["linear"], preset)
 
 
 def norm_rows() -> str:
@@ -76,6 +76,13 @@ def test_gemv_rule_rows_per_group_whose_lanes_split_the_reduction():
     assert decode_linear() == GEMV
 
 
+def test_vectorize_on_opencl_keeps_the_split_reduction_in_vector_registers():
+    """On cpu-opencl (vector types, 16 lanes, rows the pool's cores take) the same linear's lane loop is an explicit
+    vector reduction (schedule/vectorize.py): both operands read with vload, one 16-lane accumulator per output of
+    the register tile, summed into the scalar accumulator after the loop."""
+    assert decode_linear("cpu-opencl") == GEMV_OPENCL
+
+
 def test_row_block_rule_one_group_per_row_with_a_tree_reduction():
     assert norm_rows() == ROW_BLOCK
 
@@ -93,9 +100,25 @@ def test_attention_rule_on_cpu_online_softmax_over_blocks_of_keys():
 
 
 def test_no_scheduled_line_is_long():
-    for text in (MATMUL, ROW, GEMV, ROW_BLOCK, QGEMV, ATTENTION):
+    for text in (MATMUL, ROW, GEMV, GEMV_OPENCL, ROW_BLOCK, QGEMV, ATTENTION):
         assert max(len(line) for line in text.splitlines()) < 200
 
+
+GEMV_OPENCL = """    # scheduled (row): 1 kernel(s)
+    kernel linear(x, w, y), groups=1, threads=8:  # writes y
+        for g in range(1, thread "group"):
+            for t in range(8, thread "local"):
+                if (t + 8 * g < 8):
+                    acc0_0 = alloc((1,), "float32", "local")
+                    acc0_1 = alloc((1,), "float32", "local")
+                    acc0_0[0] = 0.0
+                    acc0_1[0] = 0.0
+                    for ko in range(4, lanes_reduce into acc0_0, acc0_1):
+                        acc0_0 += (vload(x, 64 * (t // 8) + 16 * ko + 64 * g, float32x16) * vload(w, 128 * (t % 8) + 16 * ko, float32x16))
+                        acc0_1 += (vload(x, 64 * (t // 8) + 16 * ko + 64 * g, float32x16) * vload(w, 128 * (t % 8) + 16 * ko + 64, float32x16))
+                    y[t // 8 + g, 2 * (t % 8)] = acc0_0[0]
+                    y[t // 8 + g, 2 * (t % 8) + 1] = acc0_1[0]
+"""
 
 MATMUL = """    # scheduled (matmul): 1 kernel(s)
     kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=(n + 15) // 16, threads=256:  # writes out
