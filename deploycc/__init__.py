@@ -1,6 +1,7 @@
 """deploycc: compile Hugging Face LLMs into self-contained packages for CUDA, OpenCL and WebGPU."""
 from .errors import DeployError
-from .hub import LoadedModel, load_model
+from .hub import load_model
+from .loaded import LoadedModel
 from .session import ReferenceSession, reference_session
 
 __version__ = "0.1.0"

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 
 from . import nn
 from .errors import DeployError
-from .hub import LoadedModel
 from .ir.module import IRModule
+from .loaded import LoadedModel
 
 PAGE_SIZE = 16  # rows per page: one block of the cpu attention schedule
 

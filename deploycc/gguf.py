@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DeployError
+from .loaded import LoadedModel, check_config
 
 # llama.cpp's `tokenizer.ggml.pre` names -> the Hugging Face pre-tokenizer they stand for.
 _BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -524,7 +525,6 @@ def tokenizer_dir(path: Path, reader) -> Path:
 
 
 def load_gguf(path: Path, source: str = "", **overrides):
-    from .hub import LoadedModel, check_config
     from .models import lookup
 
     path = Path(path)

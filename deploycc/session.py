@@ -11,9 +11,9 @@ import numpy as np
 
 from .errors import DeployError
 from .export import export
-from .hub import LoadedModel
 from .interp import Interpreter
 from .ir.module import IRModule
+from .loaded import LoadedModel
 from .op.attention import ContextOverflow, RefKVCache
 from .transform.merge_matmuls import function_params
 

@@ -1,32 +1,14 @@
 """IRModule: one namespace for graph functions, tensor programs and external functions."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .callables import ExternFunc, PyFunc
 from .expr import Function
+from .printer import module_text, program_text
 from .tir import TensorProgram
 
-
-@dataclass(frozen=True)
-class ExternFunc:
-    """A library function called with call_dps_library (implemented by the runtime)."""
-
-    name: str
-
-
-@dataclass(frozen=True, eq=False)
-class PyFunc:
-    """A Python function of the module (`@py_func` in a deploycc.pymodule.BasePyModule subclass).
-
-    `source` is its text (dedented, decorators removed), printed with the rest of the module; `fn` is
-    the callable. It takes and returns torch tensors and runs only where Python does: graph functions
-    reach it with `call_py_func`, which the VM refuses to lower (deploycc.vm.lower).
-    """
-
-    name: str
-    source: str
-    fn: Callable
+__all__ = ["ExternFunc", "IRModule", "PyFunc"]
 
 
 @dataclass
@@ -51,8 +33,6 @@ class IRModule:
 
     def add_program(self, prog: TensorProgram) -> str:
         """Add a tensor program, reusing an existing one with the same printed text."""
-        from .printer import program_text  # printer imports module; local import avoids the cycle
-
         text = program_text(prog, name="_")
         cache = self.attrs.setdefault("_program_text", {})
         if text in cache:
@@ -67,6 +47,4 @@ class IRModule:
         return name
 
     def __str__(self) -> str:
-        from .printer import module_text
-
         return module_text(self)

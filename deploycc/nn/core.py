@@ -16,7 +16,7 @@ from .. import op as _ops  # noqa: F401  (registers the ops the tracer emits)
 from ..ir import annotation as A
 from ..ir import sym
 from ..ir.builder import BlockBuilder
-from ..ir.expr import Constant, Expr, ShapeExpr, TupleGetItem, Var
+from ..ir.expr import Call, Constant, Expr, ShapeExpr, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..runtime.kvcache import KV_META
 
@@ -62,9 +62,7 @@ class Tensor:
         return self.var.ann.ndim
 
     def _op(self, name: str, *others, **attrs) -> Tensor:
-        from . import op
-
-        return op.call(name, self, *others, **attrs)
+        return call(name, self, *others, **attrs)
 
     def __add__(self, o):
         return self._op("add", o)
@@ -79,9 +77,8 @@ class Tensor:
         return self._op("divide", o)
 
     def reshape(self, *shape) -> Tensor:
-        from . import op
-
-        return op.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        return call("reshape", self, shape_expr(*(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list))
+                                                 else shape)))
 
     def permute(self, *axes) -> Tensor:
         return self._op("permute_dims", axes=tuple(axes))
@@ -163,8 +160,6 @@ def _as_expr(out) -> Expr:
     if isinstance(out, Tensor):
         return out.var
     if isinstance(out, (tuple, list)):
-        from ..ir.expr import Tuple
-
         return Tuple(tuple(_as_expr(o) for o in out))
     raise TypeError(f"a traced method must return tensors, got {type(out).__name__}")
 
@@ -240,8 +235,6 @@ class Cache:
     def begin(self, seq_len: sym.Expr) -> sym.Expr | Tensor:
         """Reserve `seq_len` positions; returns the first one's position (an offset), or in a pool each
         token's position (an int32 tensor [seq_len])."""
-        from ..ir.expr import Call
-
         bb = self.tracer.bb
         if self.page_size:
             shape = bb.emit(Call("kv.pages", (self.var,)), "kv_batch")
@@ -261,35 +254,32 @@ class Cache:
     def last(self, h: Tensor) -> Tensor:
         """The rows of h [1, seq_len, hidden] whose logits a step returns: its last token, or in a pool each
         sequence's last token of the step ([1, batch, hidden])."""
-        from . import op
-
         n = h.shape[1]
         if not self.page_size:
-            return op.strided_slice(h, n - 1, n, axis=1)
+            return call("strided_slice", h, shape_expr(n - 1, n), axis=1)
         last = self.meta["last"]
-        return op.take(h.reshape(n, h.shape[2]), last.reshape(1, last.shape[0]))
+        return call("take", h.reshape(n, h.shape[2]), last.reshape(1, last.shape[0]))
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float, window: int = 0,
                softcap: float = 0.0) -> Tensor:
         """Append the step's keys and values of `layer` and attend to every cached one: q [n, heads, head_dim],
         k and v [n, kv_heads, head_dim]. A sliding-window layer keeps a ring (rows) where that saves memory."""
-        from . import op
-
         kv_heads, head_dim = k.shape[1], k.shape[2]
         rows = self.rows(window)
         self._append(layer, k, v, rows)
         keys, values = self._view(layer, kv_heads, head_dim, rows)
         if self.page_size:
             m = self.meta
-            return op.call("attention", q, keys, values, m["pages"], m["seq"], m["pos"], scale=float(scale),
-                           page_size=self.page_size, **_window_cap(window, softcap))
-        return op.attention(q, keys, values, scale, window, softcap, total=self.total_len if rows else None)
+            return call("attention", q, keys, values, m["pages"], m["seq"], m["pos"], scale=float(scale),
+                        page_size=self.page_size, **_window_cap(window, softcap))
+        if rows:  # a ring: attention is told the key count
+            return call("attention", q, keys, values, shape_expr(self.total_len), scale=float(scale),
+                        **_window_cap(window, softcap))
+        return call("attention", q, keys, values, scale=float(scale), **_window_cap(window, softcap))
 
     def _append(self, layer: int, k: Tensor, v: Tensor, rows: int = 0) -> None:
         """Write the step's keys and values: at positions total_len - n .. total_len - 1, in a ring of
         `rows` rows (position j at row j % rows), or in a pool at the rows `slot`."""
-        from ..ir.expr import Call
-
         args = (self.var, k.var, v.var) + ((self.meta["slot"].var,) if self.page_size else ())
         attrs = {"layer": layer, **({"rows": rows} if rows else {})}
         self.var = self.tracer.bb.emit(Call("kv.append", args, attrs), "cache")
@@ -298,8 +288,6 @@ class Cache:
         """This layer's cached keys and values, `[total_len, kv_heads, head_dim]` each, its whole ring
         `[rows, kv_heads, head_dim]` (attention reads position j from row j % rows), or its pool
         `[pool_pages * page_size, kv_heads, head_dim]`."""
-        from ..ir.expr import Call
-
         bb = self.tracer.bb
         out = []
         attrs = {"layer": layer, **({"rows": rows} if rows else {})}
@@ -313,6 +301,38 @@ class Cache:
 
 def _window_cap(window: int, softcap: float) -> dict:
     return {**({"window": int(window)} if window else {}), **({"softcap": float(softcap)} if softcap else {})}
+
+
+# ---- emitting op calls (nn/op.py's functions are named wrappers of `call`) -------------------------------------
+
+def _tracer(*xs) -> Tracer:
+    for x in xs:
+        x = as_tensor(x)
+        if isinstance(x, Tensor):
+            return x.tracer
+    raise TypeError("an op needs at least one traced tensor argument")
+
+
+def _operand(x, tracer: Tracer, dtype: str):
+    x = as_tensor(x)
+    if isinstance(x, Tensor):
+        return x.var
+    if isinstance(x, (int, float)):
+        return const(np.asarray(x, dtype=dtype), tracer).var
+    if isinstance(x, ShapeExpr):
+        return x
+    raise TypeError(f"cannot use {type(x).__name__} as an op argument")
+
+
+def call(op: str, *args, **attrs) -> Tensor:
+    """Emit `op(args, attrs)` into the function the traced arguments belong to."""
+    tracer = _tracer(*args)
+    dtype = next((as_tensor(a).dtype for a in args if isinstance(as_tensor(a), Tensor)), "float32")
+    return tracer.emit(Call(op, tuple(_operand(a, tracer, dtype) for a in args), attrs), op.split(".")[-1])
+
+
+def shape_expr(*values) -> ShapeExpr:
+    return ShapeExpr(tuple(sym.as_expr(v) for v in values))
 
 
 def const(value: np.ndarray, tracer: Tracer) -> Tensor:

@@ -5,38 +5,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..ir import sym
 from ..ir.expr import Call, ShapeExpr
-from .core import Parameter, Tensor, Tracer, as_tensor, const
-
-
-def _tracer(*xs) -> Tracer:
-    for x in xs:
-        x = as_tensor(x)
-        if isinstance(x, Tensor):
-            return x.tracer
-    raise TypeError("an op needs at least one traced tensor argument")
-
-
-def _operand(x, tracer: Tracer, dtype: str):
-    x = as_tensor(x)
-    if isinstance(x, Tensor):
-        return x.var
-    if isinstance(x, (int, float)):
-        return const(np.asarray(x, dtype=dtype), tracer).var
-    if isinstance(x, ShapeExpr):
-        return x
-    raise TypeError(f"cannot use {type(x).__name__} as an op argument")
-
-
-def call(op: str, *args, **attrs) -> Tensor:
-    tracer = _tracer(*args)
-    dtype = next((as_tensor(a).dtype for a in args if isinstance(as_tensor(a), Tensor)), "float32")
-    return tracer.emit(Call(op, tuple(_operand(a, tracer, dtype) for a in args), attrs), op.split(".")[-1])
+from .core import Parameter, Tensor, _tracer, _window_cap, as_tensor, call, const, shape_expr
 
 
 def shape(*values) -> ShapeExpr:
-    return ShapeExpr(tuple(sym.as_expr(v) for v in values))
+    return shape_expr(*values)
 
 
 def add(a, b): return call("add", a, b)
@@ -107,8 +81,6 @@ def rope_apply(x, table) -> Tensor:
 def attention(q, k, v, scale: float, window: int = 0, softcap: float = 0.0, total=None) -> Tensor:
     """Causal attention; `window` > 0 keeps the `window` most recent keys, `softcap` > 0 caps scores;
     `total` (the key count) where k and v are a ring cache (position j at row j % rows)."""
-    from .core import _window_cap
-
     extra = _window_cap(window, softcap)
     if total is not None:
         return call("attention", q, k, v, shape(total), scale=float(scale), **extra)

@@ -28,8 +28,8 @@ import numpy as np
 
 from .. import nn
 from ..errors import DeployError
-from ..hub import transformed
 from ..ir import tir
+from ..loaded import transformed
 from .base import QuantizedEmbedding, QuantizedLinear, Scheme, mark_activations
 from .gguf_stored import (
     INTERLEAVED_K,

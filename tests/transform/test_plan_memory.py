@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import deploycc
+import deploycc.export
 import deploycc.pipeline
 import deploycc.presets
-import deploycc.export
 from deploycc.interp import Interpreter
 from deploycc.ir import BlockBuilder, CallTIR, Tensor, Tuple, TupleGetItem, Var, sym, tir
 from deploycc.ir import annotation as A
