@@ -54,6 +54,10 @@ def _generation_options(max_tokens: int):
         click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="1 means off. Default: 1."),
         click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("--json-schema", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help="Reply with a JSON document of this schema (structured output; needs llguidance)."),
+        click.option("--grammar", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help="Reply in this grammar: Lark, or llama.cpp's GBNF (needs llguidance)."),
         click.option("--device", default=None,
                      help="Preset name or YAML path: compile an uncompiled MODEL for it (cached) and run the package. "
                           "Without it, a MODEL runs on the numpy reference interpreter (exact but slow)."),
@@ -168,16 +172,17 @@ def _package_summary(path: Path, manifest: dict) -> dict:
                    "streaming.")
 @_generation_options(max_tokens=64)
 def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed,
-        device, context_window, revision, trust):
+        json_schema, grammar, device, context_window, revision, trust):
     """Generate a reply to PROMPT, streaming to stdout.
 
     MODEL is a compiled package directory (run on its device), or a checkpoint / Hub id: with --device
     it is compiled for that preset first (cached under ~/.cache/deploycc/packages); without --device
     it runs on the numpy reference interpreter, which is exact but slow."""
-    from .runtime.cli import run_prompt, sampling_options, with_model_sampling
+    from .runtime.cli import grammar_option, run_prompt, sampling_options, with_model_sampling
     from .runtime.tokenizer import clean_text
 
-    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
+    options = {**sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p),
+               **grammar_option(json_schema, grammar)}
     prompt = clean_text(prompt)  # undecodable bytes of argv arrive as lone surrogates: U+FFFD, as chat clients show
     session, tok, info = session_for(model, device, context_window, revision, as_json, prompt, not no_chat,
                                   trust_policy(trust))
@@ -194,15 +199,16 @@ def run(model, prompt, no_chat, as_json, max_tokens, temperature, top_p, top_k, 
 @click.argument("model")
 @click.option("--system", default=None, help="System prompt (change it in the chat with /system TEXT).")
 @_generation_options(max_tokens=256)
-def chat(model, system, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, device,
-         context_window, revision, trust):
+def chat(model, system, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, seed, json_schema, grammar,
+         device, context_window, revision, trust):
     """Chat with MODEL: streaming replies, multi-turn history, /reset, /stats, /system TEXT, /exit.
 
     Reads stdin when it is not a terminal (one message per line, replies only). MODEL is a package, or
     a checkpoint compiled for --device first (cached), or without --device the numpy reference."""
-    from .runtime.cli import chat_repl, sampling_options, with_model_sampling
+    from .runtime.cli import chat_repl, grammar_option, sampling_options, with_model_sampling
 
-    options = sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p)
+    options = {**sampling_options(max_tokens, temperature, top_p, top_k, repetition_penalty, seed, min_p),
+               **grammar_option(json_schema, grammar)}
     session, tok, info = session_for(model, device, context_window, revision, False, trust=trust_policy(trust))
     if info.get("device") == "reference" and sys.stdin.isatty():
         click.echo("(no --device: the numpy reference interpreter runs this model; exact but slow)", err=True)

@@ -19,6 +19,7 @@ from .bench import batch_bench, batch_bench_lines, bench, bench_lines, parse_cou
 from .devices import DeviceError
 from .errors import PackageError
 from .generate import ContextWindowError, UsageError, encode_prompt, generate
+from .grammar import Grammar, GrammarError
 from .kvcache import ContextWindowFull
 from .safetensors_io import SafetensorsError
 from .sampler import LLAMA_CLI, SAMPLING_FIELDS, Sampler, SamplingDefaults, resolve_sampling
@@ -29,7 +30,7 @@ from .vm import VMError
 
 # Every error a user can cause or fix; anything else is a bug and keeps its traceback.
 USER_ERRORS = (UsageError, PackageError, DeviceError, VMError, ContextWindowFull, ContextWindowError, TokenizerError,
-               SafetensorsError, SymExprError, ServeError)
+               SafetensorsError, SymExprError, ServeError, GrammarError)
 
 CHAT_HELP = """commands:
   /system TEXT   set the system prompt (no TEXT: remove it); the history is kept
@@ -56,6 +57,27 @@ def sampling_options(max_tokens: int = 64, temperature: float | None = None, top
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
     return dict(max_tokens=max_tokens, seed=seed, **given)
+
+
+def grammar_option(json_schema: str | None = None, grammar: str | None = None) -> dict:
+    """generate's `grammar` from --json-schema FILE (a JSON schema) or --grammar FILE (Lark or GBNF), checked
+    before any model work; {} without either."""
+    if json_schema and grammar:
+        raise UsageError("give --json-schema or --grammar, not both")
+    path = json_schema or grammar
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if grammar:
+        return {"grammar": Grammar.text(text, str(path))}
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{path} is not JSON: {e}; give a JSON schema") from None
+    return {"grammar": Grammar.json_schema(schema, str(path))}
 
 
 def with_model_sampling(options: dict, tokenizer, fallback: SamplingDefaults = LLAMA_CLI) -> dict:
@@ -311,6 +333,10 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
         sp.add_argument("--min-p", type=float, default=None, help="0 means off (default 0.05)")
         sp.add_argument("--repetition-penalty", type=float, default=None, help="1 means off (default 1.0)")
         sp.add_argument("--seed", type=int, default=0, help="(default 0)")
+        sp.add_argument("--json-schema", default=None, metavar="FILE",
+                        help="reply with a JSON document of this schema (structured output; needs llguidance)")
+        sp.add_argument("--grammar", default=None, metavar="FILE",
+                        help="reply in this grammar (Lark, or llama.cpp's GBNF; needs llguidance)")
 
     run = sub.add_parser("run", help="one prompt, streamed to stdout")
     run.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
@@ -365,8 +391,8 @@ def _counts(text: str) -> list[int]:
 
 
 def _gen_options(args) -> dict:
-    return sampling_options(args.max_tokens, args.temperature, args.top_p, args.top_k, args.repetition_penalty,
-                            args.seed, args.min_p)
+    return {**sampling_options(args.max_tokens, args.temperature, args.top_p, args.top_k, args.repetition_penalty,
+                               args.seed, args.min_p), **grammar_option(args.json_schema, args.grammar)}
 
 
 def _command(package_dir: str, args) -> int:

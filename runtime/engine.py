@@ -215,9 +215,11 @@ class Engine:
 
     def generate(self, prompt_or_messages, max_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, repetition_penalty: float = 1.0, seed: int = 0, stop=(), chat: bool = True,
-                 stats: dict | None = None):
+                 stats: dict | None = None, grammar=None):
+        """Stream a reply (runtime/generate.py). `grammar`: a runtime/grammar.py Grammar (Grammar.json_schema(schema),
+        Grammar.json_object(), Grammar.text(lark_or_gbnf)) every token must fit."""
         from .generate import generate
 
         return generate(self, self.tokenizer, prompt_or_messages, max_tokens=max_tokens, temperature=temperature,
                         top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
-                        chat=chat, stats=stats)
+                        chat=chat, stats=stats, grammar=grammar)

@@ -122,7 +122,8 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[dict], max_tokens: int = 64,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
              seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None,
-             reuse_cache: bool = False, ids: Sequence[int] | None = None, min_p: float = 0.0) -> Iterator[str]:
+             reuse_cache: bool = False, ids: Sequence[int] | None = None, min_p: float = 0.0,
+             grammar=None) -> Iterator[str]:
     """Stream the model's reply as text pieces.
 
     Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
@@ -133,7 +134,9 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
     context | cancelled), prefill_seconds, decode_seconds, and prefill_tok_s / decode_tok_s (session
     time only, without sampling and detokenization). With `reuse_cache`, the session's KV cache is
     kept as far as it holds the start of this prompt (PrefixCache: chat turns); otherwise it is reset.
-    `ids`: the prompt as encode_prompt encoded it already (the server, which measured it).
+    `ids`: the prompt as encode_prompt encoded it already (the server, which measured it). `grammar` (a
+    runtime/grammar.py Grammar): every token is one the grammar allows (structured output); the reply ends at
+    eos once the grammar is complete.
     """
     sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed, min_p)
     stops = _stops(stop)
@@ -148,11 +151,11 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
                                  f"hold at least one generated token; shorten the prompt or compile with a larger "
                                  f"context window")
     return _run(session, tokenizer, ids, sampler, min(int(max_tokens), window - len(ids)), int(max_tokens), stops, stats,
-                reuse_cache)
+                reuse_cache, grammar)
 
 
 def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget: int, max_tokens: int,
-         stops: tuple[str, ...], stats: dict | None, reuse_cache: bool) -> Iterator[str]:
+         stops: tuple[str, ...], stats: dict | None, reuse_cache: bool, grammar=None) -> Iterator[str]:
     eos = set(tokenizer.eos_token_ids)
     detok = tokenizer.stream_decoder(skip_special_tokens=True)
     history = list(ids)  # the repetition penalty covers the prompt too, as in transformers
@@ -162,6 +165,7 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
     t_prefill = t_decode = 0.0
     decodes = cached = 0
     prefix = PrefixCache.of(session)
+    constraint = None
     try:
         cached = prefix.start(session, ids, reuse_cache)
         prefix.begin(ids)
@@ -170,7 +174,13 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
         t_prefill = time.perf_counter() - t0
         prefix.end()
         while reason is None:
+            if grammar is not None:
+                if constraint is None:  # its vocabulary is the logits' (the embedding rows, maybe padded)
+                    constraint = grammar.constraint(tokenizer, int(logits.size))
+                logits = constraint.apply(logits)
             token = sampler.sample(logits, history)
+            if constraint is not None:
+                constraint.accept(token)  # the next mask computes while the session decodes this token
             generated.append(token)
             history.append(token)
             if token in eos:
@@ -196,6 +206,8 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
                 prefix.end()
                 decodes += 1
     finally:
+        if constraint is not None:
+            constraint.close()
         if prefix.partial:
             prefix.interrupted(session)
         if stats is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 
+from .grammar import Grammar, GrammarError
 from .sampler import OPENAI, SamplingDefaults, resolve_sampling
 
 # field -> the values at which an unimplemented OpenAI field changes nothing (accepted; compared with their
@@ -14,9 +15,10 @@ from .sampler import OPENAI, SamplingDefaults, resolve_sampling
 NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
          "top_logprobs": (None, 0), "logit_bias": (None, {}), "user": str, "parallel_tool_calls": bool,
          "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": dict, "tools": (None, []),
-         "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "echo": (None, False),
+         "tool_choice": (None, "none"), "echo": (None, False),
          "suffix": (None,), "best_of": (None, 1)}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options"}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+          "response_format"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
 ROLES = ("system", "user", "assistant")
 
@@ -128,4 +130,38 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
     if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage"}
                            or not isinstance(so.get("include_usage", False), bool) or not stream):
         raise RequestError(400, "stream_options takes {'include_usage': bool}, with stream true", "stream_options")
+    grammar = response_format(body.get("response_format"))
+    if grammar is not None:
+        options["grammar"] = grammar
     return prompt, options, stream, bool((so or {}).get("include_usage", False))
+
+
+def response_format(rf) -> Grammar | None:
+    """OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"} (any JSON object), or
+    {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}} (a document of the schema:
+    structured output is always strict here, every token checked against the schema)."""
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind not in ("text", "json_object", "json_schema") or set(rf) - {"type", "json_schema"}:
+        raise RequestError(400, "response_format must be {'type': 'text'}, {'type': 'json_object'} or {'type': "
+                                "'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}", "response_format")
+    try:
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return Grammar.json_object()
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or set(js) - {"name", "schema", "strict", "description"}:
+            raise RequestError(400, "response_format.json_schema must be {'name': ..., 'schema': {...}, 'strict': "
+                                    "bool, 'description': ...}", "response_format")
+        name = js.get("name")
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise RequestError(400, "response_format.json_schema.name must be a string of 1 to 64 characters",
+                               "response_format")
+        if js.get("strict") not in (None, True, False):
+            raise RequestError(400, "response_format.json_schema.strict must be true or false", "response_format")
+        schema = js.get("schema", {})
+        return Grammar.json_schema(schema, f"response_format.json_schema.schema ({name})")
+    except GrammarError as e:
+        raise RequestError(400, str(e), "response_format", "invalid_response_format") from None
