@@ -265,6 +265,7 @@ class BatchSession:
         self.batcher = batcher
         self.seq = Sequence()
         self.context_window = batcher.context_window
+        self.on_prefill = None  # called after each prefill or decode returns
 
     @property
     def cache(self) -> BatchSession:
@@ -296,7 +297,10 @@ class BatchSession:
             raise ValueError(f"{len(self.seq.ids)} cached + {len(ids)} new tokens exceed the context window of "
                              f"{self.context_window}")
         self.seq.ids += ids
-        return self.batcher.run(self.seq)
+        logits = self.batcher.run(self.seq)
+        if self.on_prefill is not None:  # its tokens' pages are in the pool (the server's n choices wait for it)
+            self.on_prefill()
+        return logits
 
     def decode(self, token_id: int) -> np.ndarray:
         return self.prefill([int(token_id)])

@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Iterator, Sequence
 from numbers import Integral
 
+import numpy as np
+
 from .sampler import Sampler
 from .tokenizer import Tokenizer
 
@@ -123,7 +125,7 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
              seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None,
              reuse_cache: bool = False, ids: Sequence[int] | None = None, min_p: float = 0.0,
-             grammar=None) -> Iterator[str]:
+             grammar=None, logprobs: int | None = None) -> Iterator[str]:
     """Stream the model's reply as text pieces.
 
     Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
@@ -136,12 +138,18 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
     kept as far as it holds the start of this prompt (PrefixCache: chat turns); otherwise it is reset.
     `ids`: the prompt as encode_prompt encoded it already (the server, which measured it). `grammar` (a
     runtime/grammar.py Grammar): every token is one the grammar allows (structured output); the reply ends at
-    eos once the grammar is complete.
+    eos once the grammar is complete. `logprobs` (0 to 20): `stats["logprobs"]` gets, as each token is sampled
+    (before its text is yielded), (token, its log probability, the `logprobs` most likely (token, log
+    probability)) under the model's distribution (log-softmax of the raw logits); the eos that ends a reply is left
+    out, as it is of the text.
     """
     sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed, min_p)
     stops = _stops(stop)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, Integral)
+                                 or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise ValueError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {logprobs!r}")
     ids = list(ids) if ids is not None else encode_prompt(tokenizer, prompt_or_messages, chat)
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give some text")
@@ -151,11 +159,29 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
                                  f"hold at least one generated token; shorten the prompt or compile with a larger "
                                  f"context window")
     return _run(session, tokenizer, ids, sampler, min(int(max_tokens), window - len(ids)), int(max_tokens), stops, stats,
-                reuse_cache, grammar)
+                reuse_cache, grammar, logprobs)
+
+
+MAX_LOGPROBS = 20
+
+
+def log_softmax(logits) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def token_logprobs(logits, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
+    """(token, its log probability, the `top` most likely (token, log probability), most likely first)."""
+    lp = log_softmax(logits)
+    best = np.argpartition(-lp, top - 1)[:top] if 0 < top < lp.size else np.arange(lp.size if top else 0)
+    best = best[np.argsort(-lp[best], kind="stable")]
+    return int(token), float(lp[token]), [(int(i), float(lp[i])) for i in best]
 
 
 def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget: int, max_tokens: int,
-         stops: tuple[str, ...], stats: dict | None, reuse_cache: bool, grammar=None) -> Iterator[str]:
+         stops: tuple[str, ...], stats: dict | None, reuse_cache: bool, grammar=None,
+         logprobs: int | None = None) -> Iterator[str]:
     eos = set(tokenizer.eos_token_ids)
     detok = tokenizer.stream_decoder(skip_special_tokens=True)
     history = list(ids)  # the repetition penalty covers the prompt too, as in transformers
@@ -166,6 +192,9 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
     decodes = cached = 0
     prefix = PrefixCache.of(session)
     constraint = None
+    entries: list = []
+    if logprobs is not None and stats is not None:
+        stats["logprobs"] = entries  # filled as tokens come (a stream sends each piece's own)
     try:
         cached = prefix.start(session, ids, reuse_cache)
         prefix.begin(ids)
@@ -174,6 +203,7 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
         t_prefill = time.perf_counter() - t0
         prefix.end()
         while reason is None:
+            raw = logits
             if grammar is not None:
                 if constraint is None:  # its vocabulary is the logits' (the embedding rows, maybe padded)
                     constraint = grammar.constraint(tokenizer, int(logits.size))
@@ -186,6 +216,8 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
             if token in eos:
                 reason = "eos"
             else:
+                if logprobs is not None:
+                    entries.append(token_logprobs(raw, token, logprobs))
                 pending += detok.put(token)
                 if len(generated) == budget:
                     reason = "length" if budget == max_tokens else "context"

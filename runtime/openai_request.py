@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import secrets
 
+from .generate import MAX_LOGPROBS
 from .grammar import Grammar, GrammarError
 from .sampler import OPENAI, SamplingDefaults, resolve_sampling
 
 # field -> the values at which an unimplemented OpenAI field changes nothing (accepted; compared with their
 # type, so that true is not 1), or the type of a field that changes nothing at any value (None too)
-NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
-         "top_logprobs": (None, 0), "logit_bias": (None, {}), "user": str, "parallel_tool_calls": bool,
+NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": (None, {}), "user": str,
+         "parallel_tool_calls": bool,
          "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": dict, "tools": (None, []),
          "tool_choice": (None, "none"), "echo": (None, False),
          "suffix": (None,), "best_of": (None, 1)}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
-          "response_format"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "completion": COMMON | {"prompt"}}
+          "response_format", "logprobs"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}, "completion": COMMON | {"prompt"}}
 ROLES = ("system", "user", "assistant")
 
 
@@ -62,9 +63,10 @@ def message(i: int, m) -> dict:
     return {"role": role, "content": content}
 
 
-def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | None = None
-          ) -> tuple[object, dict, bool, bool]:
-    """(prompt, generate options, stream, include_usage) of a request body for `model_name`, every field checked.
+def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | None = None, max_n: int = 1
+          ) -> tuple[object, dict, bool, bool, int]:
+    """(prompt, generate options, stream, include_usage, n) of a request body for `model_name`, every field checked
+    (n: the choices, up to `max_n`, the sequences the server runs at once).
     The sampler settings a request does not give come from `model_sampling` (the model's generation_config.json),
     else OpenAI's defaults: temperature 1, top_p 1 (runtime/sampler.py: resolve_sampling)."""
     if not isinstance(body, dict):
@@ -84,8 +86,10 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
         raise RequestError(404, f"The model '{model}' does not exist; this server has '{model_name}'", "model",
                            "model_not_found")
     n = body.get("n")
-    if not (n is None or (type(n) is int and n == 1)):
-        raise RequestError(400, "n must be 1: this server returns one choice per request", "n")
+    n = 1 if n is None else n
+    if type(n) is not int or not 1 <= n <= max_n:
+        raise RequestError(400, f"n must be an integer from 1 to {max_n} (the sequences this server runs at once), "
+                                f"got {n!r}", "n")
     if kind == "chat":
         prompt = body.get("messages")
         if not isinstance(prompt, list) or not prompt:
@@ -133,7 +137,30 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
     grammar = response_format(body.get("response_format"))
     if grammar is not None:
         options["grammar"] = grammar
-    return prompt, options, stream, bool((so or {}).get("include_usage", False))
+    top = logprobs_option(body, kind)
+    if top is not None:
+        options["logprobs"] = top
+    return prompt, options, stream, bool((so or {}).get("include_usage", False)), n
+
+
+def logprobs_option(body: dict, kind: str) -> int | None:
+    """How many most likely tokens to list beside each sampled one (None: no log probabilities). Chat:
+    `logprobs: true` with `top_logprobs` 0-20; completions: `logprobs` 0-20 (OpenAI's legacy field)."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if kind == "completion":
+        if lp is None:
+            return None
+        if type(lp) is not int or not 0 <= lp <= MAX_LOGPROBS:
+            raise RequestError(400, f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {lp!r}", "logprobs")
+        return lp
+    if lp not in (None, True, False) or type(lp) not in (type(None), bool):
+        raise RequestError(400, f"logprobs must be true or false, got {lp!r}", "logprobs")
+    if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
+        raise RequestError(400, f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {top!r}",
+                           "top_logprobs")
+    if top is not None and not lp:
+        raise RequestError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if lp else None
 
 
 def response_format(rf) -> Grammar | None:

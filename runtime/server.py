@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
-import json
 import queue
 import sys
 import threading
@@ -45,6 +44,7 @@ from .batch import Batcher
 from .generate import encode_prompt, generate
 from .httpserver import HostCheck, HTTPError, read_json, release_heap
 from .openai_request import RequestError, parse, shutting_down
+from .openai_response import Reply
 from .sampler import OPENAI, resolve_sampling
 from .tokenizer import TokenizerError
 
@@ -87,10 +87,13 @@ class Job:
     stats: dict = field(default_factory=dict)
     ended: bool = False  # its outcome was posted (by the worker, or by cancel() while it waited)
     reason: str | None = None  # why it was cancelled: "client" (it left) or "shutdown"
+    index: int = 0  # the choice it generates (n > 1: the jobs of a request share `out`)
+    after: Job | None = None  # the choice whose prompt pages it waits for, to share them (prefix caching)
+    prefilled: threading.Event = field(default_factory=threading.Event)  # its prompt's pages are in the pool
 
     def post(self, kind: str, value) -> None:
         """A piece, or the one outcome (done | error | cancelled), to the handler's queue from any thread."""
-        self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
+        self.loop.call_soon_threadsafe(self.out.put_nowait, (self.index, kind, value))
 
 
 class JobQueue:
@@ -182,21 +185,27 @@ class Server:
                 self.metrics.running += 1
                 self.running.add(job)
             session = self.batcher.session()
+            session.on_prefill = job.prefilled.set
             outcome = None
             try:
+                while job.after is not None and not (job.after.prefilled.wait(0.05) or job.after.ended
+                                                     or job.cancelled.is_set()):
+                    pass  # the first choice's prompt pages, shared once they are in the pool
                 pieces = generate(session, self.tokenizer, job.prompt, chat=job.kind == "chat", stats=job.stats,
                                   ids=job.ids, **job.options)
-                text = []  # a whole reply wakes the event loop once, not per token (it shares the cores with steps)
+                text, sent = [], 0  # a whole reply wakes the event loop once, not per token (it shares the cores)
                 for piece in pieces:
                     if job.cancelled.is_set():
                         pieces.close()  # stats: finish_reason "cancelled"
                         break
                     if job.stream:
-                        job.post("piece", piece)
+                        entries = job.stats.get("logprobs")
+                        job.post("piece", (piece, None if entries is None else entries[sent:]))
+                        sent = len(entries or ())
                     else:
                         text.append(piece)
                 if text:
-                    job.post("piece", "".join(text))
+                    job.post("piece", ("".join(text), None))
                 with self.metrics.lock:
                     self.metrics.prompt_tokens += job.stats.get("prompt_tokens", 0)
                     self.metrics.generation_tokens += len(job.stats.get("generated", []))
@@ -205,6 +214,7 @@ class Server:
             except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
                 outcome = ("error", str(e) or type(e).__name__)
             finally:
+                job.prefilled.set()
                 session.close()  # its pages go back to the pool now
                 with self.metrics.lock:
                     self.metrics.running -= 1
@@ -279,27 +289,27 @@ class Server:
                                "context_length_exceeded")
         return ids
 
-    def submit(self, kind: str, prompt, ids: list[int], options: dict, stream: bool) -> Job:
+    def submit(self, kind: str, prompt, ids: list[int], options: dict, stream: bool, n: int = 1) -> list[Job]:
+        """The jobs of a request's n choices (seeds seed, seed + 1, ...), on one queue; the choices after the first
+        start once its prompt is in the pool, and share its pages."""
         if self.stopping:
             raise shutting_down()
-        job = Job(kind, prompt, ids, options, asyncio.get_running_loop(), asyncio.Queue(), stream)
-        try:
-            self.jobs.put(job)
-        except queue.Full:
-            raise RequestError(429, f"the server is busy: {self.max_queue} requests are waiting; retry later",
-                               code="server_busy", kind="rate_limit_error") from None
-        return job
+        out, jobs = asyncio.Queue(), []
+        for i in range(n):
+            seed = (options["seed"] + i) % (1 << 64) if "seed" in options else None
+            job = Job(kind, prompt, ids, {**options, **({"seed": seed} if seed is not None else {})},
+                      asyncio.get_running_loop(), out, stream, index=i, after=jobs[0] if jobs else None)
+            try:
+                self.jobs.put(job)
+            except queue.Full:
+                for j in jobs:
+                    self.cancel(j)
+                raise RequestError(429, f"the server is busy: {self.max_queue} requests are waiting; retry later",
+                                   code="server_busy", kind="rate_limit_error") from None
+            jobs.append(job)
+        return jobs
 
     # ---- responses ----------------------------------------------------------------------------------
-
-    def usage(self, stats: dict) -> dict:
-        p, c = stats.get("prompt_tokens", 0), len(stats.get("generated", []))
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-    @staticmethod
-    def finish(stats: dict) -> str:
-        return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stats.get("finish_reason"),
-                                                                                            "stop")
 
     def metrics_text(self) -> str:
         m = self.metrics
@@ -374,37 +384,28 @@ class Server:
             async def handle(request):
                 self.check_key(request)
                 body = await read_json(request, self.options.max_body_bytes, self.options.body_timeout)
-                prompt, options, stream, include_usage = parse(body, kind, self.name,
-                                                               self.tokenizer.generation_sampling)
+                prompt, options, stream, include_usage, n = parse(body, kind, self.name,
+                                                                  self.tokenizer.generation_sampling,
+                                                                  self.batcher.max_num_sequences)
                 ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, prompt, kind)
-                job = self.submit(kind, prompt, ids, options, stream)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-                created = int(time.time())
+                reply = Reply(self, kind, rid, int(time.time()), self.submit(kind, prompt, ids, options, stream, n),
+                              include_usage)
                 if stream:
                     self.metrics.count(endpoint, 200)
-                    return StreamingResponse(self.events(job, kind, rid, created, include_usage),
-                                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-                watcher = asyncio.create_task(self.watch(request, job))
+                    return StreamingResponse(reply.events(), media_type="text/event-stream",
+                                             headers={"Cache-Control": "no-cache"})
+                watcher = asyncio.create_task(self.watch(request, reply.jobs))
                 try:
-                    outcome, text, stats = await self.collect(job)
+                    body = await reply.whole()
                 finally:
                     watcher.cancel()
-                    if not job.ended:  # the server is stopping and cancelled this handler
-                        self.cancel(job)
-                if outcome == "cancelled" and job.reason == "shutdown":
-                    raise shutting_down()
-                if outcome == "cancelled":
+                    reply.cancel()  # ended jobs are left alone; the server may be stopping and cancelled this handler
+                if body is None:
                     self.metrics.count(endpoint, 499)
                     return Response(status_code=499)
-                if outcome == "error":
-                    raise RequestError(500, f"generation failed: {text}", kind="server_error")
                 self.metrics.count(endpoint, 200)
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
-                          if kind == "chat" else {"index": 0, "text": text, "logprobs": None})
-                choice["finish_reason"] = self.finish(stats)
-                return JSONResponse({"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
-                                     "created": created, "model": self.name, "choices": [choice],
-                                     "usage": self.usage(stats)})
+                return JSONResponse(body)
             return guarded(endpoint, handle)
 
         async def models(request):
@@ -461,65 +462,14 @@ class Server:
             return FileResponse(root / path, headers={"Cache-Control": "no-cache"})
         return [Route("/", static), Route("/{path:path}", static)]
 
-    async def watch(self, request, job: Job) -> None:
-        """Cancel a whole (non-streamed) request when its client disconnects."""
-        while not job.cancelled.is_set():
+    async def watch(self, request, jobs: list[Job]) -> None:
+        """Cancel a whole (non-streamed) request's jobs when its client disconnects."""
+        while not all(job.cancelled.is_set() or job.ended for job in jobs):
             if await request.is_disconnected():
-                self.cancel(job)
+                for job in jobs:
+                    self.cancel(job)
                 return
             await asyncio.sleep(0.25)
-
-    async def collect(self, job: Job) -> tuple[str, str, dict]:
-        """(outcome, the reply's text or the error, stats) once the job ends."""
-        parts = []
-        while True:
-            kind, value = await job.out.get()
-            if kind == "piece":
-                parts.append(value)
-            elif kind == "error":
-                return kind, value, {}
-            else:
-                return kind, "".join(parts), value
-
-    async def events(self, job: Job, kind: str, rid: str, created: int, include_usage: bool):
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-
-        def chunk(choice: dict | None, usage: dict | None = None) -> str:
-            body = {"id": rid, "object": obj, "created": created, "model": self.name,
-                    "choices": [] if choice is None else [choice]}
-            if include_usage:
-                body["usage"] = usage
-            return f"data: {json.dumps(body)}\n\n"
-
-        def choice(text: str | None, finish: str | None) -> dict:
-            if kind == "chat":
-                delta = {} if text is None else {"content": text}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-        try:
-            if kind == "chat":
-                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None})
-            while True:
-                what, value = await job.out.get()
-                if what == "piece":
-                    yield chunk(choice(value, None))
-                elif what == "error" or (what == "cancelled" and job.reason == "shutdown"):
-                    e = shutting_down() if what == "cancelled" else RequestError(500, value, kind="server_error")
-                    yield f"data: {json.dumps(e.body())}\n\n"
-                    break
-                elif what == "cancelled":  # the client left: no one reads the rest
-                    return
-                else:
-                    yield chunk(choice(None, self.finish(value)))
-                    if include_usage:
-                        yield chunk(None, self.usage(value))
-                    break
-            yield "data: [DONE]\n\n"
-        finally:  # the client left (the response was cancelled) or the stream ended: free the engine
-            self.cancel(job)
-
 
 def serve(engine, model_name: str, options: ServeOptions = ServeOptions()) -> None:
     """engine: loaded with paged=True (its batched step and page pool)."""

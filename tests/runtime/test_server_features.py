@@ -1,4 +1,6 @@
-"""Structured output (runtime/grammar.py, llguidance): every token of a reply one the grammar allows.
+"""What applications need from the server (issue 36), on the real server with the official `openai` client.
+
+Structured output (runtime/grammar.py, llguidance): every token of a reply one the grammar allows.
 
 The tiny llama (random weights) with a byte-level BPE tokenizer trained on JSON text, compiled for the cpu target:
 sampled at temperature 1 it writes noise, so a reply that parses and validates against its schema is the grammar's
@@ -6,6 +8,12 @@ doing (the same requests without the grammar are checked not to be JSON). Throug
 package's own `run --json-schema/--grammar`, and the real server driven by the official `openai` client:
 `response_format` json_schema (whole, streamed, and `chat.completions.parse` with a pydantic model), json_object,
 and the refusals (a schema the engine cannot compile, a malformed response_format) as one-line 400s / errors.
+
+Log probabilities: greedy picks the top entry, the listed probabilities sum to at most 1, the first token's equals
+the log-softmax of the package engine's own prefill logits, a stream's entries are the whole reply's, the
+completions form lines up with the text; usage leaves the end-of-sequence token out. n > 1: each choice is the
+reply of a request with seed + index, the choices after the first share the prompt's pages (the prefix-cache
+counter of /metrics grows by their full pages), streamed choices carry their index, usage sums them.
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require_cc, require_module
-from serving import free_port, start
+from serving import free_port, metric, start
 from test_package_cli import CHATML, assert_one_line_error, run_package
 
 from fixtures import make_tiny
@@ -123,8 +131,11 @@ def test_package_run_with_a_schema_and_a_gbnf_grammar(package, tmp_path):
 @pytest.fixture(scope="module")
 def client(package):
     port = free_port()
-    proc = start([sys.executable, str(package), "serve", "--port", str(port), "--model-name", "tiny"], port)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    proc = start([sys.executable, str(package), "serve", "--port", str(port), "--model-name", "tiny",
+                  "--max-num-sequences", "4"], port)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    client.url = f"http://127.0.0.1:{port}"
+    yield client
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -183,3 +194,87 @@ def test_server_refuses_bad_response_formats(client, rf, fragment):
                                        response_format=rf)
     err = e.value.body
     assert err["param"] == "response_format" and fragment in err["message"] and "\n" not in err["message"], err
+
+
+# ---- log probabilities --------------------------------------------------------------------------------------------
+
+def test_chat_logprobs_greedy_top_entries_and_the_engine(client, engine):
+    import numpy as np
+
+    from deploycc.runtime.generate import encode_prompt, log_softmax
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=12, logprobs=True,
+                                       top_logprobs=5)
+    c = r.choices[0]
+    content = c.logprobs.content
+    assert len(content) == r.usage.completion_tokens and "".join(e.token for e in content) == c.message.content
+    for e in content:
+        assert len(e.top_logprobs) == 5 and e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob)
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        assert sum(np.exp(t.logprob) for t in e.top_logprobs) <= 1 + 1e-6 and e.bytes == list(e.token.encode())
+    engine.reset()  # the first token's log probability against the single-sequence engine's prefill
+    want = log_softmax(engine.prefill(encode_prompt(engine.tokenizer, messages)))
+    assert content[0].logprob == pytest.approx(float(want.max()), abs=2e-3)
+    stream = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=12,
+                                            logprobs=True, top_logprobs=5, stream=True)
+    streamed = [e for ch in stream if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+
+
+def test_completion_logprobs_and_usage_without_eos(client):
+    r = client.completions.create(model="tiny", prompt="Paris is", temperature=0, max_tokens=10, logprobs=3)
+    lp, text = r.choices[0].logprobs, r.choices[0].text
+    assert "".join(lp.tokens) == text and len(lp.token_logprobs) == len(lp.tokens) == r.usage.completion_tokens
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(top) <= 3 and max(top.values()) == pytest.approx(v) for top, v in zip(lp.top_logprobs,
+                                                                                          lp.token_logprobs))
+    ended = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=120,
+                                           temperature=1.0, seed=0, response_format=response_format(SCHEMA),
+                                           logprobs=True)
+    assert ended.choices[0].finish_reason == "stop"  # ended at eos: the eos is no completion token
+    assert ended.usage.completion_tokens == len(ended.choices[0].logprobs.content)
+
+
+@pytest.mark.parametrize("fields,param", [({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                                          ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 3}, "logprobs"),
+                                          ({"n": 5}, "n"), ({"n": 0}, "n")])
+def test_bad_logprobs_and_n_are_400(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       extra_body=fields)
+    assert e.value.body["param"] == param and "\n" not in e.value.body["message"]
+
+
+# ---- n > 1 --------------------------------------------------------------------------------------------------------
+
+def test_n_choices_are_seeded_samples_sharing_the_prompt_pages(client):
+    prompt = "system user assistant: you are a tiny test model. Be brief. What is the capital of France?"
+    messages = [{"role": "user", "content": prompt}]
+    before = metric(client.url, "deploycc_prefix_cache_hit_tokens_total")
+    r = client.chat.completions.create(model="tiny", messages=messages, temperature=1.0, seed=11, max_tokens=16, n=3)
+    shared = metric(client.url, "deploycc_prefix_cache_hit_tokens_total") - before
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    full_pages = (r.usage.prompt_tokens - 1) // 16 * 16
+    assert full_pages >= 32 and shared >= 2 * full_pages, (shared, full_pages)  # choices 1 and 2 took them
+    texts = [c.message.content for c in r.choices]
+    assert len(set(texts)) == 3
+    for i, text in enumerate(texts):  # choice i is the reply of seed 11 + i
+        one = client.chat.completions.create(model="tiny", messages=messages, temperature=1.0, seed=11 + i,
+                                             max_tokens=16)
+        assert one.choices[0].message.content == text
+    assert r.usage.completion_tokens == sum(
+        len(client.chat.completions.create(model="tiny", messages=messages, temperature=1.0, seed=11 + i, max_tokens=16,
+                                           logprobs=True).choices[0].logprobs.content) for i in range(3))
+    stream = client.chat.completions.create(model="tiny", messages=messages, temperature=1.0, seed=11, max_tokens=16,
+                                            n=3, stream=True, stream_options={"include_usage": True})
+    parts, finished, usage = {0: [], 1: [], 2: []}, set(), None
+    for ch in stream:
+        usage = ch.usage or usage
+        for c in ch.choices:
+            parts[c.index].append(c.delta.content or "")
+            if c.finish_reason:
+                finished.add(c.index)
+    assert ["".join(parts[i]) for i in range(3)] == texts and finished == {0, 1, 2}
+    assert usage.completion_tokens == r.usage.completion_tokens and usage.prompt_tokens == r.usage.prompt_tokens
