@@ -346,6 +346,15 @@ class Server:
             for name, help_text, value in rows:
                 lines += [f"# HELP deploycc_{name} {help_text}", f"# TYPE deploycc_{name} {kind}",
                           f"deploycc_{name} {value}"]
+        # what an inference gateway routes on (the Gateway API Inference Extension's model server protocol reads
+        # these vLLM names by default): queued and running requests, the fraction of KV-cache pages in use
+        usage = round(in_use / cache.pages, 6) if cache.pages else 0.0
+        for name, help_text, value in (
+                ("num_requests_waiting", "Requests waiting for a worker (as deploycc_queue_length).", self.jobs.qsize()),
+                ("num_requests_running", "Requests being generated (as deploycc_running_requests).", running),
+                ("kv_cache_usage_perc", "Fraction of KV-cache pages in use, 0 to 1.", usage),
+                ("gpu_cache_usage_perc", "Fraction of KV-cache pages in use, 0 to 1 (vLLM's older name).", usage)):
+            lines += [f"# HELP vllm:{name} {help_text}", f"# TYPE vllm:{name} gauge", f"vllm:{name} {value}"]
         return "\n".join(lines) + "\n"
 
     def app(self):

@@ -21,6 +21,7 @@ import json
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,26 @@ def test_n_choices_are_seeded_samples_sharing_the_prompt_pages(client):
                 finished.add(c.index)
     assert ["".join(parts[i]) for i in range(3)] == texts and finished == {0, 1, 2}
     assert usage.completion_tokens == r.usage.completion_tokens and usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_gateway_metrics_while_a_request_runs(client):
+    """The names an inference gateway routes on (Gateway API Inference Extension: vLLM's), while a stream runs and
+    after it ends."""
+    from serving import metrics
+
+    def gauges() -> dict:
+        return {line.split()[0]: float(line.split()[1]) for line in metrics(client.url).splitlines()
+                if line.startswith("vllm:")}
+
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=60,
+                                            temperature=1.0, seed=1, stream=True)
+    next(iter(stream))
+    during = gauges()
+    stream.close()
+    assert during["vllm:num_requests_running"] == 1 and during["vllm:num_requests_waiting"] == 0
+    assert 0 < during["vllm:kv_cache_usage_perc"] == during["vllm:gpu_cache_usage_perc"] <= 1
+    for _ in range(100):  # the stream's job ends at its next token
+        if gauges()["vllm:num_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    assert gauges()["vllm:num_requests_running"] == 0
