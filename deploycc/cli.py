@@ -112,9 +112,12 @@ def cli():
 @click.option("--verify-kernels", is_flag=True,
               help="Before the package is written, run each kernel on this machine's device against its loop-level "
                    "program (as `verify PKG --kernels`); a kernel that disagrees writes nothing.")
+@click.option("--chat-template", default=None, metavar="FILE|NAME",
+              help="The package's chat template: a Jinja file, or chatml, llama3 or gemma; for a model whose files "
+                   "have none (a base model, a GGUF without tokenizer.chat_template) or a wrong one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (no progress display).")
 def compile_cmd(model, device, quantization, head_quantization, context_window, overrides, output, force, revision,
-                sign_key, activations, verify_kernels, as_json):
+                sign_key, activations, verify_kernels, chat_template, as_json):
     """Compile MODEL into a self-contained package directory for a device preset."""
     from .package import compile_model
 
@@ -122,7 +125,7 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
         path = compile_model(source_path(model), device, quantization, context_window, tuple(overrides), output, force,
                              revision, progress=progress, head_quantization=head_quantization,
                              verify_kernels=verify_kernels, sign=sign_key,
-                             activations=activations)
+                             activations=activations, chat_template=chat_template)
     manifest = json.loads((path / "manifest.json").read_text())
     summary = _package_summary(path, manifest)
     if as_json:
@@ -165,7 +168,9 @@ def _package_summary(path: Path, manifest: dict) -> dict:
 
 @cli.command(short_help="One reply to a prompt, streamed to stdout.")
 @click.argument("model")
-@click.option("--prompt", required=True, help="The user message (the chat template is applied).")
+@click.option("--prompt", required=True,
+              help="The user message (the chat template is applied; a model without one gets the text as it is, and "
+                   "run says so).")
 @click.option("--no-chat", is_flag=True, help="Feed the prompt as raw text, without the chat template.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (prompt, prompt_ids, generated ids, text, sampler, timings) instead of "

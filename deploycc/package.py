@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import pipeline, presets
+from . import chat_templates, pipeline, presets
 from .errors import DeployError
 from .export import PAGE_SIZE, Pool, export
 from .hub import load_model
@@ -186,12 +186,14 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
                   context_window: int | None = None, overrides: tuple[str, ...] = (), out: str | None = None,
                   force: bool = False, revision: str | None = None, progress=None,
                   head_quantization: str | None = None, sign: str | None = None, activations: str | dict = "auto",
-                  verify_kernels: bool = False) -> Path:
-    """sign: a private key file (deploycc/signing.py): the package gets signature.json, over its sealed manifest."""
+                  verify_kernels: bool = False, chat_template: str | None = None) -> Path:
+    """sign: a private key file (deploycc/signing.py): the package gets signature.json, over its sealed manifest.
+    chat_template: a Jinja file or a known template's name (chat_templates.py), stored as the package's template."""
     preset = apply_overrides(presets.load(device or default_device()), list(overrides))
     quant, head = resolve_quantization(source, preset, quantization, head_quantization)
     # before any model work: a refused output costs nothing
     out_dir = check_output(Path(out or f"dist/{Path(str(source).rstrip('/')).name}-{quant}-{preset.name}"), force)
+    template = None if chat_template is None else chat_templates.resolve(chat_template)
     signer = None
     if sign is not None:
         from .signing import load_signing_key
@@ -225,6 +227,8 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         for name in TOKENIZER_FILES:
             if (model.path / name).exists():
                 shutil.copy2(model.path / name, tmp / name)
+        if template is not None:
+            _store_template(tmp, template)
         from . import runtime as _runtime
 
         shutil.copytree(Path(_runtime.__file__).resolve().parent, tmp / "runtime",
@@ -265,6 +269,19 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             _verify_kernels(tmp)
         staging.commit()
     return out_dir
+
+
+def _store_template(pkg: Path, template: str) -> None:
+    """The package's chat template is `template`, wherever the model's files had theirs (tokenizer_config.json's
+    chat_template comes first when the runtime reads them, so it is replaced there too)."""
+    (pkg / "chat_template.json").unlink(missing_ok=True)
+    (pkg / "chat_template.jinja").write_text(template, encoding="utf-8")
+    tc = pkg / "tokenizer_config.json"
+    if tc.exists():
+        config = json.loads(tc.read_text(encoding="utf-8"))
+        if "chat_template" in config:
+            config["chat_template"] = template
+            tc.write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
 def _verify_kernels(pkg: Path) -> None:

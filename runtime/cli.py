@@ -105,6 +105,9 @@ def run_prompt(session, tokenizer, prompt: str, *, chat: bool = True, as_json: b
     closed by its reader (`| head`), which ends the run quietly."""
     out, err = out or sys.stdout, err or sys.stderr
     prompt = clean_text(prompt)
+    if chat and not tokenizer.chat_template:
+        err.write(f"note: {NO_TEMPLATE}\n")
+        err.flush()
     prompt_ids = encode_prompt(tokenizer, prompt, chat)
     if not prompt_ids:
         raise UsageError("the prompt encodes to no tokens; give some text")
@@ -272,10 +275,15 @@ def chat_repl(session, tokenizer, *, name: str = "model", system: str | None = N
     return 0
 
 
+NO_TEMPLATE = ("this model has no chat template: the prompt goes to it as plain text (compile with --chat-template "
+               "FILE|NAME to give the package one)")
+
+
 def require_chat_template(tokenizer, name: str) -> None:
     if not tokenizer.chat_template:
         raise TokenizerError(f"{name} has no chat template (tokenizer_config.json has no chat_template and there is no "
-                             f"chat_template.jinja), so it cannot chat; use run --no-chat for plain text completion")
+                             f"chat_template.jinja), so it cannot chat; compile it with --chat-template FILE|NAME, "
+                             f"or use run --no-chat for plain text completion")
 
 
 def _chat_turn(conv: Conversation, line: str, out, err, errors: tuple) -> None:
@@ -339,7 +347,9 @@ def _parser(package_dir: str) -> argparse.ArgumentParser:
                         help="reply in this grammar (Lark, or llama.cpp's GBNF; needs llguidance)")
 
     run = sub.add_parser("run", help="one prompt, streamed to stdout")
-    run.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
+    run.add_argument("--prompt", required=True,
+                     help="the user message (the chat template is applied; a model without one gets the text as it "
+                          "is, and run says so)")
     generation(run, 64)
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")

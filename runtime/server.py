@@ -514,6 +514,9 @@ def serve(engine, model_name: str, options: ServeOptions = ServeOptions()) -> No
           f"{server.batcher.max_num_sequences} sequences at once", flush=True)
     default = resolve_sampling({}, engine.tokenizer.generation_sampling, OPENAI)
     print(f"a request that sets no temperature or top_p samples with {default.describe()}", flush=True)
+    if not engine.tokenizer.chat_template:
+        print("this model has no chat template: /v1/chat/completions refuses requests (400), /v1/completions takes "
+              "plain text; compile with --chat-template FILE|NAME to give the package one", flush=True)
     from .httpserver import run
 
     try:

@@ -63,9 +63,13 @@ def llama_tensors(layers: int, rng) -> dict[str, np.ndarray]:
     return out
 
 
+GGUF_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+
+
 def tiny_gguf(path: Path, layers: int = 2, block_count: int | None = None, with_tensors: bool = True,
-              seed: int = 0) -> Path:
-    """A tiny Llama GGUF; block_count (default: layers) may disagree with the tensors written."""
+              seed: int = 0, chat_template: str | None = GGUF_TEMPLATE) -> Path:
+    """A tiny Llama GGUF; block_count (default: layers) may disagree with the tensors written; chat_template None:
+    the file has none (tokenizer.chat_template is left out)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -86,7 +90,8 @@ def tiny_gguf(path: Path, layers: int = 2, block_count: int | None = None, with_
     w.add_token_merges(MERGES)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     if with_tensors:
         for name, arr in llama_tensors(layers, np.random.default_rng(seed)).items():
             w.add_tensor(name, arr)
