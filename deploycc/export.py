@@ -42,8 +42,9 @@ def export(model: LoadedModel, context_window: int | None = None, step: int = 0,
     }
     bounds = {"total_len": ctx, "seq_len": step or ctx}
     if pool is not None:
-        spec["step"] = {"input_ids": nn.spec((1, "seq_len"), "int32"),
-                        "cache": nn.kv_cache_spec(ctx, step, pool.page_size, pool.pages)}
+        for fname in ("step", "step_all"):  # the last tokens' logits, every token's
+            spec[fname] = {"input_ids": nn.spec((1, "seq_len"), "int32"),
+                           "cache": nn.kv_cache_spec(ctx, step, pool.page_size, pool.pages)}
         bounds.update(batch=pool.sequences, pages_len=-(-ctx // pool.page_size))
     mod, _ = model.build().export(spec, bounds=bounds)
     mod.attrs.update(context_window=ctx, model=model.architecture, num_layers=cfg.num_hidden_layers)

@@ -97,7 +97,7 @@ def compile(exported: IRModule, target, prefill_chunk: int | None = None, stop_a
     if target is None or prefill_chunk is None:
         raise DeployError("the vm stage needs a device preset (--device)")
     mod = run(exported, target, "scheduled")
-    fnames = ("prefill", "prefill_all", "decode") + (("step",) if "step" in exported.functions else ())
+    fnames = ("prefill", "prefill_all", "decode") + tuple(f for f in ("step", "step_all") if f in exported.functions)
     bounds = {f: function_bounds(mod[f], prefill_chunk) for f in fnames}
     plans = {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}) for f in fnames}
     return Compiled("vm", mod, plans, lower_vm(mod, plans, target, bounds, fnames))

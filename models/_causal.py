@@ -19,3 +19,8 @@ class CausalLM(nn.Module):
         """A batched step over a page pool (cache: kv_cache_spec with a page_size): the tokens of several
         sequences, each sequence's last token's logits [1, batch, vocab]."""
         return self.forward(input_ids, cache, last_only=True)
+
+    def step_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        """A batched step with every token's logits [1, seq_len, vocab] (a prompt's log probabilities: the
+        server's echo)."""
+        return self.forward(input_ids, cache)

@@ -42,6 +42,8 @@ class Sequence:
         self.done = threading.Event()
         self.logits: np.ndarray | None = None
         self.error: str | None = None
+        self.all_logits = False  # its steps return every token's logits (rows), not only the last one's
+        self.rows: list[np.ndarray] = []
 
 
 class Batcher:
@@ -138,14 +140,14 @@ class Batcher:
             seq.cached = keep * self.cache.page_size
 
     def _free(self, seq: Sequence) -> None:
-        """Give `seq`'s pages back: nothing of it is cached any more (its ids stay, to compute again)."""
+        """Give `seq`'s pages back: nothing of it is cached any more (its ids stay, to compute again, rows too)."""
         self.cache.give(seq.pages)
-        seq.pages, seq.keys, seq.cached = [], [], 0
+        seq.pages, seq.keys, seq.cached, seq.rows = [], [], 0, []
 
     def _share(self, seq: Sequence) -> None:
         """A sequence without pages takes the cached pages of its longest known prefix (at least its last token
-        is left to compute: its logits are what the step returns)."""
-        full = (len(seq.ids) - 1) // self.cache.page_size
+        is left to compute: its logits are what the step returns); one that wants every token's logits takes none."""
+        full = 0 if seq.all_logits else (len(seq.ids) - 1) // self.cache.page_size
         seq.keys = self.cache.keys(seq.ids, full)
         seq.pages = self.cache.share(seq.keys)
         seq.keys = seq.keys[:len(seq.pages)]
@@ -224,9 +226,11 @@ class Batcher:
     def _step(self, plan: list[tuple[Sequence, int, int]]) -> None:
         ids = [t for s, start, n in plan for t in s.ids[start:start + n]]
         error, logits = None, None
+        every = any(s.all_logits for s, _, _ in plan)  # step_all: each token's logits, its sequence's rows
+        ends = np.cumsum([n for _, _, n in plan])
         try:
-            logits = self.engine.step(ids, [s.pages for s, _, _ in plan], [start for _, start, _ in plan],
-                                      [n for _, _, n in plan])
+            args = (ids, [s.pages for s, _, _ in plan], [start for _, start, _ in plan], [n for _, _, n in plan])
+            logits = self.engine.step(*args, all_logits=True) if every else self.engine.step(*args)
         except Exception as e:  # noqa: BLE001 - the sequences of a failed step get the error, the batcher goes on
             error = str(e) or type(e).__name__
         with self.cond:
@@ -247,10 +251,16 @@ class Batcher:
                     continue
                 s.cached = start + n
                 self._register(s)
+                if every:
+                    if s.all_logits:
+                        s.rows.append(logits[ends[b] - n:ends[b]])
+                    last = logits[ends[b] - 1]
+                else:
+                    last = logits[b]
                 if not s.want:  # abandoned while this step ran
                     del s.ids[s.cached:]
                 elif s.cached == len(s.ids):
-                    s.want, s.logits = False, logits[b]
+                    s.want, s.logits = False, last
                     s.done.set()
             self.cond.notify_all()
 
@@ -288,16 +298,23 @@ class BatchSession:
         self.batcher.truncate(self.seq, n)
 
     def prefill(self, ids, all_logits: bool = False) -> np.ndarray:
-        if all_logits:
-            raise ValueError("a batched session returns the last position's logits only")
+        """The last position's logits, or with `all_logits` (a sequence with nothing cached) every position's."""
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError("prefill needs at least one token")
         if len(self.seq.ids) + len(ids) > self.context_window:
             raise ValueError(f"{len(self.seq.ids)} cached + {len(ids)} new tokens exceed the context window of "
                              f"{self.context_window}")
+        if all_logits and self.seq.ids:
+            raise ValueError("every position's logits need a fresh sequence (reset first)")
         self.seq.ids += ids
-        logits = self.batcher.run(self.seq)
+        self.seq.all_logits, self.seq.rows = all_logits, []
+        try:
+            logits = self.batcher.run(self.seq)
+            if all_logits:
+                logits = np.concatenate(self.seq.rows)
+        finally:
+            self.seq.all_logits, self.seq.rows = False, []
         if self.on_prefill is not None:  # its tokens' pages are in the pool (the server's n choices wait for it)
             self.on_prefill()
         return logits

@@ -77,7 +77,7 @@ def step_corners(m: dict) -> list[tuple[int, int, int]]:
 def check_plan(m: dict, bc: dict) -> None:
     compiled: dict = {}  # id(expression) -> its closure, shared by the corners (the documents outlive the check)
     for fname, spec in bc["functions"].items():
-        if fname == "step":
+        if fname in ("step", "step_all"):
             for s, batch, width in step_corners(m):
                 _DryRun(fname, spec, m, s, 0, compiled, (batch, width)).run()
             continue
@@ -294,7 +294,7 @@ class _DryRun:
 
     def ret(self, v) -> None:
         rows = {"decode": (1,), "prefill": (1, self.s), "prefill_all": (self.s,),
-                "step": (self.batch[0] if self.batch else 0,)}[self.fname]
+                "step": (self.batch[0] if self.batch else 0,), "step_all": (self.s,)}[self.fname]
         vocab = self.m["vocab_size"]
         w = f"bytecode.json: functions.{self.fname} ({self.at})"
         if not (isinstance(v, Tensor) and v.dtype == "float32" and len(v.shape) == 3 and v.shape[0] == 1

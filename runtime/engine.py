@@ -18,6 +18,7 @@ from .kvcache import KV_META, ContextWindowFull, KVCache, PagedKVCache
 from .loaders import load_kernels
 from .package import PackageError, load_params, read_manifest, verify
 from .safetensors_io import SafetensorsError
+from .validate import PAGED_FUNCTIONS
 from .vm import NP, VM, DTensor, VMError
 
 
@@ -125,7 +126,7 @@ class Engine:
         tables = [(ctypes.c_void_p * max(1, len(x)))(*x) for x in (ws, sts, kv, meta)]
         self._native_keep = [tables]  # the C side holds addresses into these: they live as long as the engine
         for fname, info in nat["functions"].items():
-            if (fname == "step") != self.paged:  # the other cache's functions
+            if (fname in PAGED_FUNCTIONS) != self.paged:  # the other cache's functions
                 continue
             heap = (ctypes.c_int * max(1, len(info["heap"])))()
             ctx = Ctx(*(ctypes.addressof(t) for t in tables[:3]), ptr(self.ids_buf), ctypes.addressof(heap),
@@ -190,15 +191,20 @@ class Engine:
         self.stats["decode_seconds"] += time.perf_counter() - t0
         return logits
 
-    def step(self, ids, tables: list[list[int]], starts: list[int], counts: list[int]) -> np.ndarray:
+    def step(self, ids, tables: list[list[int]], starts: list[int], counts: list[int], all_logits: bool = False
+             ) -> np.ndarray:
         """A batched step over the page pool (an engine loaded with paged=True; runtime/batch.py schedules it):
         sequence b, whose pages are tables[b], appends counts[b] of `ids` at positions starts[b] on; returns the
-        logits [len(counts), vocab] of each sequence's last token of the step."""
+        logits [len(counts), vocab] of each sequence's last token of the step, or with `all_logits` those of every
+        token [len(ids), vocab] (the package's step_all)."""
         self._need(paged=True)
+        if all_logits and "step_all" not in self.vm.functions:
+            raise VMError("this package has no step_all function (compiled before deploycc had it): it cannot give a "
+                          "prompt's log probabilities; compile it again")
         ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
         self.cache.plan(tables, starts, counts)
         t0 = time.perf_counter()
-        logits = self._download(self._step("step", ids))[0]
+        logits = self._download(self._step("step_all" if all_logits else "step", ids))[0]
         self.stats["step_tokens"] += ids.shape[1]
         self.stats["step_seconds"] += time.perf_counter() - t0
         return logits

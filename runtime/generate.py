@@ -125,7 +125,7 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
              seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None,
              reuse_cache: bool = False, ids: Sequence[int] | None = None, min_p: float = 0.0,
-             grammar=None, logprobs: int | None = None) -> Iterator[str]:
+             grammar=None, logprobs: int | None = None, prompt_logprobs: int | None = None) -> Iterator[str]:
     """Stream the model's reply as text pieces.
 
     Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
@@ -141,15 +141,19 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
     eos once the grammar is complete. `logprobs` (0 to 20): `stats["logprobs"]` gets, as each token is sampled
     (before its text is yielded), (token, its log probability, the `logprobs` most likely (token, log
     probability)) under the model's distribution (log-softmax of the raw logits); the eos that ends a reply is left
-    out, as it is of the text.
+    out, as it is of the text. `prompt_logprobs` (0 to 20): the prompt is prefilled with every position's logits
+    and `stats["prompt_logprobs"]` holds the same for each prompt token ((first token, None, None) first: nothing
+    precedes it); max_tokens may then be 0 (score the prompt only).
     """
     sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed, min_p)
     stops = _stops(stop)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, Integral)
-                                 or not 0 <= logprobs <= MAX_LOGPROBS):
-        raise ValueError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {logprobs!r}")
+    least = 0 if prompt_logprobs is not None else 1
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < least:
+        raise ValueError(f"max_tokens must be an integer >= {least}, got {max_tokens!r}")
+    for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
+                                  or not 0 <= value <= MAX_LOGPROBS):
+            raise ValueError(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {value!r}")
     ids = list(ids) if ids is not None else encode_prompt(tokenizer, prompt_or_messages, chat)
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give some text")
@@ -159,7 +163,7 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
                                  f"hold at least one generated token; shorten the prompt or compile with a larger "
                                  f"context window")
     return _run(session, tokenizer, ids, sampler, min(int(max_tokens), window - len(ids)), int(max_tokens), stops, stats,
-                reuse_cache, grammar, logprobs)
+                reuse_cache and prompt_logprobs is None, grammar, logprobs, prompt_logprobs)
 
 
 MAX_LOGPROBS = 20
@@ -181,7 +185,7 @@ def token_logprobs(logits, token: int, top: int) -> tuple[int, float, list[tuple
 
 def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget: int, max_tokens: int,
          stops: tuple[str, ...], stats: dict | None, reuse_cache: bool, grammar=None,
-         logprobs: int | None = None) -> Iterator[str]:
+         logprobs: int | None = None, prompt_logprobs: int | None = None) -> Iterator[str]:
     eos = set(tokenizer.eos_token_ids)
     detok = tokenizer.stream_decoder(skip_special_tokens=True)
     history = list(ids)  # the repetition penalty covers the prompt too, as in transformers
@@ -199,9 +203,19 @@ def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget
         cached = prefix.start(session, ids, reuse_cache)
         prefix.begin(ids)
         t0 = time.perf_counter()
-        logits = session.prefill(ids[cached:])
+        if prompt_logprobs is None:
+            logits = session.prefill(ids[cached:])
+        else:  # every position's logits (nothing reused: cached is 0)
+            rows = session.prefill(ids, all_logits=True)
+            logits = rows[-1]
+            scored = [(int(ids[0]), None, None)] + [token_logprobs(rows[i - 1], ids[i], prompt_logprobs)
+                                                    for i in range(1, len(ids))]
+            if stats is not None:
+                stats["prompt_logprobs"] = scored
         t_prefill = time.perf_counter() - t0
         prefix.end()
+        if budget == 0:
+            reason = "length"
         while reason is None:
             raw = logits
             if grammar is not None:

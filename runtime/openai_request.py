@@ -16,11 +16,12 @@ from .sampler import OPENAI, SamplingDefaults, resolve_sampling
 NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": (None, {}), "user": str,
          "parallel_tool_calls": bool,
          "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": dict, "tools": (None, []),
-         "tool_choice": (None, "none"), "echo": (None, False),
+         "tool_choice": (None, "none"),
          "suffix": (None,), "best_of": (None, 1)}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
           "response_format", "logprobs"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}, "completion": COMMON | {"prompt"}}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
+          "completion": COMMON | {"prompt", "echo"}}
 ROLES = ("system", "user", "assistant")
 
 
@@ -101,10 +102,15 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise RequestError(400, "prompt must be a non-empty string", "prompt")
+    echo = body.get("echo", False) if kind == "completion" else False
+    if not isinstance(echo, bool):
+        raise RequestError(400, f"echo must be true or false, got {echo!r}", "echo")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = 256 if max_tokens is None else max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise RequestError(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+    least = 0 if echo and body.get("logprobs") is not None else 1  # lm-eval's scoring: the prompt's logprobs alone
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < least:
+        raise RequestError(400, f"max_tokens must be an integer >= {least}" + (" (0 with echo and logprobs)" if least
+                                else "") + f", got {max_tokens!r}", "max_tokens")
     given = {}
     for key, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
         v = body.get(key)
@@ -140,6 +146,10 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
     top = logprobs_option(body, kind)
     if top is not None:
         options["logprobs"] = top
+        if echo:  # the prompt's log probabilities too: one prefill with every position's logits
+            options["prompt_logprobs"] = top
+    if echo:
+        options["echo"] = True  # the server's, not generate's: the reply's text starts with the prompt
     return prompt, options, stream, bool((so or {}).get("include_usage", False)), n
 
 

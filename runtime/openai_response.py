@@ -36,7 +36,8 @@ def _token(tokenizer, i: int) -> tuple[str, list[int]]:
 
 def logprobs_body(kind: str, tokenizer, entries: list | None, offset: int = 0) -> dict | None:
     """The `logprobs` of a choice (or of a chunk's tokens): chat's {"content": [{token, logprob, bytes,
-    top_logprobs}]}, or completions' {tokens, token_logprobs, top_logprobs, text_offset} (offsets from `offset`)."""
+    top_logprobs}]}, or completions' {tokens, token_logprobs, top_logprobs, text_offset} (offsets from `offset`;
+    an echoed prompt's first token has null for both: nothing precedes it)."""
     if entries is None:
         return None
     if kind == "chat":
@@ -53,7 +54,8 @@ def logprobs_body(kind: str, tokenizer, entries: list | None, offset: int = 0) -
         offsets.append(offset)
         offset += len(tokens[-1])
     return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [{_token(tokenizer, i)[0]: tlp for i, tlp in top} for _, _, top in entries],
+            "top_logprobs": [None if top is None else {_token(tokenizer, i)[0]: tlp for i, tlp in top}
+                             for _, _, top in entries],
             "text_offset": offsets}
 
 
@@ -101,7 +103,9 @@ class Reply:
         tok = self.server.tokenizer
         choices = []
         for i, (parts, st) in enumerate(zip(texts, stats)):
-            lp = logprobs_body(self.kind, tok, st.get("logprobs") if self.logprobs else None)
+            entries = (st.get("prompt_logprobs") or []) + st.get("logprobs", []) if self.jobs[0].echo else \
+                st.get("logprobs")
+            lp = logprobs_body(self.kind, tok, entries if self.logprobs else None)
             text = "".join(parts)
             body = ({"message": {"role": "assistant", "content": text}} if self.kind == "chat" else {"text": text})
             choices.append({"index": i, **body, "logprobs": lp, "finish_reason": finish_reason(st)})

@@ -90,6 +90,7 @@ class Job:
     index: int = 0  # the choice it generates (n > 1: the jobs of a request share `out`)
     after: Job | None = None  # the choice whose prompt pages it waits for, to share them (prefix caching)
     prefilled: threading.Event = field(default_factory=threading.Event)  # its prompt's pages are in the pool
+    echo: bool = False  # its text starts with the prompt (completions' echo)
 
     def post(self, kind: str, value) -> None:
         """A piece, or the one outcome (done | error | cancelled), to the handler's queue from any thread."""
@@ -194,6 +195,8 @@ class Server:
                 pieces = generate(session, self.tokenizer, job.prompt, chat=job.kind == "chat", stats=job.stats,
                                   ids=job.ids, **job.options)
                 text, sent = [], 0  # a whole reply wakes the event loop once, not per token (it shares the cores)
+                if job.echo:  # generate prefills before its first piece, so the prompt's entries come first
+                    pieces = self._echoed(job, pieces)
                 for piece in pieces:
                     if job.cancelled.is_set():
                         pieces.close()  # stats: finish_reason "cancelled"
@@ -221,6 +224,20 @@ class Server:
                     self.running.discard(job)
                 job.ended = True
                 job.post(*(outcome or ("error", "the request was interrupted")))
+
+    @staticmethod
+    def _echoed(job: Job, pieces):
+        """An echoed reply's pieces: the prompt first (a stream posts it with its log probabilities, which the
+        prefill made by the time generate yields its first piece or ends), then the reply's own."""
+        rest = iter(pieces)
+        first = next(rest, None)
+        if job.stream:
+            job.post("piece", (job.prompt, job.stats.get("prompt_logprobs")))
+        else:
+            yield job.prompt
+        if first is not None:
+            yield first
+        yield from rest
 
     def cancel(self, job: Job, reason: str = "client") -> None:
         """The client left (or the server is stopping): a running job stops at its next token; a waiting one
@@ -297,8 +314,10 @@ class Server:
         out, jobs = asyncio.Queue(), []
         for i in range(n):
             seed = (options["seed"] + i) % (1 << 64) if "seed" in options else None
-            job = Job(kind, prompt, ids, {**options, **({"seed": seed} if seed is not None else {})},
-                      asyncio.get_running_loop(), out, stream, index=i, after=jobs[0] if jobs else None)
+            own = {k: v for k, v in options.items() if k != "echo"}
+            job = Job(kind, prompt, ids, {**own, **({"seed": seed} if seed is not None else {})},
+                      asyncio.get_running_loop(), out, stream, index=i, after=jobs[0] if jobs else None,
+                      echo=bool(options.get("echo")))
             try:
                 self.jobs.put(job)
             except queue.Full:

@@ -124,7 +124,7 @@ def test_compile_writes_a_native_package_that_verifies(compiled, name):
     assert nat["cpu_flags"] == native.isa_flags("native") and set(nat["cpu_flags"]) <= (native.cpu_flags() or set())
     assert nat["compiler"] == " ".join(native.compiler())
     assert set(nat["weights"]) <= {p["name"] for p in m["params"]} and len(nat["weights"]) == len(set(nat["weights"]))
-    assert set(nat["functions"]) == {*FUNCTIONS, "step"}
+    assert set(nat["functions"]) == {*FUNCTIONS, "step", "step_all"}
     # the 4-bit weights' layout (InterleavedScheme where the CPU has AVX2 or AVX-512, 8- or 16-bit activations alike),
     # recorded for the reader
     from deploycc.runtime import native as nat_rt

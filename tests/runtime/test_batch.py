@@ -225,12 +225,13 @@ def test_refusals(tmp_path_factory):
     old = tmp_path_factory.mktemp("old") / "pkg"  # as a package compiled before batching was
     shutil.copytree(pkg, old)
     for doc, edit in (("manifest.json", lambda m: m["kv_cache"].pop("pool")),
-                      ("bytecode.json", lambda bc: bc["functions"].pop("step"))):
+                      ("bytecode.json", lambda bc: [bc["functions"].pop(f) for f in ("step", "step_all")])):
         d = json.loads((old / doc).read_text())
         edit(d)
         (old / doc).write_text(json.dumps(d))
     native = json.loads((old / "manifest.json").read_text())
-    native["kernels"]["native"]["functions"].pop("step")
+    for f in ("step", "step_all"):
+        native["kernels"]["native"]["functions"].pop(f)
     (old / "manifest.json").write_text(json.dumps(native))
     reseal(old)
     with pytest.raises(PackageError, match="no batched step"):

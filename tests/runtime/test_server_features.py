@@ -302,3 +302,34 @@ def test_gateway_metrics_while_a_request_runs(client):
             break
         time.sleep(0.05)
     assert gauges()["vllm:num_requests_running"] == 0
+
+
+def test_echo_prompt_logprobs_equal_the_engines_prefill(client, engine):
+    """lm-eval's log-likelihood request (echo, logprobs, max_tokens 0): the prompt's log probabilities, from one
+    batched step with every token's logits (step_all), equal the log-softmax of the single-sequence engine's
+    prefill_all; with a completion after it, whole and streamed alike."""
+    from deploycc.runtime.generate import log_softmax
+
+    prompt = "What is the capital of France? Paris is"
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=2, temperature=0)
+    lp = r.choices[0].logprobs
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=True)
+    assert r.choices[0].text == prompt == "".join(lp.tokens) and r.usage.prompt_tokens == len(ids) > 5
+    assert r.usage.completion_tokens == 0 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    engine.reset()
+    rows = engine.prefill(ids, all_logits=True)
+    want = [float(log_softmax(rows[i - 1])[ids[i]]) for i in range(1, len(ids))]
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=2e-3)
+    assert all(len(top) <= 2 for top in lp.top_logprobs[1:])
+    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, echo=True, logprobs=1, temperature=0)
+    text, lp = whole.choices[0].text, whole.choices[0].logprobs
+    assert text.startswith(prompt) and "".join(lp.tokens) == text
+    assert len(lp.tokens) == len(ids) + whole.usage.completion_tokens
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(want, abs=2e-3)
+    stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, echo=True, logprobs=1, temperature=0,
+                                       stream=True)
+    chunks = [c.choices[0] for c in stream if c.choices]
+    assert "".join(c.text for c in chunks) == text
+    assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == lp.tokens
+    plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, echo=True, temperature=0)
+    assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
