@@ -95,14 +95,17 @@ class PrefixCache:
             self.ids, self.partial = [], False
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
-    """Prompt ids: a message list always goes through the chat template; a string does when `chat` and the model has one."""
+def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[dict], chat: bool = True,
+                  template_kwargs: dict | None = None) -> list[int]:
+    """Prompt ids: a message list always goes through the chat template; a string does when `chat` and the model has
+    one. `template_kwargs`: more variables for the template (Qwen3's enable_thinking)."""
     if isinstance(prompt, str):
         if not (chat and tokenizer.chat_template):
             return tokenizer.encode(prompt, add_special_tokens=True)
         prompt = [{"role": "user", "content": prompt}]
     # The rendered template already holds the special tokens (bos, role markers) it wants.
-    return tokenizer.encode(tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True),
+    return tokenizer.encode(tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True,
+                                                         **(template_kwargs or {})),
                             add_special_tokens=False)
 
 

@@ -19,10 +19,11 @@ NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bia
          "tool_choice": (None, "none"),
          "suffix": (None,), "best_of": (None, 1)}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
-          "response_format", "logprobs"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
+          "response_format", "logprobs", "grammar"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs"},
           "completion": COMMON | {"prompt", "echo"}}
 ROLES = ("system", "user", "assistant")
+RESERVED_TEMPLATE_NAMES = {"messages", "add_generation_prompt", "tools", "documents"}
 
 
 def is_no_op(key: str, value) -> bool:
@@ -141,8 +142,24 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
                            or not isinstance(so.get("include_usage", False), bool) or not stream):
         raise RequestError(400, "stream_options takes {'include_usage': bool}, with stream true", "stream_options")
     grammar = response_format(body.get("response_format"))
+    text = body.get("grammar")  # llama-server's extension: a GBNF (or Lark) grammar
+    if text is not None:
+        if grammar is not None or not isinstance(text, str) or not text.strip():
+            raise RequestError(400, "grammar must be a non-empty GBNF or Lark grammar, without a JSON "
+                                    "response_format", "grammar")
+        try:
+            grammar = Grammar.text(text, "grammar")
+        except GrammarError as e:
+            raise RequestError(400, str(e), "grammar", "invalid_grammar") from None
     if grammar is not None:
         options["grammar"] = grammar
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict) or set(kwargs) & RESERVED_TEMPLATE_NAMES:
+            raise RequestError(400, "chat_template_kwargs must be an object of template variables (e.g. "
+                                    "{'enable_thinking': false}), not setting messages, add_generation_prompt, tools "
+                                    "or documents", "chat_template_kwargs")
+        options["chat_template_kwargs"] = kwargs  # the server's, for the template: not generate's
     top = logprobs_option(body, kind)
     if top is not None:
         options["logprobs"] = top

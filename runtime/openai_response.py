@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from .openai_request import RequestError, shutting_down
+from .reasoning import ReasoningSplitter, prompt_opens_thinking, split, thinks
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
@@ -66,6 +67,10 @@ class Reply:
         self.server, self.kind, self.rid, self.created, self.jobs = server, kind, rid, created, jobs
         self.include_usage, self.queue = include_usage, jobs[0].out
         self.logprobs = "logprobs" in jobs[0].options
+        # a chat reply of a thinking template: reasoning_content apart from content (runtime/reasoning.py)
+        tok = server.tokenizer
+        self.splitters = [ReasoningSplitter(prompt_opens_thinking(tok, job.ids)) for job in jobs] \
+            if kind == "chat" and thinks(tok.chat_template) else None
 
     def cancel(self) -> None:
         """Stop the jobs that have not ended (the client left, a sibling failed, or the response is over)."""
@@ -107,7 +112,10 @@ class Reply:
                 st.get("logprobs")
             lp = logprobs_body(self.kind, tok, entries if self.logprobs else None)
             text = "".join(parts)
-            body = ({"message": {"role": "assistant", "content": text}} if self.kind == "chat" else {"text": text})
+            body = {"message": {"role": "assistant", "content": text}} if self.kind == "chat" else {"text": text}
+            if self.splitters is not None:
+                reasoning, body["message"]["content"] = split(text, self.splitters[i].state == "reasoning")
+                body["message"]["reasoning_content"] = reasoning
             choices.append({"index": i, **body, "logprobs": lp, "finish_reason": finish_reason(st)})
         return {"id": self.rid, "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.server.name, "choices": choices, "usage": usage(stats)}
@@ -119,16 +127,32 @@ class Reply:
             body["usage"] = usage_body
         return f"data: {json.dumps(body)}\n\n"
 
-    def choice(self, i: int, text: str | None, finish: str | None, entries=None, offset: int = 0) -> dict:
+    def choice(self, i: int, text: str | None, finish: str | None, entries=None, offset: int = 0,
+               field: str = "content") -> dict:
         lp = logprobs_body(self.kind, self.server.tokenizer, entries, offset) if self.logprobs else None
         if self.kind == "chat":
-            return {"index": i, "delta": {} if text is None else {"content": text}, "logprobs": lp,
+            return {"index": i, "delta": {} if text is None else {field: text}, "logprobs": lp,
                     "finish_reason": finish}
         return {"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}
+
+    def deltas(self, i: int, text: str, entries, offset: int, end: bool = False):
+        """The chunks of one streamed piece of choice i: its reasoning and content parts apart (the piece's log
+        probabilities on the first, or on the next piece's while a tag is held back), or the piece as it is."""
+        if self.splitters is None:
+            if text or entries:
+                yield self.chunk(self.choice(i, text, None, entries, offset))
+            return
+        s = self.splitters[i]
+        self.held[i] += entries or []
+        for kind, part in s.feed(text) + (s.flush() if end else []):
+            yield self.chunk(self.choice(i, part, None, self.held[i] or None, offset,
+                                         "reasoning_content" if kind == "reasoning" else "content"))
+            self.held[i], offset = [], offset + len(part)
 
     async def events(self):
         stats: list[dict] = [{} for _ in self.jobs]
         offsets = [0] * len(self.jobs)
+        self.held: list[list] = [[] for _ in self.jobs]  # log probabilities of text a splitter holds back
         try:
             if self.kind == "chat":
                 for i in range(len(self.jobs)):
@@ -139,7 +163,8 @@ class Reply:
                 i, what, value = await self.queue.get()
                 if what == "piece":
                     text, entries = value
-                    yield self.chunk(self.choice(i, text, None, entries, offsets[i]))
+                    for c in self.deltas(i, text, entries, offsets[i]):
+                        yield c
                     offsets[i] += len(text)
                     continue
                 left -= 1
@@ -150,7 +175,9 @@ class Reply:
                 if what == "cancelled":  # the client left: no one reads the rest
                     return
                 stats[i] = value
-                yield self.chunk(self.choice(i, None, finish_reason(value)))
+                for c in self.deltas(i, "", None, offsets[i], end=True):
+                    yield c
+                yield self.chunk(self.choice(i, None, finish_reason(value), self.held[i] or None))
             else:
                 if self.include_usage:
                     yield self.chunk(None, usage(stats))

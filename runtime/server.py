@@ -282,7 +282,7 @@ class Server:
             raise RequestError(401, "Incorrect API key provided; pass it as 'Authorization: Bearer KEY'",
                                code="invalid_api_key")
 
-    def encode(self, prompt, kind: str) -> list[int]:
+    def encode(self, prompt, kind: str, template_kwargs: dict | None = None) -> list[int]:
         """The prompt's ids, measured against the context window: first its characters (a prompt of more
         than the window could hold is refused without tokenizing it), then its tokens."""
         param = "messages" if kind == "chat" else "prompt"
@@ -292,7 +292,7 @@ class Server:
                                     f"{chars} characters, more than {self.window} tokens can hold", param,
                                "context_length_exceeded")
         try:
-            ids = encode_prompt(self.tokenizer, prompt, chat=kind == "chat")
+            ids = encode_prompt(self.tokenizer, prompt, chat=kind == "chat", template_kwargs=template_kwargs)
         except TokenizerError as e:
             raise RequestError(400, str(e), param) from None
         finally:
@@ -415,7 +415,9 @@ class Server:
                 prompt, options, stream, include_usage, n = parse(body, kind, self.name,
                                                                   self.tokenizer.generation_sampling,
                                                                   self.batcher.max_num_sequences)
-                ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, prompt, kind)
+                kwargs = options.pop("chat_template_kwargs", None)
+                ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, prompt, kind,
+                                                                       kwargs)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
                 reply = Reply(self, kind, rid, int(time.time()), self.submit(kind, prompt, ids, options, stream, n),
                               include_usage)

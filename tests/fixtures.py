@@ -125,6 +125,15 @@ SHAPES = {
 }
 
 
+# Real families' vocabularies, for their real tokenizer files and chat templates (tests/npm_tokenizers.py): the
+# embedding is most of such a checkpoint, so the rest stays as small as TINY's
+REAL_VOCAB = {
+    "qwen3-vocab": ("qwen3", dict(vocab_size=151936, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                                  bos_token_id=151643, eos_token_id=151645)),
+}
+
+
 # In the cache directory's name: a change of what make_tiny writes for a name and seed bumps it, so that no
 # checkpoint of an earlier version is reused (2: sharpen; 3: no outliers in Gemma's post-norms).
 VERSION = 3
@@ -142,7 +151,7 @@ def make_tiny(name: str, seed: int = 0) -> Path:
     import torch
     import transformers as tf
 
-    arch, kwargs = {**TINY, **WIDE, **SHAPES}[name]
+    arch, kwargs = {**TINY, **WIDE, **SHAPES, **REAL_VOCAB}[name]
     cfg_cls, model_cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
