@@ -35,8 +35,9 @@ STATS = re.compile(r"^prefill (\d+) tokens at [\d.]+ tok/s, decode (\d+) tokens 
 
 # ---- helpers -----------------------------------------------------------------------------------
 
-def with_tokenizer(src: Path, dst: Path) -> Path:
-    """A copy of checkpoint `src` with a byte-level BPE tokenizer of exactly the model's vocab_size."""
+def with_tokenizer(src: Path, dst: Path, corpus: list[str] = CORPUS) -> Path:
+    """A copy of checkpoint `src` with a byte-level BPE tokenizer of exactly the model's vocab_size, trained on
+    `corpus` (its characters are the alphabet)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     vocab_size = json.loads((src / "config.json").read_text())["vocab_size"]
@@ -46,7 +47,7 @@ def with_tokenizer(src: Path, dst: Path) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(corpus, trainer)
     assert tok.get_vocab_size() == vocab_size
     tok.save(str(dst / "tokenizer.json"))
     (dst / "tokenizer_config.json").write_text(json.dumps({

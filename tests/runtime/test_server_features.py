@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import require_cc, require_module
 from serving import free_port, metric, start
-from test_package_cli import CHATML, assert_one_line_error, run_package
+from test_package_cli import assert_one_line_error, run_package, with_tokenizer
 
 from fixtures import make_tiny
 
@@ -46,34 +44,14 @@ CORPUS = ['{"answer": "yes", "count": 12, "tags": ["red", "blue"]}\n', '{"answer
 GBNF = 'root ::= "colour: " ("red" | "green" | "blue") "."\n'
 
 
-def json_tokenizer_model(dst: Path) -> Path:
-    """The tiny llama with a byte-level BPE tokenizer whose alphabet holds JSON's characters."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    src = make_tiny("llama-gqa1")
-    vocab_size = json.loads((src / "config.json").read_text())["vocab_size"]
-    shutil.copytree(src, dst)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer)
-    assert tok.get_vocab_size() == vocab_size
-    tok.save(str(dst / "tokenizer.json"))
-    (dst / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>",
-        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHATML}, indent=1))
-    return dst
-
-
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     require_cc()
     from deploycc.package import compile_model
 
     root = tmp_path_factory.mktemp("structured")
-    return compile_model(str(json_tokenizer_model(root / "model")), "cpu", out=str(root / "pkg"))
+    model = with_tokenizer(make_tiny("llama-gqa1"), root / "model", CORPUS)  # an alphabet with JSON's characters
+    return compile_model(str(model), "cpu", out=str(root / "pkg"))
 
 
 @pytest.fixture(scope="module")
