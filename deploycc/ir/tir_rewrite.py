@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from . import sym
-from .tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, IterVar, Seq, Stmt, Store, V
+from .tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, IterVar, LanesReduce, Seq, Stmt, Store, V, VectorStore
 
 
 def map_value(v: V, fn: Callable[[V], V | None]) -> V:
@@ -55,6 +55,9 @@ class Substitute:
                 return V("load", x.dtype, (), (self.buf(buf), tuple(self.expr(i) for i in idx)))
             if x.op == "index":
                 return V("index", x.dtype, (), self.expr(x.arg))
+            if x.op == "vload":  # an explicit vector's consecutive elements (schedule/vectorize.py)
+                buf, start = x.arg
+                return V("vload", x.dtype, (), (self.buf(buf), self.expr(start)))
             return None
         return map_value(v, fn)
 
@@ -91,6 +94,11 @@ class Substitute:
                               None if st.else_body is None else self.stmt(st.else_body))
         if isinstance(st, Barrier):
             return st
+        if isinstance(st, VectorStore):
+            return VectorStore(self.buf(st.buffer), self.expr(st.start), self.value(st.value))
+        if isinstance(st, LanesReduce):
+            var, extent = self._rename(st.var), self.expr(st.extent)
+            return LanesReduce(var, extent, tuple(self.buf(b) for b in st.accs), tuple(self.value(v) for v in st.values))
         raise TypeError(f"cannot rewrite {type(st).__name__}")
 
 
