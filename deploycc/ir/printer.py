@@ -182,7 +182,10 @@ class _Printer:
             buf, start = v.arg
             return f"vload({self.buf(buf)}, {self.s(start)}, {v.dtype})"
         if v.op in ("broadcast", "vec"):
-            return f"{v.op}({', '.join(self.value(s) for s in v.src)}, {v.dtype})"
+            lanes = [self.value(s) for s in v.src]
+            if len(lanes) > 2 and sum(map(len, lanes)) > 160:  # a long literal: its first and last lanes
+                lanes = [lanes[0], f"... {len(lanes) - 2} lanes ...", lanes[-1]]
+            return f"{v.op}({', '.join(lanes)}, {v.dtype})"
         if v.op == "cast":
             return f"{v.dtype}({self.value(v.src[0])})"
         if v.op == "select":
@@ -228,7 +231,8 @@ class _Printer:
         if isinstance(st, VectorStore):
             return [f"{indent}vstore({self.buf(st.buffer)}, {self.s(st.start)}, {self.value(st.value)})"]
         if isinstance(st, LanesReduce):
-            accs = ", ".join(self.buf(b) for b in st.accs)
+            names = [self.buf(b) for b in st.accs]
+            accs = ", ".join(names) if len(names) <= 4 else f"{names[0]} ... {names[-1]} ({len(names)} accumulators)"
             lines = [f"{indent}for {self.sv(st.var)} in range({self.s(st.extent)}, lanes_reduce into {accs}):"]
             return lines + [f"{indent}    {self.buf(b)} += {self.value(v)}" for b, v in zip(st.accs, st.values)]
         if isinstance(st, Intrin):  # a tensorized intrinsic, by name (the renderer's table has its code)
