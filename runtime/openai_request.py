@@ -6,6 +6,7 @@ never silently ignored.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 from .generate import MAX_LOGPROBS
 from .grammar import Grammar, GrammarError
@@ -65,10 +66,22 @@ def message(i: int, m) -> dict:
     return {"role": role, "content": content}
 
 
+@dataclass(frozen=True)
+class Request:
+    """A checked request: the prompt, generate's options, and what the server does around generation."""
+    prompt: object  # messages or text
+    options: dict  # runtime/generate.py's keyword arguments
+    stream: bool = False
+    include_usage: bool = False
+    n: int = 1  # choices
+    echo: bool = False  # the reply's text starts with the prompt (completions)
+    template_kwargs: dict | None = None  # more variables for the chat template (chat_template_kwargs)
+
+
 def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | None = None, max_n: int = 1
-          ) -> tuple[object, dict, bool, bool, int]:
-    """(prompt, generate options, stream, include_usage, n) of a request body for `model_name`, every field checked
-    (n: the choices, up to `max_n`, the sequences the server runs at once).
+          ) -> Request:
+    """A request body for `model_name`, every field checked (n: the choices, up to `max_n`, the sequences the server
+    runs at once).
     The sampler settings a request does not give come from `model_sampling` (the model's generation_config.json),
     else OpenAI's defaults: temperature 1, top_p 1 (runtime/sampler.py: resolve_sampling)."""
     if not isinstance(body, dict):
@@ -159,15 +172,12 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
             raise RequestError(400, "chat_template_kwargs must be an object of template variables (e.g. "
                                     "{'enable_thinking': false}), not setting messages, add_generation_prompt, tools "
                                     "or documents", "chat_template_kwargs")
-        options["chat_template_kwargs"] = kwargs  # the server's, for the template: not generate's
     top = logprobs_option(body, kind)
     if top is not None:
         options["logprobs"] = top
         if echo:  # the prompt's log probabilities too: one prefill with every position's logits
             options["prompt_logprobs"] = top
-    if echo:
-        options["echo"] = True  # the server's, not generate's: the reply's text starts with the prompt
-    return prompt, options, stream, bool((so or {}).get("include_usage", False)), n
+    return Request(prompt, options, stream, bool((so or {}).get("include_usage", False)), n, echo, kwargs)
 
 
 def logprobs_option(body: dict, kind: str) -> int | None:

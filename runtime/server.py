@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from .batch import Batcher
 from .generate import encode_prompt, generate
 from .httpserver import HostCheck, HTTPError, read_json, release_heap
-from .openai_request import RequestError, parse, shutting_down
+from .openai_request import Request, RequestError, parse, shutting_down
 from .openai_response import Reply
 from .sampler import OPENAI, resolve_sampling
 from .tokenizer import TokenizerError
@@ -306,18 +306,17 @@ class Server:
                                "context_length_exceeded")
         return ids
 
-    def submit(self, kind: str, prompt, ids: list[int], options: dict, stream: bool, n: int = 1) -> list[Job]:
+    def submit(self, kind: str, req: Request, ids: list[int]) -> list[Job]:
         """The jobs of a request's n choices (seeds seed, seed + 1, ...), on one queue; the choices after the first
         start once its prompt is in the pool, and share its pages."""
         if self.stopping:
             raise shutting_down()
         out, jobs = asyncio.Queue(), []
-        for i in range(n):
-            seed = (options["seed"] + i) % (1 << 64) if "seed" in options else None
-            own = {k: v for k, v in options.items() if k != "echo"}
-            job = Job(kind, prompt, ids, {**own, **({"seed": seed} if seed is not None else {})},
-                      asyncio.get_running_loop(), out, stream, index=i, after=jobs[0] if jobs else None,
-                      echo=bool(options.get("echo")))
+        for i in range(req.n):
+            options = {**req.options, "seed": (req.options["seed"] + i) % (1 << 64)} if "seed" in req.options \
+                else req.options
+            job = Job(kind, req.prompt, ids, options, asyncio.get_running_loop(), out, req.stream, index=i,
+                      after=jobs[0] if jobs else None, echo=req.echo)
             try:
                 self.jobs.put(job)
             except queue.Full:
@@ -412,16 +411,12 @@ class Server:
             async def handle(request):
                 self.check_key(request)
                 body = await read_json(request, self.options.max_body_bytes, self.options.body_timeout)
-                prompt, options, stream, include_usage, n = parse(body, kind, self.name,
-                                                                  self.tokenizer.generation_sampling,
-                                                                  self.batcher.max_num_sequences)
-                kwargs = options.pop("chat_template_kwargs", None)
-                ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, prompt, kind,
-                                                                       kwargs)
+                req = parse(body, kind, self.name, self.tokenizer.generation_sampling, self.batcher.max_num_sequences)
+                ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, req.prompt,
+                                                                       kind, req.template_kwargs)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-                reply = Reply(self, kind, rid, int(time.time()), self.submit(kind, prompt, ids, options, stream, n),
-                              include_usage)
-                if stream:
+                reply = Reply(self, kind, rid, int(time.time()), self.submit(kind, req, ids), req.include_usage)
+                if req.stream:
                     self.metrics.count(endpoint, 200)
                     return StreamingResponse(reply.events(), media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache"})
