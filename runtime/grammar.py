@@ -9,8 +9,9 @@ The engine is llguidance (Microsoft's Rust parser behind llama.cpp's and guidanc
 vocabularies its mask costs tens of microseconds a token, it compiles a JSON schema lazily in about a millisecond,
 and it depends on nothing (xgrammar, the alternative MLC and vLLM use, needs torch, transformers and triton in a
 package's runtime). benchmarks/grammar_mask.py measures both; docs/serving.md has the figures. The mask is a
-bitmask the library fills in its own thread (the GIL released), so the next token's mask is computed while the
-model's step for this one runs; it is applied to the logits with numpy, never a Python loop over the vocabulary.
+bitmask filled on a worker thread, submitted before the model's step for this token, so the two can overlap (how
+much depends on the library releasing the GIL, which this project has not measured); it is applied to the logits
+with numpy, never a Python loop over the vocabulary.
 
 JSON is generated in one layout, `{"key": value, "key": [1, 2]}` (json.dumps' separators, no other whitespace):
 a small model given free whitespace can spend its whole budget on it.
