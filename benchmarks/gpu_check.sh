@@ -9,7 +9,10 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl wgpu cffi pycparser rendercanvas gguf
 #   apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (into .gl)
 #   .gpu/tok: SmolLM2's tokenizer.json, tokenizer_config.json, chat_template.jinja
-# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all]; logs and JSON land in $OUT.
+#   .gpu/npm: the web bundle's npm tarballs (from $DEPLOYCC_HOME/npm), for the tests that compile chrome-webgpu
+# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide]; logs and JSON land in $OUT.
+# wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
+# at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
 STAGE=${1:-all}
 OUT=${OUT:-/tmp/gpu-check}
@@ -19,8 +22,8 @@ ldconfig
 ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$ICD" ] && export VK_DRIVER_FILES=$ICD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DEPLOYCC_HOME=/tmp/dcchome
-PY="python3 -P"  # -P: the checkout's deploycc/ (its runtime lives beside it) must not shadow the installed wheel
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DEPLOYCC_HOME=/tmp/dcchome PYTHONSAFEPATH=1
+PY="python3 -P"  # -P (and PYTHONSAFEPATH for the CLI the tests start): the checkout's deploycc/ (its runtime lives beside it) must not shadow the installed wheel
 t0=$(date +%s)
 stamp() { echo "== $(( $(date +%s) - t0 ))s: $*"; }
 
@@ -34,22 +37,44 @@ for d in available():
 EOF
 
 # the checkpoints (transformers, seed 0) with SmolLM2's tokenizer: built while the tests run
-mkdir -p $DEPLOYCC_HOME/models/SmolLM2-135M-Instruct
+mkdir -p $DEPLOYCC_HOME/models/SmolLM2-135M-Instruct $DEPLOYCC_HOME/npm
+cp .gpu/npm/* $DEPLOYCC_HOME/npm/ 2>/dev/null
 cp .gpu/tok/* $DEPLOYCC_HOME/models/SmolLM2-135M-Instruct/
 LOGS=/tmp/gpu-check-logs; mkdir -p $LOGS
+# every log comes back as one file (the device tool returns at most 8), also when an outer timeout stops the script
+trap 'tar czf "$OUT/logs.tgz" -C /tmp gpu-check-logs 2>/dev/null' EXIT
+trap 'exit 124' TERM
 $PY -c "import sys; sys.path.insert(0, 'benchmarks'); import build_llama_cpp as b
 b.make_shaped('SmolLM2-135M-shaped'); b.make_shaped('Llama-3.2-1B-shaped')" >"$LOGS/checkpoints.log" 2>&1 &
 CKPT=$!
 
-if [ "$STAGE" != packages ]; then
+if [ "$STAGE" = wide ]; then
+  stamp "every cuda/h100/rtx4090/webgpu test"
+  timeout ${TESTS_S:-200} $PY -m pytest -q -p no:cacheprovider -n 12 -rs --durations=5 tests \
+      -k "cuda or h100 or rtx4090 or webgpu" --deselect tests/web 2>&1 | tee "$LOGS/wide.log" \
+      | grep -v "PytestBenchmarkWarning\|warner(" | grep -v "^SKIPPED.*\(conftest.py:45\|oclgrind\|no network\)" | tail -30
+elif [ "$STAGE" != packages ]; then
   stamp "kernel tests on the GPU (cuda, webgpu)"
-  timeout 300 $PY -m pytest -q -p no:cacheprovider -n 8 -rs --durations=5 \
+  timeout ${TESTS_S:-240} $PY -m pytest -q -p no:cacheprovider -n 8 -rs --durations=5 \
       tests/kernels/test_model_kernels.py tests/kernels/test_paged_attention.py tests/kernels/test_cpu_attention.py \
       tests/kernels/test_packed_and_half.py tests/kernels/test_cuda_kernels.py tests/devices/test_cuda_compile.py \
       -k "cuda or h100 or webgpu or rtx4090 or compile or include" 2>&1 | tee "$LOGS/tests.log" | grep -v "PytestBenchmarkWarning\|warner(" | tail -30
 fi
 wait $CKPT; tail -3 "$LOGS/checkpoints.log"
 [ "$STAGE" = tests ] && exit 0
+if [ "$STAGE" = wide ]; then
+  M=$DEPLOYCC_HOME/models
+  for m in SmolLM2-135M-shaped Llama-3.2-1B-shaped; do
+    $PY -m deploycc compile "$M/$m" --device h100 --quantization q4f16_1 -o "/tmp/pkg/$m" >"$LOGS/compile-$m.log" 2>&1 || tail -2 "$LOGS/compile-$m.log"
+    for run in "--prompt-len 512 --gen-len 32" "--prompt-len 2048 --gen-len 64" "--prompt-len 128 --gen-len 64 --sequences 1,8,32"; do
+      stamp "bench $m $run"
+      timeout 120 $PY -m deploycc bench "/tmp/pkg/$m" --repeat 2 $run --json 2>"$LOGS/bench.err" | tee -a "$OUT/wide-bench.jsonl" \
+        | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); print({k: v for k, v in r.items() if k.endswith('tok_s') or k in ('prompt_len', 'rows')})" \
+        || tail -3 "$LOGS/bench.err"
+    done
+  done
+  stamp "done"; exit 0
+fi
 
 M=$DEPLOYCC_HOME/models
 dcc() { $PY -m deploycc "$@"; }

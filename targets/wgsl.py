@@ -101,6 +101,13 @@ class WGSLRenderer(CStyleRenderer):
             return f"{v.op}({self.value(v.src[0])}, {self.value(v.src[1])})"
         if v.op == "erf":
             raise NotImplementedError("WGSL has no erf; use gelu_tanh")
+        if v.op in ("sin", "cos"):  # WGSL bounds sin/cos's error only on [-pi, pi] (2^-11 absolute), and a GPU's
+            # hardware sine drifts with |x| (NVIDIA's Vulkan driver: 1.7e-5 at a rope angle of 45 rad): reduce modulo
+            # 2 pi first, Cody-Waite with 2 pi split in three, the first two of 8 bits so that k * each is exact for
+            # |k| < 2^16 (|x| < 411,000) whether or not the driver fuses; 1.5e-7 in a float32 model of every rounding
+            x = self.value(v.src[0])
+            k = f"round(({x}) * 0.15915494309189535)"
+            return f"{v.op}(({x}) - {k} * 6.28125 - {k} * 0.00193023681640625 - {k} * 5.070363386039389e-06)"
         if v.op == "tanh":  # SwiftShader's tanh of a large argument is NaN (e^2x overflows in its quotient);
             # tanh(10) rounds to 1 in f32, so the clamp changes no value (Gemma's GeGLU on an outlier channel)
             return f"tanh(clamp({self.value(v.src[0])}, -10.0, 10.0))"

@@ -223,9 +223,9 @@ def test_abi_violations(dev):
 
 def test_adapter_choice_and_limits(dev):
     adapters = [d for d in available() if d["kind"] == "webgpu"]
-    assert any("llvmpipe" in (d["name"] or "") for d in adapters), adapters
+    assert adapters  # lavapipe and llvmpipe (OpenGL) here; a GPU's Vulkan and OpenGL adapters where it has one
     backends = {d["details"]["backend"] for d in adapters}
-    if "Vulkan" in backends:  # lavapipe (Vulkan) is preferred over the OpenGL llvmpipe adapter
+    if "Vulkan" in backends:  # Vulkan (lavapipe, a GPU's driver) is preferred over the OpenGL adapters
         assert "Vulkan" in dev.name
         assert dev.has_f16 == any(d["details"]["has_f16"] for d in adapters if d["details"]["backend"] == "Vulkan")
     assert dev.limits["max_storage_buffer_binding_size"] >= 128 << 20
