@@ -44,21 +44,26 @@ def prompts(vocab: int, lengths=(5, 21, 1, 12), seed: int = 0) -> list[list[int]
     return [[int(t) for t in rng.integers(0, vocab, n)] for n in lengths]
 
 
-def greedy(session, ids: list[int], steps: int) -> list[np.ndarray]:
-    """Logits of the prompt, then of `steps` greedy tokens."""
+def greedy(session, ids: list[int], steps: int, prefilled: threading.Barrier | None = None) -> list[np.ndarray]:
+    """Logits of the prompt, then of `steps` greedy tokens (after every thread's prefill, given a barrier)."""
     out = [session.prefill(ids)]
+    if prefilled is not None:
+        prefilled.wait(timeout=300)
     for _ in range(steps):
         out.append(session.decode(int(np.argmax(out[-1]))))
     return out
 
 
-def concurrently(batcher: Batcher, work: list, steps: int) -> list:
+def concurrently(batcher: Batcher, work: list, steps: int, overlap: bool = False) -> list:
+    """Each prompt greedy in a thread of its own; with `overlap`, no sequence decodes before all have prefilled
+    (so all of them hold pages at once, whatever the threads' timing)."""
     results: list = [None] * len(work)
+    prefilled = threading.Barrier(len(work)) if overlap else None
 
     def run(i):
         s = batcher.session()
         try:
-            results[i] = greedy(s, work[i], steps)
+            results[i] = greedy(s, work[i], steps, prefilled)
         finally:
             s.close()
 
@@ -155,15 +160,16 @@ def test_steps_respect_the_budget_and_prompts_are_chunked(tmp_path_factory):
 
 
 def test_a_full_pool_preempts_and_recomputes(tmp_path_factory):
-    """A pool of 64 tokens (4 pages) for three sequences that grow to 30 tokens each: some are preempted
-    (their pages taken back) and recomputed, with the same logits as alone; all pages come back."""
+    """A pool of 64 tokens (4 pages) for three sequences that grow to 30 tokens each, all prefilled (3 pages)
+    before any decodes, so that they need 6 pages at once: some are preempted (their pages taken back) and
+    recomputed, with the same logits as alone; all pages come back."""
     require_cc()
     pkg = compiled(tmp_path_factory, X32, "cpu", "q4f16_2", pool=64)
     engine = Engine.load(pkg, paged=True)
     assert engine.cache.pages == 4
     batcher = Batcher(engine)
     work = prompts(engine.vocab_size, (14, 10, 12), seed=3)
-    together = concurrently(batcher, work, 18)
+    together = concurrently(batcher, work, 18, overlap=True)
     assert batcher.stats["preempted"] > 0
     solo = alone(batcher, work, 18)
     for a, b in zip(together, solo):
