@@ -128,7 +128,8 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
              seed: int = 0, stop: str | Sequence[str] = (), chat: bool = True, stats: dict | None = None,
              reuse_cache: bool = False, ids: Sequence[int] | None = None, min_p: float = 0.0,
-             grammar=None, logprobs: int | None = None, prompt_logprobs: int | None = None) -> Iterator[str]:
+             grammar=None, logprobs: int | None = None, prompt_logprobs: int | None = None,
+             keep_special: Sequence[int] = ()) -> Iterator[str]:
     """Stream the model's reply as text pieces.
 
     Generation ends at an eos token (not shown), a stop string (cut from the text), `max_tokens`, or
@@ -146,7 +147,8 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
     probability)) under the model's distribution (log-softmax of the raw logits); the eos that ends a reply is left
     out, as it is of the text. `prompt_logprobs` (0 to 20): the prompt is prefilled with every position's logits
     and `stats["prompt_logprobs"]` holds the same for each prompt token ((first token, None, None) first: nothing
-    precedes it); max_tokens may then be 0 (score the prompt only).
+    precedes it); max_tokens may then be 0 (score the prompt only). `keep_special`: special tokens whose text the
+    reply keeps (Mistral's [TOOL_CALLS], which runtime/tools.py reads); the others are left out of the text.
     """
     sampler = Sampler(temperature, top_p, top_k, repetition_penalty, seed, min_p)
     stops = _stops(stop)
@@ -166,7 +168,7 @@ def generate(session, tokenizer: Tokenizer, prompt_or_messages: str | Sequence[d
                                  f"hold at least one generated token; shorten the prompt or compile with a larger "
                                  f"context window")
     return _run(session, tokenizer, ids, sampler, min(int(max_tokens), window - len(ids)), int(max_tokens), stops, stats,
-                reuse_cache and prompt_logprobs is None, grammar, logprobs, prompt_logprobs)
+                reuse_cache and prompt_logprobs is None, grammar, logprobs, prompt_logprobs, keep_special)
 
 
 MAX_LOGPROBS = 20
@@ -188,9 +190,10 @@ def token_logprobs(logits, token: int, top: int) -> tuple[int, float, list[tuple
 
 def _run(session, tokenizer: Tokenizer, ids: list[int], sampler: Sampler, budget: int, max_tokens: int,
          stops: tuple[str, ...], stats: dict | None, reuse_cache: bool, grammar=None,
-         logprobs: int | None = None, prompt_logprobs: int | None = None) -> Iterator[str]:
+         logprobs: int | None = None, prompt_logprobs: int | None = None, keep_special: Sequence[int] = ()
+         ) -> Iterator[str]:
     eos = set(tokenizer.eos_token_ids)
-    detok = tokenizer.stream_decoder(skip_special_tokens=True)
+    detok = tokenizer.stream_decoder(skip_special_tokens=True, keep=keep_special)
     history = list(ids)  # the repetition penalty covers the prompt too, as in transformers
     generated: list[int] = []
     pending = ""  # decoded text not yet yielded: its end may be the start of a stop string

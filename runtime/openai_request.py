@@ -5,25 +5,30 @@ never silently ignored.
 """
 from __future__ import annotations
 
+import json
+import re
 import secrets
 from dataclasses import dataclass
 
 from .generate import MAX_LOGPROBS
 from .grammar import Grammar, GrammarError
 from .sampler import OPENAI, SamplingDefaults, resolve_sampling
+from .tools import MISTRAL_MARKERS as MARKERS
+from .tools import ToolError, ToolUse, template_format, template_messages
 
 # field -> the values at which an unimplemented OpenAI field changes nothing (accepted; compared with their
 # type, so that true is not 1), or the type of a field that changes nothing at any value (None too)
 NO_OP = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": (None, {}), "user": str,
-         "parallel_tool_calls": bool,
-         "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": dict, "tools": (None, []),
-         "tool_choice": (None, "none"),
+         "service_tier": (None, "auto", "default"), "store": (None, False), "metadata": dict,
          "suffix": (None,), "best_of": (None, 1)}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
           "response_format", "logprobs", "grammar"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs"},
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs", "tools",
+                            "tool_choice", "parallel_tool_calls"},
           "completion": COMMON | {"prompt", "echo"}}
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+MAX_TOOLS = 128  # OpenAI's limit
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RESERVED_TEMPLATE_NAMES = {"messages", "add_generation_prompt", "tools", "documents"}
 
 
@@ -49,21 +54,100 @@ def shutting_down() -> RequestError:
                         code="server_shutting_down", kind="server_error")
 
 
-def message(i: int, m) -> dict:
-    """A chat message as the template takes it: OpenAI's "developer" role is the system prompt, and content
-    given as parts joins its text parts (anything but text is refused: this server reads text)."""
-    role = m.get("role") if isinstance(m, dict) else None
-    role = "system" if role == "developer" else role
-    content = m.get("content") if isinstance(m, dict) else None
+def _text(i: int, content) -> str | None:
+    """A message's content as text: a string, or text parts joined (anything but text is refused: this server reads
+    text); None stays None (checked by the caller)."""
     if isinstance(content, list):
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
             raise RequestError(400, f"messages[{i}].content: only text parts are supported by this server",
                                "messages", "unsupported_content")
-        content = "".join(p["text"] for p in content)
-    if role not in ROLES or not isinstance(content, str):
+        return "".join(p["text"] for p in content)
+    return content
+
+
+def message(i: int, m) -> dict:
+    """A chat message as the template takes it: OpenAI's "developer" role is the system prompt, content given as
+    parts joins its text parts; an assistant's `tool_calls` (its content may then be null) and a `tool` message's
+    `tool_call_id` are kept for the template."""
+    role = m.get("role") if isinstance(m, dict) else None
+    role = "system" if role == "developer" else role
+    content = _text(i, m.get("content")) if isinstance(m, dict) else None
+    calls = m.get("tool_calls") if role == "assistant" else None
+    if role not in ROLES or not (isinstance(content, str) or (content is None and calls)):
         raise RequestError(400, f"messages[{i}] must be {{'role': one of {', '.join(ROLES)}, 'content': a string or "
-                                f"text parts}}", "messages")
-    return {"role": role, "content": content}
+                                f"text parts}} (an assistant's content may be null beside its tool_calls)", "messages")
+    out = {"role": role, "content": content}
+    if calls is not None:
+        out["tool_calls"] = [assistant_call(i, k, c) for k, c in enumerate(calls)] if isinstance(calls, list) \
+            else assistant_call(i, 0, None)
+    if role == "tool":
+        tid = m.get("tool_call_id")
+        if not isinstance(tid, str) or not tid:
+            raise RequestError(400, f"messages[{i}]: a tool message needs the tool_call_id it answers", "messages")
+        out["tool_call_id"] = tid
+    if isinstance(m.get("name"), str) and role in ("tool", "user", "system"):
+        out["name"] = m["name"]
+    return out
+
+
+def assistant_call(i: int, k: int, c) -> dict:
+    """One of an assistant message's tool_calls: {"id", "type": "function", "function": {"name", "arguments": a
+    JSON object as text}}."""
+    f = c.get("function") if isinstance(c, dict) else None
+    ok = isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments"), str)
+    try:
+        ok = ok and isinstance(json.loads(f["arguments"]), dict)
+    except ValueError:
+        ok = False
+    if not ok or c.get("type", "function") != "function":
+        raise RequestError(400, f"messages[{i}].tool_calls[{k}] must be {{'id': ..., 'type': 'function', 'function': "
+                                f"{{'name': ..., 'arguments': a JSON object as a string}}}}", "messages")
+    return {"id": str(c.get("id", "")), "type": "function", "function": {"name": f["name"], "arguments": f["arguments"]}}
+
+
+def tool_use(body: dict, tool_format: str | None) -> ToolUse | None:
+    """The request's tools and tool_choice, checked; None when the template is to get no tools (none given, or
+    tool_choice "none")."""
+    tools, choice, parallel = body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError(400, f"parallel_tool_calls must be true or false, got {parallel!r}", "parallel_tool_calls")
+    if tools is not None:
+        if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+            raise RequestError(400, f"tools must be a list of at most {MAX_TOOLS} functions", "tools")
+        for k, t in enumerate(tools):
+            f = t.get("function") if isinstance(t, dict) else None
+            if not (isinstance(f, dict) and t.get("type") == "function" and isinstance(f.get("name"), str)
+                    and TOOL_NAME.fullmatch(f["name"]) and isinstance(f.get("parameters", {}), dict)
+                    and isinstance(f.get("description", ""), str)):
+                raise RequestError(400, f"tools[{k}] must be {{'type': 'function', 'function': {{'name': 1 to 64 "
+                                        f"letters, digits, _ or -, 'description': ..., 'parameters': a JSON schema}}}}",
+                                   "tools")
+        names = [t["function"]["name"] for t in tools]
+        if len(set(names)) != len(names):
+            raise RequestError(400, "tools: two functions have the same name", "tools")
+    names = [t["function"]["name"] for t in tools or []]
+    if choice is None:
+        choice = "auto" if names else "none"
+    elif isinstance(choice, dict):
+        f = choice.get("function") if choice.get("type") == "function" else None
+        name = f.get("name") if isinstance(f, dict) else None
+        if name not in names:
+            raise RequestError(400, f"tool_choice names the function {name!r}, which is not among the tools "
+                                    f"({', '.join(names) or 'none given'})", "tool_choice", "invalid_tool_choice")
+        choice = name
+    elif choice not in ("none", "auto", "required"):
+        raise RequestError(400, f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
+                                f"{{'name': ...}}}}, got {choice!r}", "tool_choice", "invalid_tool_choice")
+    elif choice != "none" and not names:
+        raise RequestError(400, f"tool_choice {choice!r} needs tools", "tool_choice", "invalid_tool_choice")
+    if choice == "none":
+        return None
+    if tool_format is None:
+        raise RequestError(400, "tools: this model's chat template has no tool-call format deploycc reads (Hermes/Qwen "
+                                "<tool_call>, Llama 3.x JSON, Mistral [TOOL_CALLS]); compile the package with "
+                                "--chat-template FILE of one that has, or send tool_choice 'none'", "tools",
+                           "unsupported_tools")
+    return ToolUse(tool_format, tuple(tools), choice, parallel is not False)
 
 
 @dataclass(frozen=True)
@@ -75,13 +159,14 @@ class Request:
     include_usage: bool = False
     n: int = 1  # choices
     echo: bool = False  # the reply's text starts with the prompt (completions)
-    template_kwargs: dict | None = None  # more variables for the chat template (chat_template_kwargs)
+    template_kwargs: dict | None = None  # more variables for the chat template (chat_template_kwargs, tools)
+    tools: ToolUse | None = None  # the reply is read for tool calls (runtime/tools.py)
 
 
-def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | None = None, max_n: int = 1
-          ) -> Request:
+def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | None = None, max_n: int = 1,
+          tokenizer=None) -> Request:
     """A request body for `model_name`, every field checked (n: the choices, up to `max_n`, the sequences the server
-    runs at once).
+    runs at once; `tokenizer`: the model's, whose chat template says how tools are called).
     The sampler settings a request does not give come from `model_sampling` (the model's generation_config.json),
     else OpenAI's defaults: temperature 1, top_p 1 (runtime/sampler.py: resolve_sampling)."""
     if not isinstance(body, dict):
@@ -172,12 +257,28 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
             raise RequestError(400, "chat_template_kwargs must be an object of template variables (e.g. "
                                     "{'enable_thinking': false}), not setting messages, add_generation_prompt, tools "
                                     "or documents", "chat_template_kwargs")
+    tools = tool_use(body, template_format(getattr(tokenizer, "chat_template", None))) if kind == "chat" else None
+    if tools is not None:
+        kwargs = {**(kwargs or {}), "tools": list(tools.tools)}
+        if tools.choice != "auto":  # "required" or a named function: only calls may be written
+            if grammar is not None:
+                raise RequestError(400, f"tool_choice {body.get('tool_choice')!r} cannot be combined with "
+                                        "response_format or grammar", "tool_choice")
+            try:
+                options["grammar"] = tools.grammar(tokenizer)
+            except ToolError as e:
+                raise RequestError(400, f"tools: {e}", "tools") from None
+        keep = [i for i in (tokenizer.token_to_id(t) for t in MARKERS) if i is not None]
+        if keep and tools.fmt == "mistral":
+            options["keep_special"] = tuple(keep)
     top = logprobs_option(body, kind)
     if top is not None:
         options["logprobs"] = top
         if echo:  # the prompt's log probabilities too: one prefill with every position's logits
             options["prompt_logprobs"] = top
-    return Request(prompt, options, stream, bool((so or {}).get("include_usage", False)), n, echo, kwargs)
+    if kind == "chat":
+        prompt = template_messages(prompt)
+    return Request(prompt, options, stream, bool((so or {}).get("include_usage", False)), n, echo, kwargs, tools)
 
 
 def logprobs_option(body: dict, kind: str) -> int | None:

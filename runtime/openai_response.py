@@ -11,6 +11,7 @@ import json
 
 from .openai_request import RequestError, shutting_down
 from .reasoning import ReasoningSplitter, prompt_opens_thinking, split, thinks
+from .tools import ToolUse, read
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
@@ -63,9 +64,12 @@ def logprobs_body(kind: str, tokenizer, entries: list | None, offset: int = 0) -
 class Reply:
     """One request's n choices: `whole()` once every job ended, or `events()` as they run."""
 
-    def __init__(self, server, kind: str, rid: str, created: int, jobs: list, include_usage: bool = False):
+    def __init__(self, server, kind: str, rid: str, created: int, jobs: list, include_usage: bool = False,
+                 tools: ToolUse | None = None):
         self.server, self.kind, self.rid, self.created, self.jobs = server, kind, rid, created, jobs
-        self.include_usage, self.queue = include_usage, jobs[0].out
+        self.include_usage, self.queue, self.tools = include_usage, jobs[0].out, tools
+        # a reply read for tool calls (runtime/tools.py), one reader per choice
+        self.readers = [tools.reader() for _ in jobs] if tools is not None else None
         self.logprobs = "logprobs" in jobs[0].options
         # a chat reply of a thinking template: reasoning_content apart from content (runtime/reasoning.py)
         tok = server.tokenizer
@@ -116,7 +120,14 @@ class Reply:
             if self.splitters is not None:
                 reasoning, body["message"]["content"] = split(text, self.splitters[i].state == "reasoning")
                 body["message"]["reasoning_content"] = reasoning
-            choices.append({"index": i, **body, "logprobs": lp, "finish_reason": finish_reason(st)})
+            finish = finish_reason(st)
+            if self.tools is not None:
+                body["message"]["content"], calls = read(self.tools.fmt, self.tools.names, body["message"]["content"])
+                if calls:
+                    body["message"]["tool_calls"] = [{k: v for k, v in c.body(0).items() if k != "index"}
+                                                     for c in calls]
+                    finish = "tool_calls"
+            choices.append({"index": i, **body, "logprobs": lp, "finish_reason": finish})
         return {"id": self.rid, "object": "chat.completion" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.server.name, "choices": choices, "usage": usage(stats)}
 
@@ -128,23 +139,46 @@ class Reply:
         return f"data: {json.dumps(body)}\n\n"
 
     def choice(self, i: int, text: str | None, finish: str | None, entries=None, offset: int = 0,
-               field: str = "content") -> dict:
+               field: str = "content", delta: dict | None = None) -> dict:
         lp = logprobs_body(self.kind, self.server.tokenizer, entries, offset) if self.logprobs else None
         if self.kind == "chat":
-            return {"index": i, "delta": {} if text is None else {field: text}, "logprobs": lp,
+            return {"index": i, "delta": delta or ({} if text is None else {field: text}), "logprobs": lp,
                     "finish_reason": finish}
         return {"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}
 
+    def parts(self, i: int, text: str, end: bool) -> list:
+        """A streamed piece of choice i as ("reasoning" | "content", text) and ("call", Call) parts: its thinking
+        apart (runtime/reasoning.py), its content read for tool calls (runtime/tools.py)."""
+        if self.splitters is not None:
+            s = self.splitters[i]
+            parts = s.feed(text) + (s.flush() if end else [])
+        else:
+            parts = [("content", text)] if text else []
+        if self.readers is None:
+            return parts
+        r, out = self.readers[i], []
+        for kind, part in parts:
+            out += r.feed(part) if kind == "content" else [(kind, part)]
+        return out + (r.flush() if end else [])
+
     def deltas(self, i: int, text: str, entries, offset: int, end: bool = False):
-        """The chunks of one streamed piece of choice i: its reasoning and content parts apart (the piece's log
-        probabilities on the first, or on the next piece's while a tag is held back), or the piece as it is."""
-        if self.splitters is None:
+        """The chunks of one streamed piece of choice i: its reasoning, content and tool calls apart (the piece's
+        log probabilities on the first, or on a later piece's while text is held back), or the piece as it is."""
+        if self.splitters is None and self.readers is None:
             if text or entries:
                 yield self.chunk(self.choice(i, text, None, entries, offset))
             return
-        s = self.splitters[i]
         self.held[i] += entries or []
-        for kind, part in s.feed(text) + (s.flush() if end else []):
+        for kind, part in self.parts(i, text, end):
+            if kind == "call":  # OpenAI's way: the call's id and name, then its arguments
+                k = self.calls[i]
+                self.calls[i] += 1
+                yield self.chunk(self.choice(i, None, None, self.held[i] or None, offset, delta={"tool_calls": [
+                    {**part.body(k), "function": {"name": part.name, "arguments": ""}}]}))
+                yield self.chunk(self.choice(i, None, None, delta={"tool_calls": [
+                    {"index": k, "function": {"arguments": part.arguments}}]}))
+                self.held[i] = []
+                continue
             yield self.chunk(self.choice(i, part, None, self.held[i] or None, offset,
                                          "reasoning_content" if kind == "reasoning" else "content"))
             self.held[i], offset = [], offset + len(part)
@@ -153,6 +187,7 @@ class Reply:
         stats: list[dict] = [{} for _ in self.jobs]
         offsets = [0] * len(self.jobs)
         self.held: list[list] = [[] for _ in self.jobs]  # log probabilities of text a splitter holds back
+        self.calls = [0] * len(self.jobs)  # tool calls streamed, per choice
         try:
             if self.kind == "chat":
                 for i in range(len(self.jobs)):
@@ -177,7 +212,8 @@ class Reply:
                 stats[i] = value
                 for c in self.deltas(i, "", None, offsets[i], end=True):
                     yield c
-                yield self.chunk(self.choice(i, None, finish_reason(value), self.held[i] or None))
+                finish = "tool_calls" if self.calls[i] else finish_reason(value)
+                yield self.chunk(self.choice(i, None, finish, self.held[i] or None))
             else:
                 if self.include_usage:
                     yield self.chunk(None, usage(stats))

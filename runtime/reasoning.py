@@ -54,7 +54,7 @@ class ReasoningSplitter:
                     self._emit(out, "reasoning", self.held[:i])
                     self.held, self.state, self.after_close = self.held[i + len(CLOSE):], "content", True
                     continue
-                keep = _partial(self.held, CLOSE)
+                keep = tag_prefix(self.held, CLOSE)
                 self._emit(out, "reasoning", self.held[:len(self.held) - keep])
                 self.held = self.held[len(self.held) - keep:]
                 break
@@ -81,7 +81,7 @@ class ReasoningSplitter:
             out.append((kind, text))
 
 
-def _partial(text: str, tag: str) -> int:
+def tag_prefix(text: str, tag: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-n:]):

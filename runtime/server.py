@@ -286,7 +286,9 @@ class Server:
         """The prompt's ids, measured against the context window: first its characters (a prompt of more
         than the window could hold is refused without tokenizing it), then its tokens."""
         param = "messages" if kind == "chat" else "prompt"
-        chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+        chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) + len(str(m.get("tool_calls") or ""))
+                                                                for m in prompt)
+        chars += len(str((template_kwargs or {}).get("tools") or ""))
         if chars > self.max_prompt_chars:
             raise RequestError(400, f"This model's maximum context length is {self.window} tokens; the prompt is "
                                     f"{chars} characters, more than {self.window} tokens can hold", param,
@@ -411,11 +413,13 @@ class Server:
             async def handle(request):
                 self.check_key(request)
                 body = await read_json(request, self.options.max_body_bytes, self.options.body_timeout)
-                req = parse(body, kind, self.name, self.tokenizer.generation_sampling, self.batcher.max_num_sequences)
+                req = parse(body, kind, self.name, self.tokenizer.generation_sampling, self.batcher.max_num_sequences,
+                            self.tokenizer)
                 ids = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self.encode, req.prompt,
                                                                        kind, req.template_kwargs)
                 rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-                reply = Reply(self, kind, rid, int(time.time()), self.submit(kind, req, ids), req.include_usage)
+                reply = Reply(self, kind, rid, int(time.time()), self.submit(kind, req, ids), req.include_usage,
+                              req.tools)
                 if req.stream:
                     self.metrics.count(endpoint, 200)
                     return StreamingResponse(reply.events(), media_type="text/event-stream",

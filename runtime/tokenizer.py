@@ -256,8 +256,8 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
-    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
-        return StreamDecoder(self, skip_special_tokens)
+    def stream_decoder(self, skip_special_tokens: bool = True, keep: Iterable[int] = ()) -> StreamDecoder:
+        return StreamDecoder(self, skip_special_tokens, keep)
 
     # ---- chat templates ----------------------------------------------------------------------
 
@@ -309,9 +309,10 @@ class StreamDecoder:
     equal `decode(all ids)`.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, keep: Iterable[int] = ()):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.keep = frozenset(int(i) for i in keep)  # special tokens written out all the same (Mistral's [TOOL_CALLS])
         self.ids: list[int] = []
         self.prefix = 0  # window start: tokens before it are done with
         self.read = 0  # tokens before it have been emitted
@@ -320,6 +321,11 @@ class StreamDecoder:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def put(self, token_id: int) -> str:
+        if int(token_id) in self.keep:  # the text so far, then the token's own
+            text = self.flush() + self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+            self.ids.append(int(token_id))
+            self.prefix = self.read = len(self.ids)
+            return text
         self.ids.append(int(token_id))
         done = self._decode(self.ids[self.prefix:self.read])
         text = self._decode(self.ids[self.prefix:])

@@ -128,9 +128,10 @@ SHAPES = {
 # Real families' vocabularies, for their real tokenizer files and chat templates (tests/npm_tokenizers.py): the
 # embedding is most of such a checkpoint, so the rest stays as small as TINY's
 REAL_VOCAB = {
-    "qwen3-vocab": ("qwen3", dict(vocab_size=151936, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
-                                  bos_token_id=151643, eos_token_id=151645)),
+    # 1024 positions: a prompt with tools is 254 tokens of Qwen3's template
+    "qwen3-vocab-1k": ("qwen3", dict(vocab_size=151936, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                                     bos_token_id=151643, eos_token_id=151645, max_position_embeddings=1024)),
 }
 
 
@@ -165,7 +166,7 @@ def make_tiny(name: str, seed: int = 0) -> Path:
     }[arch]
     torch.manual_seed(seed)
     extra = {} if arch == "gpt2" else {"max_position_embeddings": 128}
-    cfg = cfg_cls(**kwargs, **extra)
+    cfg = cfg_cls(**{**extra, **kwargs})
     model = model_cls(cfg).eval()
     # Random init of norms is all-ones and biases zeros; perturb them so that they are tested.
     with torch.no_grad():

@@ -268,8 +268,11 @@ def test_gateway_metrics_while_a_request_runs(client):
         return {line.split()[0]: float(line.split()[1]) for line in metrics(client.url).splitlines()
                 if line.startswith("vllm:")}
 
-    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=60,
-                                            temperature=1.0, seed=1, stream=True)
+    require_module("llguidance")
+    # 200 letters before the reply may end (a random reply could end in its first tokens, before the gauges are read)
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=200,
+                                            temperature=1.0, seed=1, stream=True,
+                                            extra_body={"grammar": "start: /[a-z]{200}/"})
     next(iter(stream))
     during = gauges()
     stream.close()
