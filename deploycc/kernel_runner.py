@@ -59,6 +59,18 @@ class KernelRunner:
             self.sources[prog.name] = "\n".join(sources)
         return self.built[key]
 
+    def prebuild(self, progs) -> None:
+        """Build the kernels of many programs at once, as one module where the target's backend builds one (a C++
+        compile per program is most of the CUDA emulation's time); their names must differ, as a module's do."""
+        todo = [p for p in progs if id(p) not in self.built]
+        if not todo:
+            return
+        kernels = [k for p in todo for k in scheduled(p).kernels]
+        handles, sources = backend(self.target.kind).build(self.device, kernels, self.target)
+        for p in todo:
+            self.built[id(p)] = {entry_name(k.name): handles[entry_name(k.name)] for k in scheduled(p).kernels}
+            self.sources[p.name] = "\n".join(sources)
+
     def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:
         """Run `prog` with numpy arrays (outputs last), writing the outputs in place."""
         sched = scheduled(prog)

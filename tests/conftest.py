@@ -60,6 +60,12 @@ def require_device(kind: str, f16: bool = False):
     return device
 
 
+def require_cxx() -> None:
+    """A C++ compiler (g++ or clang++): the CUDA emulation compiles CUDA C as C++ (runtime/devices/cuda_emu.py)."""
+    if not any(shutil.which(c) for c in (os.environ.get("CXX") or "g++", "g++", "clang++", "c++")):
+        missing("no C++ compiler (g++ or clang++) for the CUDA emulation: apt-get install g++")
+
+
 def require_nvcc() -> None:
     """nvcc and ptxas on PATH: CUDA kernels are compiled and assembled (no GPU needed)."""
     for tool in ("nvcc", "ptxas"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 
 from .base import Buffer, BufferRange, Device, DeviceError, Kernel, buffer_ranges
 
@@ -26,8 +27,14 @@ def _backend(kind: str):
 
 def open_device(kind: str, **opts) -> Device:
     """Open a device. opencl: platform=substring, device=index; webgpu: adapter=substring, backend=name;
-    cuda: device=index; cpu: threads=n; host: none."""
+    cuda: device=index, or emulate="forward" | "reverse" | "shuffle" (and seed=n) for the CUDA emulation on the CPU
+    (runtime/devices/cuda_emu.py), which DEPLOYCC_CUDA_EMULATE=ORDER also selects; cpu: threads=n; host: none."""
     cls = getattr(_backend(kind), BACKENDS[kind][1])
+    if kind == "cuda" and (opts.get("emulate") or os.environ.get("DEPLOYCC_CUDA_EMULATE")):
+        from .cuda_emu import CUDAEmulator
+
+        order = opts.pop("emulate", None) or os.environ["DEPLOYCC_CUDA_EMULATE"]
+        cls, opts = CUDAEmulator, {"order": order, **opts}
     try:
         inspect.signature(cls).bind(**opts)
     except TypeError as e:

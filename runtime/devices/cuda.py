@@ -81,6 +81,7 @@ class CUDADevice(Device):
         self._modules: dict[tuple[str, tuple[str, ...]], object] = {}
         self.events: list | None = None  # (kernel, start event, end event, weight bytes) of each launch while profiling
         self.weight_ids: set[int] = set()  # the weights' buffers (the engine says which): bytes a launch streams
+        self.launch_errors: tuple = (cupy.cuda.driver.CUDADriverError,)  # what a failed launch raises
 
     # -- memory ----------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
@@ -155,7 +156,7 @@ class CUDADevice(Device):
             kernel.handle(grid, block, args)
             end.record()
             self.events.append((kernel.name, start, end, sum(b.nbytes for b in bufs if id(b) in self.weight_ids)))
-        except self._cupy.cuda.driver.CUDADriverError as e:
+        except self.launch_errors as e:
             raise _launch_failed(kernel, grid, block, e) from None
 
     def launcher(self, kernel: Kernel):
@@ -176,7 +177,7 @@ class CUDADevice(Device):
                 return
             try:
                 fn(grid, block, args)
-            except self._cupy.cuda.driver.CUDADriverError as e:
+            except self.launch_errors as e:
                 raise _launch_failed(kernel, grid, block, e) from None
         return site
 

@@ -1,6 +1,8 @@
 """Every kernel the pipeline emits, for every tiny architecture, runs on PoCL (OpenCL C), on Mesa
-lavapipe (WGSL) and as native C (the cpu target; float models, so no integer kernels: those are in
-tests/kernels/test_qgemv.py) and matches the reference interpreter; whole prefill/decode steps assembled from
+lavapipe (WGSL), as native C (the cpu target; float models, so no integer kernels: those are in
+tests/kernels/test_qgemv.py), and as CUDA C under the CPU emulation of CUDA's thread model for the h100 (threads and
+blocks in forward order) and rtx4090 (reverse) presets (on a GPU too, where there is one), and matches the reference
+interpreter; whole prefill/decode steps assembled from
 the kernels match the reference logits.
 
 Each call_tir runs twice: the tensor program in the loop-level interpreter (the oracle) and the
@@ -13,7 +15,7 @@ the earlier 1e-4 was 7e-5 to 3e-4 of the logits of transformers' initialisation)
 """
 import numpy as np
 import pytest
-from conftest import require_device
+from conftest import require_cxx, require_device
 
 import deploycc
 from deploycc import presets
@@ -28,13 +30,22 @@ from deploycc.transform.merge_matmuls import function_params
 
 CONTEXT = 72
 LOGIT_TOL = 5e-5
-PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cpu": "cpu", "cuda": "h100"}
+PRESETS = {"opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cpu": "cpu", "cuda": "h100",
+           # the CUDA kernels' exact text on the CPU (runtime/devices/cuda_emu.py), each preset in another thread order
+           "cuda-emu-h100": "h100", "cuda-emu-rtx4090": "rtx4090"}
+EMULATE = {"cuda-emu-h100": "forward", "cuda-emu-rtx4090": "reverse"}
 
 
 @pytest.fixture(scope="session", params=sorted(PRESETS))
 def backend(request):
     kind = request.param
-    device = require_device(kind)
+    if kind in EMULATE:
+        require_cxx()
+        from deploycc.runtime.devices import open_device
+
+        device = open_device("cuda", emulate=EMULATE[kind])
+    else:
+        device = require_device(kind)
     return kind, device, presets.load(PRESETS[kind]).target
 
 
@@ -68,7 +79,10 @@ def test_kernels_and_logits(tiny_path, backend):
     compiled = run_pipeline(exported, target, "scheduled")
     check(compiled)
     params = [np.ascontiguousarray(a, np.float32) for a in function_params(compiled, model.params())]
-    checked = CheckedRunner(KernelRunner(device, target))
+    runner = KernelRunner(device, target)
+    if kind in EMULATE:  # one C++ compile for the module's kernels
+        runner.prebuild(compiled.programs().values())
+    checked = CheckedRunner(runner)
     interp = Interpreter(compiled, run_program=checked)
     ref = deploycc.reference_session(model, context_window=context)
     cfg = model.config

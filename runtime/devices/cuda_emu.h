@@ -1,0 +1,93 @@
+// CUDA C executed on the CPU (runtime/devices/cuda_emu.py): the exact text a CUDA package carries, compiled as C++
+// with this header in front of it. One fiber per CUDA thread, so that __syncthreads() is a true barrier: every thread
+// of the block runs up to it before any runs past it. Blocks run one after another; before each, the block's shared
+// memory (every __shared__ array, one linker section) is filled with 0xFF bytes (NaN as float, -1 as int), so a read
+// of shared memory no thread of the block wrote shows. Threads start in the order asked for (forward, reverse, or
+// shuffled by a seed) and, after each barrier, run on in that order. A barrier that some threads of a block reach and
+// others do not (divergent, at different lines, or after some threads returned) stops the launch with an error.
+// `half` is 16-bit storage with round-to-nearest-even conversions, as cuda_fp16.h's __float2half.
+//
+// What this proves: indexing, launch geometry, barriers, shared memory and the numerics up to the CPU's libm. What it
+// does not: speed, occupancy, or the GPU's weak memory model (a thread here sees every store made before it ran).
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __restrict__ __restrict
+#define __shared__ static __attribute__((section("dcc_shared"), aligned(16)))
+#define __launch_bounds__(...)
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 { unsigned int x, y, z; };
+struct uint4 { unsigned int x, y, z, w; };
+static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
+
+// The current thread's coordinates: the scheduler sets them before it switches to a thread.
+extern "C" {
+extern uint3 dcc_threadIdx, dcc_blockIdx;
+extern dim3 dcc_blockDim, dcc_gridDim;
+void dcc_barrier(int line);
+}
+#define threadIdx dcc_threadIdx
+#define blockIdx dcc_blockIdx
+#define blockDim dcc_blockDim
+#define gridDim dcc_gridDim
+#define __syncthreads() dcc_barrier(__LINE__)
+
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// CUDA's integer and float min/max overloads
+#define DCC_MINMAX(T) \
+  static inline T max(T a, T b) { return a > b ? a : b; } \
+  static inline T min(T a, T b) { return a < b ? a : b; }
+DCC_MINMAX(int)
+DCC_MINMAX(unsigned int)
+DCC_MINMAX(long long)
+DCC_MINMAX(unsigned long long)
+static inline float max(float a, float b) { return fmaxf(a, b); }
+static inline float min(float a, float b) { return fminf(a, b); }
+
+// -- half: storage, with cuda_fp16.h's conversions (round to nearest, ties to even; subnormals, inf and NaN kept)
+struct half { uint16_t x; };
+static inline half __float2half(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7fffffffu;
+  half h;
+  if (mag > 0x7f800000u) { h.x = (uint16_t)(sign | 0x7e00u); return h; }  // NaN
+  if (mag >= 0x477ff000u) { h.x = (uint16_t)(sign | 0x7c00u); return h; }  // rounds past 65504: inf
+  if (mag < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), m * 2^-24
+    float a;
+    memcpy(&a, &mag, 4);
+    float scaled = a * 16777216.0f;  // exact: a power of two
+    float r = nearbyintf(scaled);  // the default rounding mode: to nearest, ties to even
+    h.x = (uint16_t)(sign | (uint32_t)r);
+    return h;
+  }
+  uint32_t e = (mag >> 23) - 112, m = mag & 0x7fffffu;  // rebias 127 -> 15
+  uint32_t out = (e << 10) | (m >> 13), rest = m & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (out & 1u))) out += 1;  // a carry into the exponent is right too
+  h.x = (uint16_t)(sign | out);
+  return h;
+}
+static inline float __half2float(half h) {
+  uint32_t sign = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu, u;
+  if (e == 0) {
+    float f = (float)m * 5.9604644775390625e-08f;  // m * 2^-24, exact
+    memcpy(&u, &f, 4);
+    u |= sign;
+  } else if (e == 31) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else {
+    u = sign | ((e + 112) << 23) | (m << 13);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}

@@ -1,0 +1,233 @@
+"""CUDA C executed on the CPU (runtime/devices/cuda_emu.py): the emulation's own semantics held to what CUDA documents,
+each with a kernel written to break it, then whole CUDA packages through the runtime's CUDA launch path.
+
+Semantics: a shared-memory tree reduction gives numpy's sums in every thread order; the same kernel without its
+barriers gives wrong sums in forward order (shared memory is poisoned with NaN before each block), and is reported
+when a barrier is skipped by some threads (returned early) or reached at different lines (divergent); a store past
+either end of a buffer is reported; 2-D grids and blocks see their coordinates; `half` converts as cuda_fp16.h does
+(round to nearest even, subnormals, overflow to inf, NaN), bit for bit against numpy's float16 over every float32
+bit pattern class; the launch path refuses a block of more than 1024 threads.
+
+Packages: a tiny Qwen3 (qwen3-x32) compiled for h100 (q4f16_1) and rtx4090 (q0f16) runs every kernel against its
+loop-level program (`verify --kernels`) and its logits against the numpy reference (`verify`), from the package alone
+(its own runtime; the logits through deploycc's CLI, which has the reference), with DEPLOYCC_CUDA_EMULATE in forward, reverse and shuffled orders; the negative controls (the
+RMSNorm kernel's first barrier deleted, its store shifted by one row) fail in one line naming the kernel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from bad_inputs.common import reseal, run_package
+from conftest import require_cxx
+
+from deploycc.runtime.devices import DeviceError, open_device
+from fixtures import make_tiny
+
+HEADER = "#include <cuda_fp16.h>\n#include <math_constants.h>\n"
+ROWSUM = HEADER + r'''
+extern "C" __global__ void rowsum(const float* __restrict__ x, float* __restrict__ y, int n) {
+  __shared__ float red[128];
+  int t = (int)threadIdx.x;
+  float acc = 0.0f;
+  for (int j = t; j < n; j += 128) acc += x[(long long)blockIdx.x * n + j];
+  red[t] = acc;
+  __syncthreads();
+  for (int w = 64; w > 0; w >>= 1) {
+    if (t < w) red[t] += red[t + w];
+    __syncthreads();
+  }
+  if (t == 0) y[blockIdx.x] = red[0];
+}
+'''
+
+
+@pytest.fixture(autouse=True)
+def cxx():
+    require_cxx()
+
+
+def emulator(order: str = "forward"):
+    return open_device("cuda", emulate=order)
+
+
+def rowsum(order: str, source: str = ROWSUM):
+    x = np.random.default_rng(0).standard_normal((37, 1000)).astype(np.float32)
+    d = emulator(order)
+    k = d.build(source, ["rowsum"])["rowsum"]
+    y = d.alloc(37 * 4)
+    d.launch(k, [d.upload(x), y, 1000], (37, 1, 1), (128, 1, 1))
+    return d.download(y, 37, np.float32), x.sum(axis=1)
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
+def test_a_barrier_reduction_is_right_in_every_order(order):
+    got, want = rowsum(order)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_missing_barriers_are_caught():
+    no_tree_barrier = ROWSUM.replace("    if (t < w) red[t] += red[t + w];\n    __syncthreads();",
+                                     "    if (t < w) red[t] += red[t + w];")
+    got, want = rowsum("forward", no_tree_barrier)  # thread 0 reads red[64] before thread 64 wrote it: NaN
+    assert not np.allclose(got, want, rtol=1e-3, atol=1e-2)
+    no_first = ROWSUM.replace("  red[t] = acc;\n  __syncthreads();", "  red[t] = acc;")
+    got, want = rowsum("forward", no_first)
+    assert np.isnan(got).all()  # the poison reached every sum
+    early = ROWSUM.replace("    if (t < w) red[t] += red[t + w];\n    __syncthreads();",
+                           "    if (t >= w) return;\n    red[t] += red[t + w];\n    __syncthreads();")
+    with pytest.raises(DeviceError, match=r"threads returned while thread \(\d+, 0, 0\) waits at the barrier of line"):
+        rowsum("forward", early)
+    divergent = ROWSUM.replace("    if (t < w) red[t] += red[t + w];\n    __syncthreads();",
+                               "    if (t < w) { red[t] += red[t + w]; __syncthreads(); }\n    else { __syncthreads(); }")
+    with pytest.raises(DeviceError, match=r"divergent barrier: thread \(\d+, 0, 0\) waits at line \d+, thread"):
+        rowsum("reverse", divergent)
+
+
+STORE = HEADER + r'''
+extern "C" __global__ void store(float* __restrict__ y, int n, int shift) {
+  int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) y[i + shift] = 1.0f;
+}
+'''
+
+
+def test_stores_out_of_bounds_are_reported():
+    d = emulator()
+    k = d.build(STORE, ["store"])["store"]
+    y = d.alloc(100 * 4)
+    d.launch(k, [y, 100, 0], (4, 1, 1), (32, 1, 1))
+    assert (d.download(y, 100, np.float32) == 1).all()
+    for shift, where in ((1, "past the end"), (-1, "before the start")):
+        with pytest.raises(DeviceError, match=f"store .* wrote {where} of its buffer argument 0 \\(400 bytes\\)"):
+            d.launch(k, [d.alloc(400), 100, shift], (4, 1, 1), (32, 1, 1))
+
+
+GEOMETRY = HEADER + r'''
+extern "C" __global__ void where(int* __restrict__ out) {
+  long long b = blockIdx.y * gridDim.x + blockIdx.x;
+  long long t = (threadIdx.y * blockDim.x + threadIdx.x);
+  long long i = b * blockDim.x * blockDim.y + t;
+  out[4 * i] = (int)blockIdx.x; out[4 * i + 1] = (int)blockIdx.y; out[4 * i + 2] = (int)threadIdx.x;
+  out[4 * i + 3] = (int)threadIdx.y;
+}
+'''
+
+
+def test_launch_geometry():
+    d = emulator("shuffle")
+    k = d.build(GEOMETRY, ["where"])["where"]
+    out = d.alloc(3 * 2 * 8 * 4 * 16)
+    d.launch(k, [out], (3, 2, 1), (8, 4, 1))
+    got = d.download(out, (2, 3, 4, 8, 4), np.int32)
+    by, bx, ty, tx = np.meshgrid(range(2), range(3), range(4), range(8), indexing="ij")
+    np.testing.assert_array_equal(got, np.stack([bx, by, tx, ty], axis=-1))
+    with pytest.raises(DeviceError, match="exceeds 1024 threads"):
+        d.launch(k, [out], (1, 1, 1), (1025, 1, 1))
+
+
+HALF = HEADER + r'''
+extern "C" __global__ void halves(const float* __restrict__ x, half* __restrict__ h, float* __restrict__ back, int n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) { h[i] = __float2half(x[i]); back[i] = __half2float(h[i]); }
+}
+'''
+
+
+def test_half_conversions_are_cuda_fp16s():
+    """Round to nearest even, against numpy's float16 (IEEE): ties both ways, every subnormal, the overflow edge
+    (65519.996 -> 65504, 65520 -> inf), signed zeros, inf and NaN, and a million random bit patterns."""
+    rng = np.random.default_rng(0)
+    every_half = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    finite = every_half[np.isfinite(every_half)]
+    finite = np.unique(finite)
+    mids = (finite[:-1].astype(np.float64) + finite[1:]) / 2  # the ties between neighbouring halves
+    special = np.array([0.0, -0.0, 65504, 65519.996, 65520, -65520, 1e-8, 2.0 ** -25, 2.0 ** -24 * 1.5, np.inf,
+                        -np.inf, np.nan], np.float32)
+    x = np.concatenate([every_half, mids.astype(np.float32), special,
+                        rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)])
+    d = emulator()
+    k = d.build(HALF, ["halves"])["halves"]
+    h, back = d.alloc(x.size * 2), d.alloc(x.size * 4)
+    d.launch(k, [d.upload(x), h, back, x.size], (-(-x.size // 256), 1, 1), (256, 1, 1))
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    got = d.download(h, x.size, np.float16)
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all()
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+    np.testing.assert_array_equal(d.download(back, x.size, np.float32)[~nan], want[~nan].astype(np.float32))
+
+
+# ---- whole packages, from the package alone ---------------------------------------------------------------------
+
+PACKAGES = {"h100": "q4f16_1", "rtx4090": "q0f16"}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    from deploycc.package import compile_model
+
+    made = {}
+
+    def get(preset: str):
+        if preset not in made:
+            out = tmp_path_factory.mktemp("cuda-emu") / preset
+            made[preset] = compile_model(str(make_tiny("qwen3-x32")), preset, quantization=PACKAGES[preset],
+                                         context_window=64, out=str(out))
+        return made[preset]
+    return get
+
+
+def run_emulated(pkg, order: str, *args, compiler: bool = False):
+    """The package's own entry point (or, with `compiler`, deploycc's CLI on it) with the emulation as its GPU."""
+    env = {**os.environ, "DEPLOYCC_CUDA_EMULATE": order}
+    cmd = [sys.executable, "-m", "deploycc", args[0], str(pkg), *args[1:]] if compiler else [sys.executable, str(pkg),
+                                                                                               *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("preset,order", [("h100", "forward"), ("h100", "reverse"), ("rtx4090", "shuffle")])
+def test_packages_verify_under_the_emulation(package, preset, order):
+    pkg = package(preset)
+    r = run_emulated(pkg, order, "verify", "--kernels", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["passed"] and f"({order} thread order)" in report["device"]
+    entries = json.loads((pkg / "manifest.json").read_text())["kernels"]["entries"]
+    assert {k for row in report["kernels"] for k in row["kernels"]} == set(entries)
+    r = run_emulated(pkg, order, "verify", "--steps", "4", compiler=True)  # logits: deploycc's numpy reference
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1].startswith("ok: against the numpy reference"), \
+        r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def rms_norm_body(source: str) -> tuple[int, int]:
+    start = source.index(' rms_norm(')
+    return start, source.index("\n}\n", start)
+
+
+@pytest.mark.parametrize("mutation", ["no first barrier", "store shifted by a row"])
+def test_a_broken_cuda_kernel_fails_verification(package, tmp_path, mutation):
+    pkg = tmp_path / "pkg"
+    shutil.copytree(package("h100"), pkg)
+    src = pkg / "kernels" / "kernels.cu"
+    text = src.read_text()
+    start, end = rms_norm_body(text)
+    body = text[start:end]
+    if mutation == "no first barrier":
+        assert body.count("  __syncthreads();\n") > 1
+        body = body.replace("  __syncthreads();\n", "", 1)
+    else:
+        assert body.count("      y[64 * seq_len") == 1
+        body = body.replace("      y[64 * seq_len", "      y[64 + 64 * seq_len")
+    src.write_text(text[:start] + body + text[end:])
+    reseal(pkg)
+    r = run_emulated(pkg, "forward", "verify", "--kernels")
+    assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "rms_norm" in errors[0], r.stderr[-2000:]
