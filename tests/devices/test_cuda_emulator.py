@@ -9,9 +9,10 @@ either end of a buffer is reported; 2-D grids and blocks see their coordinates; 
 bit pattern class; the launch path refuses a block of more than 1024 threads.
 
 Packages: a tiny Qwen3 (qwen3-x32) compiled for h100 (q4f16_1) and rtx4090 (q0f16) runs every kernel against its
-loop-level program (`verify --kernels`) and its logits against the numpy reference (`verify`), from the package alone
-(its own runtime; the logits through deploycc's CLI, which has the reference), with DEPLOYCC_CUDA_EMULATE in forward, reverse and shuffled orders; the negative controls (the
-RMSNorm kernel's first barrier deleted, its store shifted by one row) fail in one line naming the kernel.
+loop-level program (`verify --kernels`, from the package alone: its own runtime) and its logits against the numpy
+reference (`verify`, deploycc's CLI, which has the reference), with DEPLOYCC_CUDA_EMULATE in forward, reverse and
+shuffled orders; the negative controls (the RMSNorm kernel's first barrier deleted, its store shifted by one row)
+fail in one line naming the kernel.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import sys
 
 import numpy as np
 import pytest
-from bad_inputs.common import reseal, run_package
+from bad_inputs.common import reseal
 from conftest import require_cxx
 
 from deploycc.runtime.devices import DeviceError, open_device
