@@ -1,8 +1,9 @@
 """Every CUDA kernel emitted for the h100 (sm_90) and rtx4090 (sm_89) presets, for every tiny
 architecture, compiles with nvcc and assembles with ptxas (no GPU needed), with the KV-cache copies, the
 sliding-window layers' ring caches of a 16-token prefill chunk, and the batched step over a page pool (its
-paged attention, per-token rotary tables and slot copies). Running them needs a GPU (the device
-tool), which CI does not have."""
+paged attention, per-token rotary tables and slot copies). They run on the CPU under the emulation of CUDA's
+thread model in tests/kernels/test_model_kernels.py and tests/devices/test_cuda_emulator.py, and on a GPU where one
+is lent (benchmarks/gpu_check.sh)."""
 import pytest
 from conftest import require_nvcc
 
