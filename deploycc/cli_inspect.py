@@ -49,12 +49,15 @@ def human_size(n) -> str:
               help="With --as-python: only these functions (prefill, prefill_all, decode).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) when MODEL is a repo id.")
 @click.option("--context-window", type=click.IntRange(min=1), default=None,
-              help="Upper bound of total_len (default: from the config, at most the preset's).")
+              help="Upper bound of total_len (default: from the config, at most the preset's). With --kernels on a "
+                   "CUDA package: the context of the modelled decode step (default: half the package's window).")
 def inspect(model, stage, device, quantization, head_quantization, activations, overrides, kernels, source, memory,
             as_json, as_python, functions, revision, context_window):
     """Print the IR of MODEL (a checkpoint directory or Hugging Face repo id) after a pipeline stage,
     its VM bytecode, its kernel list (--kernels) or its memory plan (--memory). MODEL may be a compiled package
-    with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to."""
+    with --kernels: its kernels, and on an integer target the bits each linear's activations are rounded to; on
+    a CUDA package, each kernel's launches, bytes, FLOPs, blocks x threads, registers, occupancy and predicted time
+    in a decode and a prefill step on the preset's GPU (deploycc/perfmodel.py)."""
     from . import pipeline, presets
     from .export import export
     from .hub import load_model
@@ -65,7 +68,11 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
     if kernels and (Path(model) / "manifest.json").is_file():
         from .runtime.package import read_manifest
 
-        _print_package_kernels(read_manifest(Path(model)), as_json)
+        manifest = read_manifest(Path(model))
+        if manifest["target"]["kind"] == "cuda":  # and how long each takes on the preset's GPU, by the model
+            _print_predicted(Path(model), context_window, as_json)
+            return
+        _print_package_kernels(manifest, as_json)
         return
     if as_python and (kernels or memory or stage == "vm"):
         raise DeployError("--as-python prints graph functions; it does not combine with --kernels, --memory "
@@ -189,6 +196,41 @@ def _print_package_kernels(manifest: dict, as_json: bool) -> None:
         console.print(table)
         counts = {b: sum(v == b for v in bits.values()) for b in sorted(set(bits.values()))}
         console.print("activations: " + ", ".join(f"{n} linears at {b} bits" for b, n in counts.items()))
+
+
+def _print_predicted(pkg: Path, context: int | None, as_json: bool) -> None:
+    """The performance model's table of a CUDA package (deploycc/perfmodel.py)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .perfmodel import predict, rows, summary
+
+    pred = predict(pkg, context=context)
+    figures = summary(pred)
+    if as_json:
+        click.echo(json.dumps({"preset": pred["preset"], "hardware": pred["hardware"], "model": pred["model"],
+                               "summary": figures, "decode": rows(pred["steps"]["decode"]),
+                               "prefill": rows(pred["steps"]["prefill"])}, indent=2))
+        return
+    console = Console()
+    for fname in ("decode", "prefill"):
+        step = pred["steps"][fname]
+        table = Table(title=f"{fname} step of {step.tokens} token(s) at context {step.context} on {pred['preset']} "
+                            f"(predicted)")
+        for col in ("kernel", "launches", "blocks x threads", "regs", "occupancy", "MB", "GFLOP", "us each", "bound"):
+            table.add_column(col, justify="left" if col == "kernel" else "right")
+        for r in rows(step):
+            table.add_row(r["kernel"], str(r["launches"]), f"{r['blocks']} x {r['threads']}",
+                          "-" if r["registers"] is None else str(r["registers"]), f"{r['occupancy']:.0%}",
+                          f"{r['bytes'] / 1e6:.2f}", f"{r['flops'] / 1e9:.3f}",
+                          f"{r['seconds'] / r['launches'] * 1e6:.1f}", r["bound"])
+        console.print(table)
+    f = figures
+    click.echo(f"decode: {f['decode_launches']} launches, {f['decode_bytes'] / 1e6:.1f} MB, device "
+                  f"{f['decode_device_ms']:.2f} ms, host {f['decode_host_ms']:.2f} ms: {f['decode_tok_s']:.0f} tok/s, "
+                  f"{f['decode_roofline_fraction']:.1%} of the HBM roofline ({f['roofline_tok_s']:.0f} tok/s)")
+    click.echo(f"prefill: {f['prefill_tokens']} tokens in {f['prefill_launches']} launches: "
+                  f"{f['prefill_tok_s']:.0f} tok/s ({f['prefill_tflops']:.1f} TFLOP/s)")
 
 
 def _print_memory(report: dict, where: str) -> None:

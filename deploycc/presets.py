@@ -21,7 +21,13 @@ from .runtime.kinds import KINDS
 from .targets.base import Target
 
 TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk",
-            "max_num_sequences", "kv_pool_tokens"}
+            "max_num_sequences", "kv_pool_tokens", "hardware"}
+# A GPU preset's device, for the performance model (deploycc/perfmodel.py; `inspect PKG --kernels`): the vendor's
+# peak figures, and its limits per multiprocessor (occupancy). Not part of the target: no kernel depends on them.
+HARDWARE = {"bandwidth_gb_s": (1, 100_000), "multiprocessors": (1, 4096), "fp32_tflops": (0.1, 10_000),
+            "fp16_tensor_tflops": (0.1, 100_000), "threads_per_multiprocessor": (32, 8192),
+            "registers_per_multiprocessor": (1024, 1 << 20), "shared_memory_per_multiprocessor": (1024, 1 << 24),
+            "blocks_per_multiprocessor": (1, 256)}
 RUNTIME_KEYS = {"backend", "web"}
 BACKENDS = ("opencl", "webgpu", "cuda", "cpu", "host")
 # Tokens of KV cache per sequence, and tokens per prefill step: the symbolic bounds every memory
@@ -49,6 +55,7 @@ class Preset:
     max_num_sequences: int = 16
     kv_pool_tokens: int = 0
     web: bool = False  # also write the browser bundle (deploycc/web): webgpu presets only
+    hardware: dict | None = None  # HARDWARE's keys, every one, or none
 
 
 def names() -> list[str]:
@@ -167,6 +174,19 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
         if k in data:
             _check_type(data[k], "int", f"{where}: '{k}'", positive=lo > 0)
             _check_range(data[k], lo, hi, f"{where}: '{k}'")
+    hardware = data.get("hardware")
+    if hardware is not None:
+        if not isinstance(hardware, dict) or set(hardware) != set(HARDWARE):
+            missing = ", ".join(sorted(set(HARDWARE) - set(hardware))) if isinstance(hardware, dict) else ""
+            for k in hardware if isinstance(hardware, dict) else ():
+                if k not in HARDWARE:
+                    raise _unknown(k, HARDWARE, f"{where}: hardware")
+            raise DeployError(f"{where}: 'hardware' must be a mapping of every one of {', '.join(sorted(HARDWARE))}"
+                              + (f" (missing: {missing})" if missing else ""))
+        for k, (lo, hi) in HARDWARE.items():
+            v = hardware[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise DeployError(f"{where}: hardware: '{k}' is {v!r}; give a number in {lo}..{hi}")
     ctx, chunk = data.get("context_window", 4096), data.get("prefill_chunk", 512)
     if chunk > ctx:
         raise DeployError(f"{where}: 'prefill_chunk' {chunk} exceeds 'context_window' {ctx}; a prefill step cannot "
@@ -174,4 +194,4 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     return Preset(str(data["name"]), str(data.get("description", "")), target, backend,
                   str(data.get("quantization", "q0f32")), int(data.get("context_window", 4096)),
                   int(data.get("prefill_chunk", 512)), where, int(data.get("max_num_sequences", 16)),
-                  int(data.get("kv_pool_tokens", 0)), web)
+                  int(data.get("kv_pool_tokens", 0)), web, dict(hardware) if hardware else None)

@@ -1,0 +1,283 @@
+"""A performance model of a GPU package's steps, for machines without the GPU (`deploycc inspect PKG --kernels`).
+
+Every launch of a decode step (one token after `context` tokens) and of a prefill step (`prefill` tokens) is found by
+running the package's bytecode on shapes alone (runtime/dryrun.py): its kernel, blocks x threads, and buffers. Per
+launch:
+
+  bytes     the bytes of its buffers: weights and activations whole (an embedding lookup: its rows), the KV
+            cache's rows the step reads (every cached row) or writes (this step's rows); each launch reads its inputs
+            from memory (no L2 reuse counted)
+  FLOPs     the floating-point operations of its loop-level program (kernels/programs.json), each +, -, *, /, min,
+            max and function counted once over every iteration, for the launch's sizes; a program's FLOPs go to its
+            last kernel (the others prepare its inputs)
+  registers per thread and shared memory per block, from ptxas -v (where the CUDA toolkit is installed)
+  occupancy the blocks a multiprocessor holds (limited by its threads, registers, shared memory and block slots),
+            as a fraction of its threads; resident threads: min(blocks, SMs x blocks per SM) x threads
+  time      a roofline with occupancy's effect: max(bytes / bandwidth, bytes / (resident threads x IN_FLIGHT) x
+            LATENCY_US, FLOPs / fp32 peak (the kernels use no tensor cores)) + LAUNCH_US. The middle term is Little's
+            law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
+            about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
+            (a decode attention over 9 heads: 9 blocks). Its two constants were fitted on an H100 (docs/gpu.md:
+            attention 30 us at 256 keys, about 180 at 2048). The host's time to enqueue the step's launches
+            (HOST_US each, measured there with the Python VM and CuPy) runs beside the device's; a step takes the
+            longer of the two.
+
+A decode step's predicted tokens per second is 1 / its time, and its fraction of the HBM roofline is the bytes it
+must move over the bandwidth, divided by that time. Prefill: tokens / the step's time.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import DeployError
+from .runtime.dryrun import _DryRun
+from .runtime.validate import nbytes
+
+LAUNCH_US = 3.0  # a kernel's least time on the GPU, back to back in a stream (launch and drain)
+HOST_US = 9.0  # the host's time per launch: Python VM + CuPy, measured on an H100 (3.57 ms / 394 launches)
+LATENCY_US = 0.5  # a load's round trip to device memory
+IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
+FLOAT_OPS = {"add", "sub", "mul", "div", "max", "min", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
+             "sin", "cos", "abs", "erf", "pow", "fma"}
+ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2,
+            "int64": 8, "bool": 1}
+
+
+def _sym(e, env: dict) -> int:
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return env[e]
+    xs = [_sym(x, env) for x in e[1:]]
+    op = e[0]
+    if op == "+":
+        return sum(xs)
+    if op == "*":
+        return math.prod(xs)
+    if op == "//":
+        return xs[0] // xs[1]
+    if op == "%":
+        return xs[0] % xs[1]
+    return min(xs) if op == "min" else max(xs)
+
+
+def _value_ops(v) -> int:
+    """Float operations in one evaluation of a value (loop-level JSON form: runtime/loopir.py)."""
+    if not isinstance(v, list) or not v:
+        return 0
+    head = v[0]
+    if head in ("const", "index"):
+        return 0
+    if head == "load":
+        return sum(_value_ops(i["v"]) for i in v[2] if isinstance(i, dict))
+    if head == "cast":
+        return _value_ops(v[2])
+    if head == "select":
+        return sum(_value_ops(x) for x in v[3:])
+    own = 1 if head in FLOAT_OPS and isinstance(v[1], str) and v[1].startswith("float") else 0
+    return own + sum(_value_ops(x) for x in v[2:])
+
+
+def program_flops(stmt, env: dict) -> int:
+    """Float operations of a statement for the sizes in `env` (both branches of an `if`: an upper bound)."""
+    head = stmt[0]
+    if head == "seq":
+        return sum(program_flops(s, env) for s in stmt[1])
+    if head == "block":
+        n = math.prod(_sym(it[1], env) for it in stmt[2])
+        return n * _value_ops(stmt[3][3])
+    if head == "store":
+        return _value_ops(stmt[3])
+    if head == "for":
+        return _sym(stmt[2], env) * program_flops(stmt[3], env)
+    if head == "alloc":
+        return program_flops(stmt[2], env)
+    if head == "if":
+        return sum(program_flops(s, env) for s in stmt[2:] if s is not None)
+    return 0
+
+
+@dataclass
+class Launch:
+    kernel: str
+    blocks: int
+    threads: int
+    bytes: int
+    flops: int = 0
+    weight_bytes: int = 0
+    registers: int | None = None
+    shared: int | None = None
+    occupancy: float = 0.0  # of a multiprocessor's threads
+    filled: float = 0.0  # of the whole GPU's threads
+    seconds: float = 0.0
+    bound: str = ""
+
+
+@dataclass
+class StepPrediction:
+    function: str
+    tokens: int
+    context: int
+    launches: list = field(default_factory=list)
+
+    @property
+    def device_s(self) -> float:
+        return sum(x.seconds for x in self.launches)
+
+    @property
+    def host_s(self) -> float:
+        return len(self.launches) * HOST_US * 1e-6
+
+    @property
+    def seconds(self) -> float:
+        return max(self.device_s, self.host_s)
+
+    @property
+    def bytes(self) -> int:
+        return sum(x.bytes for x in self.launches)
+
+    @property
+    def flops(self) -> int:
+        return sum(x.flops for x in self.launches)
+
+
+class _Recorder(_DryRun):
+    """The dry run of one step, keeping every launch's kernel, blocks and buffer bytes."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.launches: list[Launch] = []
+        self.ints: list[dict] = []  # each launch's int arguments by name (the program's sizes)
+
+    def vm_launch(self, w: str, args: list) -> None:
+        super().vm_launch(w, args)
+        name = args[0]["k"]
+        entry = self.m["kernels"]["entries"][name]
+        sig = entry["args"]
+        sep = next(i for i, a in enumerate(args) if a.get("str") == "|")
+        ints = dict(zip(sig["scalars"], (self.ev(a["s"]) for a in args[sep + 1:])))
+        total = weights = 0
+        kv = self.m["kv_cache"]
+        for a, decl in zip(args[3:sep], sig["buffers"]):
+            if "kv" in a:  # the rows this step touches: written, this step's; read, every cached one
+                rows = self.s if decl["written"] else self.length
+                total += rows * kv["kv_heads"] * kv["head_dim"] * ITEMSIZE[kv["dtype"]]
+                continue
+            b = self.reg(a, w, "tensor")
+            size = nbytes(b.shape, b.dtype)
+            if "take" in name and b.home == "weight" and b.shape:  # a lookup reads one row per token, not the table
+                size = size * min(self.s * (self.batch[0] if self.batch else 1), b.shape[0]) // b.shape[0]
+            total += size
+            weights += size if b.home == "weight" else 0
+        groups = self.ev(args[1]["s"])
+        self.launches.append(Launch(name, groups, entry["threads"], total, weight_bytes=weights))
+        self.ints.append(ints)
+
+
+def _registers(pkg: Path, manifest: dict) -> dict:
+    """{kernel: (registers per thread, shared bytes per block)} from ptxas -v, or {} without the CUDA toolkit."""
+    from .runtime.devices.base import DeviceError
+    from .runtime.devices.cuda import compile_cuda, ptxas_check
+
+    arch = manifest["target"].get("arch") or "sm_90"
+    files = {e["file"] for e in manifest["kernels"]["entries"].values()}
+    out = {}
+    try:
+        for f in sorted(files):
+            usage = ptxas_check(compile_cuda((pkg / f).read_text(), arch), arch)
+            out.update({k: (u["registers"], u["shared_bytes"]) for k, u in usage.items()})
+    except DeviceError:
+        return {}
+    return out
+
+
+def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
+    """{last kernel of a program: (the program's body, its buffers)} from kernels/programs.json."""
+    rel = manifest["kernels"].get("programs")
+    if rel is None:
+        return {}
+    doc = json.loads((pkg / rel).read_text())
+    return {p["schedule"]["kernels"][-1]["name"]: p["body"] for p in doc["programs"] if p["schedule"]["kernels"]}
+
+
+def predict(pkg: str | Path, context: int | None = None, prefill: int | None = None) -> dict:
+    """The decode step after `context` tokens (default: the context window's half) and the prefill step of `prefill`
+    tokens (default: the prefill chunk, at most 512) of a CUDA package, on its preset's hardware."""
+    from . import presets
+    from .runtime.package import read_manifest
+
+    pkg = Path(pkg)
+    m = read_manifest(pkg)
+    if m["target"]["kind"] != "cuda":
+        raise DeployError(f"the performance model is for CUDA packages; {pkg} is a {m['target']['kind']} package")
+    preset = presets.load(m["preset"]["name"])
+    hw = preset.hardware
+    if not hw:
+        raise DeployError(f"preset {preset.name} states no hardware: figures (bandwidth, multiprocessors, peaks)")
+    bc = json.loads((pkg / "bytecode.json").read_text())
+    ctx, chunk = m["bounds"]["context_window"], m["bounds"]["prefill_chunk"]
+    context = min(context or ctx // 2, ctx)
+    prefill = min(prefill or min(chunk, 512), chunk, ctx)
+    regs = _registers(pkg, m)
+    bodies = _flops_by_kernel(pkg, m)
+    steps = {}
+    for fname, s, cached in (("decode", 1, context - 1), ("prefill", prefill, 0)):
+        rec = _Recorder(fname, bc["functions"][fname], m, s, cached, {})
+        rec.run()
+        step = StepPrediction(fname, s, cached + s)
+        for launch, ints in zip(rec.launches, rec.ints):
+            if launch.kernel in bodies:
+                launch.flops = program_flops(bodies[launch.kernel], ints)
+            launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
+            _time(launch, hw)
+            step.launches.append(launch)
+        steps[fname] = step
+    return {"package": str(pkg), "preset": preset.name, "hardware": hw, "steps": steps,
+            "model": {"launch_us": LAUNCH_US, "host_us": HOST_US, "latency_us": LATENCY_US, "in_flight": IN_FLIGHT}}
+
+
+def _time(x: Launch, hw: dict) -> None:
+    per_mp = [hw["blocks_per_multiprocessor"], hw["threads_per_multiprocessor"] // x.threads]
+    if x.registers:
+        per_mp.append(hw["registers_per_multiprocessor"] // (x.registers * x.threads))
+    if x.shared:
+        per_mp.append(hw["shared_memory_per_multiprocessor"] // x.shared)
+    blocks_per_mp = max(1, min(per_mp))
+    x.occupancy = blocks_per_mp * x.threads / hw["threads_per_multiprocessor"]
+    resident = min(x.blocks, hw["multiprocessors"] * blocks_per_mp) * x.threads
+    x.filled = resident / (hw["multiprocessors"] * hw["threads_per_multiprocessor"])
+    times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
+             "latency": x.bytes / max(resident, 1) / IN_FLIGHT * LATENCY_US * 1e-6,
+             "arithmetic": x.flops / (hw["fp32_tflops"] * 1e12)}
+    x.bound = max(times, key=times.get)
+    x.seconds = times[x.bound] + LAUNCH_US * 1e-6
+
+
+def summary(pred: dict) -> dict:
+    """The steps' figures: decode tok/s and its fraction of the HBM roofline, prefill tok/s, launches per step."""
+    hw = pred["hardware"]
+    d, p = pred["steps"]["decode"], pred["steps"]["prefill"]
+    roof = d.bytes / (hw["bandwidth_gb_s"] * 1e9)
+    return {"decode_tok_s": 1 / d.seconds, "decode_roofline_fraction": roof / d.seconds,
+            "decode_device_ms": d.device_s * 1e3, "decode_host_ms": d.host_s * 1e3, "decode_launches": len(d.launches),
+            "decode_bytes": d.bytes, "roofline_tok_s": 1 / roof,
+            "prefill_tok_s": p.tokens / p.seconds, "prefill_tokens": p.tokens, "prefill_launches": len(p.launches),
+            "prefill_tflops": p.flops / p.seconds / 1e12, "context": d.context}
+
+
+def rows(step: StepPrediction) -> list[dict]:
+    """One row per kernel: its launches in the step and their sums."""
+    out: dict[str, dict] = {}
+    for x in step.launches:
+        r = out.setdefault(x.kernel, {"kernel": x.kernel, "launches": 0, "blocks": x.blocks, "threads": x.threads,
+                                      "registers": x.registers, "shared_bytes": x.shared,
+                                      "occupancy": round(x.occupancy, 3), "filled": round(x.filled, 3),
+                                      "bytes": 0, "flops": 0, "seconds": 0.0, "bound": x.bound})
+        r["launches"] += 1
+        r["bytes"] += x.bytes
+        r["flops"] += x.flops
+        r["seconds"] += x.seconds
+    return sorted(out.values(), key=lambda r: -r["seconds"])

@@ -1,0 +1,99 @@
+"""The performance model of CUDA packages (deploycc/perfmodel.py; `deploycc inspect PKG --kernels`).
+
+On a tiny h100 package: every launch of the decode and prefill steps is found (as many as the bytecode makes), with
+the manifest's threads, the weights' bytes, FLOPs at least those of the matmuls, registers from ptxas where the CUDA
+toolkit is; occupancy and the roofline terms on hand-made launches (registers limit the blocks per multiprocessor,
+a 9-block launch is latency bound, a full one bandwidth bound); the presets' hardware figures checked on load.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from bad_inputs.common import assert_one_line_error, cli
+
+from deploycc import presets
+from deploycc.errors import DeployError
+from deploycc.perfmodel import IN_FLIGHT, LATENCY_US, LAUNCH_US, Launch, _time, predict, rows, summary
+from deploycc.runtime.validate import nbytes
+from fixtures import make_tiny
+
+H100 = presets.load("h100").hardware
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    from deploycc.package import compile_model
+
+    return compile_model(str(make_tiny("qwen3-x32")), "h100", quantization="q4f16_1", context_window=64,
+                         out=str(tmp_path_factory.mktemp("perf") / "pkg"))
+
+
+def test_every_launch_of_both_steps_is_modelled(package):
+    pred = predict(package, context=48, prefill=16)
+    m = json.loads((package / "manifest.json").read_text())
+    bc = json.loads((package / "bytecode.json").read_text())
+    for fname, tokens in (("decode", 1), ("prefill", 16)):
+        step = pred["steps"][fname]
+        launches = sum(1 for ins in bc["functions"][fname]["instructions"] if ins.get("fn") == "vm.launch")
+        assert len(step.launches) == launches and step.tokens == tokens
+        for x in step.launches:
+            assert x.threads == m["kernels"]["entries"][x.kernel]["threads"] and x.blocks >= 1 and x.bytes > 0
+            assert x.seconds >= LAUNCH_US * 1e-6 and x.bound in ("bandwidth", "latency", "arithmetic")
+            if shutil.which("ptxas"):
+                assert x.registers and x.registers > 0
+    decode = pred["steps"]["decode"]
+    weights = sum(nbytes(p["shape"], p["dtype"]) for p in m["params"])
+    embedding = next(x for x in decode.launches if x.kernel.startswith("take"))  # one row of the table is read
+    assert 0 < embedding.weight_bytes < weights / 10
+    assert sum(x.weight_bytes for x in decode.launches) <= weights + embedding.weight_bytes  # tied: the head too
+    head = max(decode.launches, key=lambda x: x.weight_bytes)  # the output head: vocab x hidden
+    assert head.flops >= 2 * 128 * 64
+    assert pred["steps"]["prefill"].flops > 10 * decode.flops
+    f = summary(pred)
+    assert f["decode_launches"] == len(decode.launches) and f["context"] == 48
+    assert 0 < f["decode_roofline_fraction"] < 1 and f["decode_tok_s"] < f["roofline_tok_s"]
+    assert sorted(r["kernel"] for r in rows(decode)) == sorted({x.kernel for x in decode.launches})
+
+
+def test_inspect_prints_the_model(package):
+    r = cli("inspect", package, "--kernels", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["preset"] == "h100" and doc["hardware"] == H100 and doc["decode"] and doc["prefill"]
+    r = cli("inspect", package, "--kernels")
+    assert r.returncode == 0 and "of the HBM roofline" in r.stdout and "prefill:" in r.stdout
+
+
+def test_occupancy_and_the_roofline_terms():
+    few = Launch("attention", blocks=9, threads=128, bytes=3_000_000)
+    _time(few, H100)
+    assert few.bound == "latency" and few.occupancy == 1.0  # 16 blocks of 128 fit a multiprocessor
+    resident = 9 * 128
+    assert few.seconds == pytest.approx(3e6 / resident / IN_FLIGHT * LATENCY_US * 1e-6 + LAUNCH_US * 1e-6)
+    many = Launch("gemv", blocks=20_000, threads=64, bytes=130_000_000)
+    _time(many, H100)
+    assert many.bound == "bandwidth" and many.seconds == pytest.approx(130e6 / 3350e9 + LAUNCH_US * 1e-6)
+    heavy = Launch("gemv", blocks=1_000, threads=256, bytes=1_000, registers=64)
+    _time(heavy, H100)
+    assert heavy.occupancy == 0.5  # 65536 registers / (64 x 256) = 4 blocks: 1024 of 2048 threads
+    tiles = Launch("matmul", blocks=10_000, threads=256, bytes=10_000_000, flops=10**12, shared=100_000)
+    _time(tiles, H100)
+    assert tiles.bound == "arithmetic" and tiles.occupancy == 2 * 256 / 2048  # shared memory: 2 blocks
+
+
+def test_presets_state_their_hardware(tmp_path):
+    assert presets.load("rtx4090").hardware["bandwidth_gb_s"] == 1008 and presets.load("cpu").hardware is None
+    text = (presets.resources.files("deploycc.configs") / "h100.yaml").read_text()
+    bad = {"missing": text.replace("  multiprocessors: 132\n", ""), "unknown": text.replace("multiprocessors:",
+                                                                                               "multiprocesors:"),
+           "range": text.replace("bandwidth_gb_s: 3350", "bandwidth_gb_s: -1")}
+    for what, fragment in (("missing", "(missing: multiprocessors)"), ("unknown", "did you mean 'multiprocessors'"),
+                           ("range", "'bandwidth_gb_s' is -1")):
+        path = tmp_path / f"{what}.yaml"
+        path.write_text(bad[what])
+        with pytest.raises(DeployError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+            presets.load(str(path))
+        r = cli("inspect", make_tiny("qwen3-x32"), "--device", str(path), "--stage", "scheduled")
+        assert_one_line_error(r, fragment)
