@@ -273,7 +273,12 @@ def _split(prog: TensorProgram, target) -> Schedule:
     u, u + T, ...), each keeping its own online-softmax maximum, sum and accumulator in registers, so a decode
     step works T threads per head instead of one. One barrier, then the partials meet in shared memory:
     thread u writes out elements c = u, u + T, ... of the head, each the T accumulators weighed by
-    exp(m_u - max) over the T sums weighed alike (flash-decoding's combine, inside one block)."""
+    exp(m_u - max) over the T sums weighed alike (flash-decoding's combine, inside one block).
+
+    With one query per head (a decode step's contiguous cache) the keys are also split over blocks (flash-decoding
+    proper): S = ceil(keys / C) blocks a head, block s taking keys sC .. sC + C - 1 (C = 2T); each writes its partial
+    (maximum, sum, unnormalised accumulator) to a workspace, and a second kernel, one thread per output element,
+    combines a head's S partials the same way. A 2048-key decode step on h100 then runs 8 blocks a head, not one."""
     Q, K, Vb = prog.params[:3]
     O = prog.params[-1]
     n, h, d = Q.shape
@@ -303,11 +308,23 @@ def _split(prog: TensorProgram, target) -> Schedule:
     lanes = reduce_lanes(target)
     over_d = _over_d(D, lanes)
 
+    # One query per head (a decode step): the keys are split over S blocks per head as well (flash-decoding: each
+    # block's partial maximum, sum and accumulator go to a workspace, and a second kernel combines the S), so a
+    # step at a long context has S times the threads; else one block walks them all.
+    splits = not paged and n.is_const and n.value == 1
+    C = SPLIT_KEYS_PER_THREAD * T  # keys per block of the split form
+    S = sym.floordiv(t + (C - 1), C) if splits else sym.as_expr(1)
+    sidx = sym.mod(G, S) if splits else sym.as_expr(0)
+    if splits:
+        hh = sym.floordiv(G, S)
+        i = sym.as_expr(0)
+        kv = sym.floordiv(hh, group)
+
     def step(J) -> Stmt:
         return key_step(Q, K, Vb, i, hh, kv, J, scale, cap, (m, l, sc, corr, pr, acc), over_d, lanes)
 
     jj = sym.SymVar("jj")
-    j = sym.as_expr(jj) * T + U
+    j = sym.as_expr(jj) * T + U + (sidx * C if splits else 0)
     if paged:  # every key the page table names; those the query does not see are skipped
         count = t
         visit = IfThenElse(paged.sees(i, j, window), step(paged.row(i, j)))
@@ -315,7 +332,8 @@ def _split(prog: TensorProgram, target) -> Schedule:
         limit, first = visible_keys(i, t, n, window)
         count = limit - first
         visit = step(row(j + first))
-    keys = For(jj, sym.floordiv(count + (T - 1), T), IfThenElse(tir.index(j).cmp("lt", tir.index(count)), visit))
+    passes = sym.as_expr(C // T) if splits else sym.floordiv(count + (T - 1), T)
+    keys = For(jj, passes, IfThenElse(tir.index(j).cmp("lt", tir.index(count)), visit))
 
     def combine(c) -> Stmt:
         """Output element c of the head from the T partials."""
@@ -329,6 +347,25 @@ def _split(prog: TensorProgram, target) -> Schedule:
             Store(O, (i, hh, c), out[0] / tot[0]),
         ))
 
+    W = D + 2  # a block's partial in the workspace: maximum, sum, then the accumulator
+    part = Buffer("part", (h * S * W,), "float32", "global")
+
+    def partial(c) -> Stmt:
+        """The block's partial (split form): maximum and sum (thread 0), accumulator element c, all over the block's
+        T threads, each weighed by exp(m_u - maximum)."""
+        w = lambda v: tir.unary("exp", sm_m[v] - mx[0])
+        base = G * W
+        return Seq((
+            Store(mx, z, tir.const(NEG)),
+            over("v", T, lambda v: Store(mx, z, tir.vmax(mx[0], sm_m[v]))),
+            Store(tot, z, tir.const(0.0)), Store(out, z, tir.const(0.0)),
+            over("v", T, lambda v: Seq((Store(tot, z, tot[0] + sm_l[v] * w(v)),
+                                        Store(out, z, out[0] + sm_acc[v * P + c] * w(v))))),
+            IfThenElse(tir.index(c).cmp("eq", tir.index(0)), Seq((Store(part, (base,), mx[0]),
+                                                                   Store(part, (base + 1,), tot[0])))),
+            Store(part, (base + 2 + c,), out[0]),
+        ))
+
     cc = sym.SymVar("cc")
     c_at = sym.as_expr(cc) * T + U
     body: Stmt = Seq((
@@ -338,17 +375,54 @@ def _split(prog: TensorProgram, target) -> Schedule:
         Store(sm_m, (U,), m[0]), Store(sm_l, (U,), l[0]),
         over("c", D, lambda c: Store(sm_acc, (U * P + c,), acc[c])),
         Barrier(),
-        For(cc, sym.as_expr((D + T - 1) // T), IfThenElse(tir.index(c_at).cmp("lt", tir.index(D)), combine(c_at))),
+        For(cc, sym.as_expr((D + T - 1) // T), IfThenElse(tir.index(c_at).cmp("lt", tir.index(D)),
+                                                           (partial if splits else combine)(c_at))),
     ))
     for buf in (m, l, sc, corr, pr, mx, tot, out, acc):
         body = Alloc(buf, body)
     for buf in (sm_m, sm_l, sm_acc):
         body = Alloc(buf, body)
     rows = h * n
-    body = For(g, rows, For(u, sym.as_expr(T), body, "thread", "local"), "thread", "group")
-    bufs, written = global_buffers(body, list(prog.params))
-    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, rows, T, written)
-    return Schedule((k,), (), "attention")
+    blocks = h * S if splits else rows
+    body = For(g, blocks, For(u, sym.as_expr(T), body, "thread", "local"), "thread", "group")
+    params = list(prog.params) + ([part] if splits else [])
+    bufs, written = global_buffers(body, params)
+    k = Kernel(prog.name + ("_part" if splits else ""), bufs, tuple(free_syms(body)), body, blocks, T, written)
+    if not splits:
+        return Schedule((k,), (), "attention")
+    return Schedule((k, _combine_splits(prog, target, part, S, W)), (part,), "attention-split")
+
+
+SPLIT_KEYS_PER_THREAD = 2  # a block of the split form takes 2 T keys: a 2048-key decode on h100 is 8 blocks a head
+
+
+def _combine_splits(prog: TensorProgram, target, part: Buffer, S: sym.Expr, W: int) -> Kernel:
+    """The second kernel of the split form: output element (head, c) from the head's S partials, one thread each."""
+    O = prog.params[-1]
+    h, D = O.shape[1], O.shape[2].value
+    z = (sym.as_expr(0),)
+    mx, tot, out = (Buffer(x, (1,), "float32", "local") for x in ("mx", "tot", "o"))
+
+    def body_of(r):
+        hh, c = sym.floordiv(r, D), sym.mod(r, D)
+        base = lambda s: (hh * S + s) * W  # noqa: E731
+        w = lambda s: tir.unary("exp", part[base(s)] - mx[0])  # noqa: E731
+
+        def over_s(f) -> Stmt:
+            v = sym.SymVar("s")
+            return For(v, S, f(sym.as_expr(v)))
+        return Alloc(mx, Alloc(tot, Alloc(out, Seq((
+            Store(mx, z, tir.const(NEG)),
+            over_s(lambda s: Store(mx, z, tir.vmax(mx[0], part[base(s)]))),
+            Store(tot, z, tir.const(0.0)), Store(out, z, tir.const(0.0)),
+            over_s(lambda s: Seq((Store(tot, z, tot[0] + part[base(s) + 1] * w(s)),
+                                  Store(out, z, out[0] + part[base(s) + 2 + c] * w(s))))),
+            Store(O, (sym.as_expr(0), hh, c), out[0] / tot[0]),
+        )))))
+
+    body, groups = thread_grid(h * D, target.threads_per_block, body_of)
+    bufs, written = global_buffers(body, [part, O])
+    return Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, target.threads_per_block, written)
 
 
 def _kernel(prog: TensorProgram, target, rows, body_of) -> Schedule:

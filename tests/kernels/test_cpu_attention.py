@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require_cc, require_device
+from conftest import require_cc, require_cxx, require_device
 
 from deploycc import presets
 from deploycc.ir import sym, tir
@@ -62,8 +62,19 @@ def test_blocked_attention_matches_reference(n, total, h, kvh):
 
 
 # the cpu and cpu-opencl presets take the one-thread-per-row form; adreno (on PoCL), cpu-webgpu and h100 the
-# split form (a block of threads per row splits the keys and combines in shared memory)
-PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "adreno": "adreno", "webgpu": "cpu-webgpu", "cuda": "h100"}
+# split form (a block of threads per row splits the keys and combines in shared memory); cuda-emu: h100's CUDA
+# under the CPU emulation of CUDA's thread model (runtime/devices/cuda_emu.py), threads in reverse order
+PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "adreno": "adreno", "webgpu": "cpu-webgpu", "cuda": "h100",
+           "cuda-emu": "h100"}
+
+
+def device_for(backend: str, target):
+    if backend == "cuda-emu":
+        require_cxx()
+        from deploycc.runtime.devices import open_device
+
+        return open_device("cuda", emulate="reverse")
+    return require_device(target.kind)
 
 
 @pytest.mark.parametrize("backend", sorted(PRESETS))
@@ -85,13 +96,13 @@ def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap, r
     if backend == "cpu":
         require_cc()
     target = presets.load(PRESETS[backend]).target
-    device = require_device(target.kind)
+    device = device_for(backend, target)
     d, scale = 32, 0.125
     attrs = {"window": window, **({"softcap": cap} if cap else {})}
     prog = schedule_program(attention_program(n, h, kvh, d, scale, ring, **attrs), target)
-    assert prog.attrs["schedule"].rule == "attention"
+    assert prog.attrs["schedule"].rule == ("attention-split" if n == 1 and backend in SPLIT else "attention")
     split = "sm_acc" in render(list(prog.attrs["schedule"].kernels), target)  # the threads' partials meet
-    assert split == (backend in ("adreno", "webgpu", "cuda")), "the form the presets take"
+    assert split == (backend in SPLIT), "the form the presets take"
     rng = np.random.default_rng(n * 1000 + total)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     k = rng.standard_normal((total, kvh, d)).astype(np.float32)
@@ -109,6 +120,45 @@ def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap, r
     want = attention_reference(q, k, v, scale, window=window, softcap=cap)
     assert np.abs(want - attention_reference(q, k, v, scale)).max() > 1e-2 or window >= total  # the window matters
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 if backend == "cpu" else 1e-5)
+
+
+SPLIT = ("adreno", "webgpu", "cuda", "cuda-emu")
+
+
+@pytest.mark.parametrize("backend", ["adreno", "webgpu", "cuda-emu"])
+@pytest.mark.parametrize("total,window,ring", [(1, 0, 0), (255, 0, 0), (511, 0, 0), (512, 0, 0), (513, 0, 0),
+                                               (1300, 0, 0), (1300, 100, 0), (700, 90, 128)])
+def test_decode_attention_split_over_blocks(backend, total, window, ring):
+    """Flash-decoding (the split form with one query a head): S = ceil(keys / 2T) blocks a head write partial
+    maxima, sums and accumulators to a workspace and a second kernel combines them; key counts on both sides of a
+    block's share (h100 at head_dim 32: T = 256, 512 keys a block), with a sliding window (blocks past the window's
+    keys hold nothing) and a ring cache. Against attention_reference at 1e-5."""
+    target = presets.load(PRESETS[backend]).target
+    device = device_for(backend, target)
+    h, kvh, d, scale = 4, 2, 32, 0.125
+    attrs = {"window": window} if window else {}
+    prog = schedule_program(attention_program(1, h, kvh, d, scale, ring, **attrs), target)
+    sched = prog.attrs["schedule"]
+    assert sched.rule == "attention-split" and len(sched.kernels) == 2 and len(sched.workspace) == 1
+    T = attention.split_threads(target, d)
+    rng = np.random.default_rng(total + window)
+    q = (rng.standard_normal((1, h, d)) * 3).astype(np.float32)
+    k = rng.standard_normal((total, kvh, d)).astype(np.float32)
+    v = rng.standard_normal((total, kvh, d)).astype(np.float32)
+    out = np.zeros((1, h, d), np.float32)
+    if ring:
+        kr, vr = (rng.standard_normal((ring, kvh, d)).astype(np.float32) * 1e3 for _ in range(2))
+        for j in range(max(0, total - ring), total):
+            kr[j % ring], vr[j % ring] = k[j], v[j]
+        runner = KernelRunner(device, target)
+        runner(prog, [q, kr, vr, out], [total])
+    else:
+        runner = KernelRunner(device, target)
+        runner(prog, [q, k, v, out], [total])
+    assert runner.launches == 2
+    np.testing.assert_allclose(out, attention_reference(q, k, v, scale, window=window), rtol=0, atol=1e-5)
+    if backend == "cuda-emu":
+        assert T == 256  # 512 keys a block: 1300 keys are 3 blocks a head
 
 
 def unary_on_cpu(op: str, call: str, x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,128 @@
+"""The performance model's predictions (deploycc/perfmodel.py) for four model shapes on the h100 and rtx4090 presets,
+as a table: decode tok/s after `--context` tokens and its fraction of the HBM roofline, prefill tok/s of `--prefill`
+tokens, launches per step, and whether the device or the host bounds the decode step. No GPU needed.
+
+A model's layers are alike, so each shape is compiled with 1 and with 2 layers (random weights by transformers, the
+real vocabulary and widths) and a step of L layers is T(1) + (T(2) - T(1)) x (L - 1), for the device's time, the
+host's, the bytes and the FLOPs alike: an 8B model needs no 16 GB checkpoint.
+
+    .venv/bin/python benchmarks/gpu_model.py [--context 512] [--prefill 512] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import build_llama_cpp as b  # noqa: E402
+
+SHAPES = {**{k: v for k, v in b.SHAPES.items()},
+          "Llama-3.1-8B-shaped": {
+              "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 8192,
+              "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "hidden_act": "silu"}}
+ORDER = ["SmolLM2-135M-shaped", "Qwen2.5-0.5B-shaped", "Llama-3.2-1B-shaped", "Llama-3.1-8B-shaped"]
+PRESETS = ("h100", "rtx4090")
+
+
+def root() -> Path:
+    return Path(os.environ.get("DEPLOYCC_HOME") or Path.home() / ".cache" / "deploycc") / "bench" / "gpu_model"
+
+
+def checkpoint(shape: str, layers: int) -> Path:
+    """SHAPES[shape] with `layers` layers, random (seed 0), with SmolLM2's tokenizer files."""
+    out = root() / "models" / f"{shape}-{layers}L"
+    if (out / "config.json").exists():
+        return out
+    import torch
+    import transformers
+
+    spec = {k: v for k, v in SHAPES[shape].items() if k != "architectures"}
+    spec["num_hidden_layers"] = layers
+    cfg = transformers.AutoConfig.for_model(**spec)
+    cfg.architectures = SHAPES[shape]["architectures"]
+    cfg.bos_token_id, cfg.eos_token_id = 1, 2
+    torch.manual_seed(0)
+    net = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    tmp = out.with_name(out.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    net.save_pretrained(tmp, safe_serialization=True)
+    tok = b.checkpoint_dir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok / f, tmp / f)
+    tmp.rename(out)
+    return out
+
+
+def package(shape: str, layers: int, preset: str) -> Path:
+    from deploycc.package import compile_model
+
+    out = root() / "packages" / f"{shape}-{layers}L-{preset}"
+    if (out / "manifest.json").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    return compile_model(str(checkpoint(shape, layers)), preset, quantization="q4f16_1", out=str(out))
+
+
+def step_totals(pred: dict, fname: str) -> dict:
+    s = pred["steps"][fname]
+    return {"device_s": s.device_s, "host_s": s.host_s, "bytes": s.bytes, "flops": s.flops,
+            "launches": len(s.launches), "tokens": s.tokens}
+
+
+def extrapolate(one: dict, two: dict, layers: int) -> dict:
+    return {k: one[k] + (two[k] - one[k]) * (layers - 1) if k != "tokens" else one[k] for k in one}
+
+
+def predict_shape(shape: str, preset: str, context: int, prefill: int) -> dict:
+    from deploycc import presets
+    from deploycc.perfmodel import predict
+
+    layers = SHAPES[shape]["num_hidden_layers"]
+    steps = {}
+    for fname in ("decode", "prefill"):
+        one, two = (step_totals(predict(package(shape, n, preset), context=context, prefill=prefill), fname)
+                    for n in (1, 2))
+        steps[fname] = extrapolate(one, two, layers)
+    hw = presets.load(preset).hardware
+    d, p = steps["decode"], steps["prefill"]
+    step = max(d["device_s"], d["host_s"])
+    roof = d["bytes"] / (hw["bandwidth_gb_s"] * 1e9)
+    return {"shape": shape, "preset": preset, "layers": layers, "context": context,
+            "decode_tok_s": 1 / step, "decode_roofline_fraction": roof / step, "roofline_tok_s": 1 / roof,
+            "decode_launches": d["launches"], "decode_bound": "host" if d["host_s"] > d["device_s"] else "device",
+            "decode_device_ms": d["device_s"] * 1e3, "decode_host_ms": d["host_s"] * 1e3,
+            "prefill_tokens": p["tokens"], "prefill_tok_s": p["tokens"] / max(p["device_s"], p["host_s"]),
+            "prefill_tflops": p["flops"] / max(p["device_s"], p["host_s"]) / 1e12}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    t0 = time.time()
+    out = [predict_shape(s, p, args.context, args.prefill) for s in ORDER for p in PRESETS]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"predicted by deploycc/perfmodel.py, q4f16_1, decode after {args.context} tokens, prefill of "
+          f"{args.prefill} ({time.time() - t0:.0f} s)")
+    print(f"{'shape':22s} {'preset':8s} {'decode tok/s':>12s} {'% roofline':>10s} {'roofline':>9s} {'launches':>8s} "
+          f"{'bound':>6s} {'device ms':>9s} {'host ms':>8s} {'prefill tok/s':>13s} {'TFLOP/s':>8s}")
+    for r in out:
+        print(f"{r['shape']:22s} {r['preset']:8s} {r['decode_tok_s']:12.0f} {100 * r['decode_roofline_fraction']:9.1f}% "
+              f"{r['roofline_tok_s']:9.0f} {r['decode_launches']:8d} {r['decode_bound']:>6s} "
+              f"{r['decode_device_ms']:9.2f} {r['decode_host_ms']:8.2f} {r['prefill_tok_s']:13.0f} "
+              f"{r['prefill_tflops']:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
