@@ -10,7 +10,7 @@
 #   apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (into .gl)
 #   .gpu/tok: SmolLM2's tokenizer.json, tokenizer_config.json, chat_template.jinja
 #   .gpu/npm: the web bundle's npm tarballs (from $DEPLOYCC_HOME/npm), for the tests that compile chrome-webgpu
-# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide]; logs and JSON land in $OUT.
+# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide|split]; logs and JSON land in $OUT.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
@@ -45,10 +45,14 @@ LOGS=/tmp/gpu-check-logs; mkdir -p $LOGS
 trap 'tar czf "$OUT/logs.tgz" -C /tmp gpu-check-logs 2>/dev/null' EXIT
 trap 'exit 124' TERM
 $PY -c "import sys; sys.path.insert(0, 'benchmarks'); import build_llama_cpp as b
-b.make_shaped('SmolLM2-135M-shaped'); b.make_shaped('Llama-3.2-1B-shaped')" >"$LOGS/checkpoints.log" 2>&1 &
+b.make_shaped('SmolLM2-135M-shaped'); '$STAGE' == 'split' or b.make_shaped('Llama-3.2-1B-shaped')" >"$LOGS/checkpoints.log" 2>&1 &
 CKPT=$!
 
-if [ "$STAGE" = wide ]; then
+if [ "$STAGE" = split ]; then  # the split decode attention: its tests on the GPU, and SmolLM2's decode at 2k
+  stamp "attention and model kernel tests on the GPU"
+  timeout ${TESTS_S:-150} $PY -m pytest -q -p no:cacheprovider -n 12 -rs tests/kernels/test_cpu_attention.py \
+      tests/kernels/test_model_kernels.py -k "cuda and not emu" 2>&1 | tee "$LOGS/split.log" | tail -4
+elif [ "$STAGE" = wide ]; then
   stamp "every cuda/h100/rtx4090/webgpu test"
   timeout ${TESTS_S:-200} $PY -m pytest -q -p no:cacheprovider -n 12 -rs --durations=5 tests \
       -k "cuda or h100 or rtx4090 or webgpu" --deselect tests/web 2>&1 | tee "$LOGS/wide.log" \
@@ -62,6 +66,16 @@ elif [ "$STAGE" != packages ]; then
 fi
 wait $CKPT; tail -3 "$LOGS/checkpoints.log"
 [ "$STAGE" = tests ] && exit 0
+if [ "$STAGE" = split ]; then
+  m=SmolLM2-135M-shaped
+  $PY -m deploycc compile "$DEPLOYCC_HOME/models/$m" --device h100 -o /tmp/pkg/$m >"$LOGS/compile.log" 2>&1 || tail -2 "$LOGS/compile.log"
+  timeout 60 $PY -m deploycc verify /tmp/pkg/$m --steps 4 2>&1 | tail -1
+  for run in "--prompt-len 2048 --gen-len 64" "--prompt-len 512 --gen-len 64" "--prompt-len 128 --gen-len 64"; do
+    stamp "bench $m $run"
+    timeout 60 $PY -m deploycc bench /tmp/pkg/$m --repeat 2 $run 2>&1 | grep -i "tok/s\|error" | head -4
+  done
+  stamp "done"; exit 0
+fi
 if [ "$STAGE" = wide ]; then
   M=$DEPLOYCC_HOME/models
   for m in SmolLM2-135M-shaped Llama-3.2-1B-shaped; do
