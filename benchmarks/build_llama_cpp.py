@@ -165,13 +165,21 @@ def make_shaped(model: str) -> Path:
     tok = checkpoint_dir()
     if not (tok / "tokenizer.json").exists():
         raise RuntimeError(f"{tok} has no tokenizer.json (make it with scripts/fetch_smollm2.py)")
+    t0 = time.time()
+    log(f"{model}: random weights by transformers (seed 0) -> {out}")
+    params = random_checkpoint(SHAPES[model], out, tok)
+    log(f"{model}: {params / 1e6:.0f}M parameters, {time.time() - t0:.0f}s")
+    return out
+
+
+def random_checkpoint(spec: dict, out: Path, tok: Path) -> int:
+    """A checkpoint of the config `spec` (with its "architectures"), random by transformers (seed 0, bfloat16
+    safetensors), with the tokenizer files in `tok`, written to `out` whole or not at all; its parameter count."""
     import torch
     import transformers
 
-    t0 = time.time()
-    log(f"{model}: random weights by transformers (seed 0) -> {out}")
-    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in SHAPES[model].items() if k != "architectures"})
-    cfg.architectures = SHAPES[model]["architectures"]
+    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in spec.items() if k != "architectures"})
+    cfg.architectures = spec["architectures"]
     cfg.bos_token_id, cfg.eos_token_id = 1, 2
     torch.manual_seed(0)
     net = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -183,8 +191,7 @@ def make_shaped(model: str) -> Path:
             shutil.copy(tok / f, tmp / f)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    log(f"{model}: {sum(p.numel() for p in net.parameters()) / 1e6:.0f}M parameters, {time.time() - t0:.0f}s")
-    return out
+    return sum(p.numel() for p in net.parameters())
 
 
 # ------------------------------------------------------------------------------------------- helpers

@@ -38,25 +38,9 @@ def root() -> Path:
 def checkpoint(shape: str, layers: int) -> Path:
     """SHAPES[shape] with `layers` layers, random (seed 0), with SmolLM2's tokenizer files."""
     out = root() / "models" / f"{shape}-{layers}L"
-    if (out / "config.json").exists():
-        return out
-    import torch
-    import transformers
-
-    spec = {k: v for k, v in SHAPES[shape].items() if k != "architectures"}
-    spec["num_hidden_layers"] = layers
-    cfg = transformers.AutoConfig.for_model(**spec)
-    cfg.architectures = SHAPES[shape]["architectures"]
-    cfg.bos_token_id, cfg.eos_token_id = 1, 2
-    torch.manual_seed(0)
-    net = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    tmp = out.with_name(out.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    net.save_pretrained(tmp, safe_serialization=True)
-    tok = b.checkpoint_dir()
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tok / f, tmp / f)
-    tmp.rename(out)
+    if not (out / "config.json").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        b.random_checkpoint({**SHAPES[shape], "num_hidden_layers": layers}, out, b.checkpoint_dir())
     return out
 
 

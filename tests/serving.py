@@ -90,3 +90,13 @@ def wait_for(check, timeout: float, what: str, every: float = 0.05):
             return value
         time.sleep(every)
     raise AssertionError(f"{what}: not within {timeout:g} s")
+
+
+# Two functions for the tool-call tests (tests/runtime/test_tools.py, test_qwen3_server.py): bounded arguments, so
+# that a random model's grammar-forced calls end within a few dozen tokens
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"], "additionalProperties": False}}}]

@@ -335,32 +335,22 @@ def _split(prog: TensorProgram, target) -> Schedule:
     passes = sym.as_expr(C // T) if splits else sym.floordiv(count + (T - 1), T)
     keys = For(jj, passes, IfThenElse(tir.index(j).cmp("lt", tir.index(count)), visit))
 
+    def threads_merged(c) -> Stmt:
+        return merge(T, lambda v: sm_m[v], lambda v: sm_l[v], lambda v: sm_acc[v * P + c], (mx, tot, out))
+
     def combine(c) -> Stmt:
         """Output element c of the head from the T partials."""
-        w = lambda v: tir.unary("exp", sm_m[v] - mx[0])
-        return Seq((
-            Store(mx, z, tir.const(NEG)),
-            over("v", T, lambda v: Store(mx, z, tir.vmax(mx[0], sm_m[v]))),
-            Store(tot, z, tir.const(0.0)), Store(out, z, tir.const(0.0)),
-            over("v", T, lambda v: Seq((Store(tot, z, tot[0] + sm_l[v] * w(v)),
-                                        Store(out, z, out[0] + sm_acc[v * P + c] * w(v))))),
-            Store(O, (i, hh, c), out[0] / tot[0]),
-        ))
+        return Seq((threads_merged(c), Store(O, (i, hh, c), out[0] / tot[0])))
 
     W = D + 2  # a block's partial in the workspace: maximum, sum, then the accumulator
     part = Buffer("part", (h * S * W,), "float32", "global")
 
     def partial(c) -> Stmt:
         """The block's partial (split form): maximum and sum (thread 0), accumulator element c, all over the block's
-        T threads, each weighed by exp(m_u - maximum)."""
-        w = lambda v: tir.unary("exp", sm_m[v] - mx[0])
+        T threads."""
         base = G * W
         return Seq((
-            Store(mx, z, tir.const(NEG)),
-            over("v", T, lambda v: Store(mx, z, tir.vmax(mx[0], sm_m[v]))),
-            Store(tot, z, tir.const(0.0)), Store(out, z, tir.const(0.0)),
-            over("v", T, lambda v: Seq((Store(tot, z, tot[0] + sm_l[v] * w(v)),
-                                        Store(out, z, out[0] + sm_acc[v * P + c] * w(v))))),
+            threads_merged(c),
             IfThenElse(tir.index(c).cmp("eq", tir.index(0)), Seq((Store(part, (base,), mx[0]),
                                                                    Store(part, (base + 1,), tot[0])))),
             Store(part, (base + 2 + c,), out[0]),
@@ -393,6 +383,24 @@ def _split(prog: TensorProgram, target) -> Schedule:
     return Schedule((k, _combine_splits(prog, target, part, S, W)), (part,), "attention-split")
 
 
+def merge(n, m_of, l_of, acc_of, into) -> Stmt:
+    """Flash-decoding's combine of n partials (maximum m, sum l, accumulator element acc each): into = (mx, tot, out)
+    gets the largest maximum, and the sums and accumulator elements each weighed by exp(its m - mx)."""
+    mx, tot, out = into
+    z = (sym.as_expr(0),)
+    w = lambda v: tir.unary("exp", m_of(v) - mx[0])  # noqa: E731
+
+    def over(f) -> Stmt:
+        v = sym.SymVar("v")
+        return For(v, sym.as_expr(n), f(sym.as_expr(v)))
+    return Seq((
+        Store(mx, z, tir.const(NEG)),
+        over(lambda v: Store(mx, z, tir.vmax(mx[0], m_of(v)))),
+        Store(tot, z, tir.const(0.0)), Store(out, z, tir.const(0.0)),
+        over(lambda v: Seq((Store(tot, z, tot[0] + l_of(v) * w(v)), Store(out, z, out[0] + acc_of(v) * w(v))))),
+    ))
+
+
 SPLIT_KEYS_PER_THREAD = 2  # a block of the split form takes 2 T keys: a 2048-key decode on h100 is 8 blocks a head
 
 
@@ -400,25 +408,14 @@ def _combine_splits(prog: TensorProgram, target, part: Buffer, S: sym.Expr, W: i
     """The second kernel of the split form: output element (head, c) from the head's S partials, one thread each."""
     O = prog.params[-1]
     h, D = O.shape[1], O.shape[2].value
-    z = (sym.as_expr(0),)
     mx, tot, out = (Buffer(x, (1,), "float32", "local") for x in ("mx", "tot", "o"))
 
     def body_of(r):
         hh, c = sym.floordiv(r, D), sym.mod(r, D)
         base = lambda s: (hh * S + s) * W  # noqa: E731
-        w = lambda s: tir.unary("exp", part[base(s)] - mx[0])  # noqa: E731
-
-        def over_s(f) -> Stmt:
-            v = sym.SymVar("s")
-            return For(v, S, f(sym.as_expr(v)))
-        return Alloc(mx, Alloc(tot, Alloc(out, Seq((
-            Store(mx, z, tir.const(NEG)),
-            over_s(lambda s: Store(mx, z, tir.vmax(mx[0], part[base(s)]))),
-            Store(tot, z, tir.const(0.0)), Store(out, z, tir.const(0.0)),
-            over_s(lambda s: Seq((Store(tot, z, tot[0] + part[base(s) + 1] * w(s)),
-                                  Store(out, z, out[0] + part[base(s) + 2 + c] * w(s))))),
-            Store(O, (sym.as_expr(0), hh, c), out[0] / tot[0]),
-        )))))
+        merged = merge(S, lambda s: part[base(s)], lambda s: part[base(s) + 1], lambda s: part[base(s) + 2 + c],
+                       (mx, tot, out))
+        return Alloc(mx, Alloc(tot, Alloc(out, Seq((merged, Store(O, (sym.as_expr(0), hh, c), out[0] / tot[0]))))))
 
     body, groups = thread_grid(h * D, target.threads_per_block, body_of)
     bufs, written = global_buffers(body, [part, O])

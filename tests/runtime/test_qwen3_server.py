@@ -20,7 +20,7 @@ import sys
 import pytest
 from conftest import require_cc, require_module
 from npm_tokenizers import with_real_tokenizer
-from serving import free_port, start
+from serving import TOOLS, free_port, start
 from test_package_cli import CHATML
 
 from deploycc.runtime.generate import encode_prompt
@@ -113,12 +113,6 @@ def test_server_splits_reasoning_whole_and_streamed(client, qwen3):
 
 # ---- tool calls on Qwen3's real template (runtime/tools.py: the Hermes format, <tool_call> JSON </tool_call>) ----
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
-    "required": ["city"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"], "additionalProperties": False}}}]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 3?"}]
 # auto, with a grammar that makes the random model write one call (it never would by itself)

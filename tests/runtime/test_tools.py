@@ -14,6 +14,7 @@ import json
 import pytest
 from conftest import require_module
 from npm_tokenizers import tokenizer_files
+from serving import TOOLS
 
 from deploycc.runtime.openai_request import RequestError, parse
 from deploycc.runtime.tokenizer import Tokenizer
@@ -75,14 +76,6 @@ def test_the_streamed_reading_is_the_whole_reading(fmt, text, content, names):
 @pytest.fixture(scope="module")
 def qwen3_tokenizer(tmp_path_factory):
     return Tokenizer.from_dir(tokenizer_files("qwen3", tmp_path_factory.mktemp("qwen3-tok")))
-
-
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
-    "required": ["city"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"], "additionalProperties": False}}}]
 
 
 def fits(tokenizer, grammar, text: str) -> bool:
