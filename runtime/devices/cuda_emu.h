@@ -9,6 +9,8 @@
 //
 // What this proves: indexing, launch geometry, barriers, shared memory and the numerics up to the CPU's libm. What it
 // does not: speed, occupancy, or the GPU's weak memory model (a thread here sees every store made before it ran).
+// Warp primitives (__shfl_*_sync, __syncwarp) are collective over the 32 lanes of a warp, as the fibers run them;
+// __dp4a is arithmetic.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -40,6 +42,54 @@ void dcc_barrier(int line);
 #define blockDim dcc_blockDim
 #define gridDim dcc_gridDim
 #define __syncthreads() dcc_barrier(__LINE__)
+
+// -- warp-level primitives: every lane of a warp waits at the call until all 32 have made it (at the same line, with
+// the full mask), then each reads the value of the lane it names (a warp of fewer lanes, a partial mask or a lane
+// that returned first is an error). Values travel as 64 bits.
+extern "C" unsigned long long dcc_warp_exchange(unsigned mask, unsigned long long bits, int src_lane, int line);
+static inline int dcc_lane() {
+  return (int)((dcc_threadIdx.z * dcc_blockDim.y + dcc_threadIdx.y) * dcc_blockDim.x + dcc_threadIdx.x) & 31;
+}
+template <class T> static inline T dcc_shfl(unsigned mask, T v, int src, int line) {
+  static_assert(sizeof(T) <= 8, "a shuffled value is at most 64 bits");
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  bits = dcc_warp_exchange(mask, bits, src, line);
+  T out;
+  memcpy(&out, &bits, sizeof(T));
+  return out;
+}
+// CUDA's source lane rules: within segments of `width` lanes; a source past the segment (down, up) keeps its own
+template <class T> static inline T dcc_shfl_xor(unsigned mask, T v, int line, int lane_mask, int width = 32) {
+  int lane = dcc_lane(), seg = lane & ~(width - 1), src = lane ^ lane_mask;
+  return dcc_shfl(mask, v, (src & ~(width - 1)) == seg ? src : lane, line);
+}
+template <class T> static inline T dcc_shfl_down(unsigned mask, T v, int line, unsigned delta, int width = 32) {
+  int lane = dcc_lane(), src = (lane & (width - 1)) + (int)delta;
+  return dcc_shfl(mask, v, src < width ? lane + (int)delta : lane, line);
+}
+template <class T> static inline T dcc_shfl_up(unsigned mask, T v, int line, unsigned delta, int width = 32) {
+  int lane = dcc_lane(), src = (lane & (width - 1)) - (int)delta;
+  return dcc_shfl(mask, v, src >= 0 ? lane - (int)delta : lane, line);
+}
+template <class T> static inline T dcc_shfl_idx(unsigned mask, T v, int line, int src, int width = 32) {
+  int lane = dcc_lane();
+  return dcc_shfl(mask, v, (lane & ~(width - 1)) + (src & (width - 1)), line);
+}
+#define __shfl_xor_sync(mask, var, ...) dcc_shfl_xor((mask), (var), __LINE__, __VA_ARGS__)
+#define __shfl_down_sync(mask, var, ...) dcc_shfl_down((mask), (var), __LINE__, __VA_ARGS__)
+#define __shfl_up_sync(mask, var, ...) dcc_shfl_up((mask), (var), __LINE__, __VA_ARGS__)
+#define __shfl_sync(mask, var, ...) dcc_shfl_idx((mask), (var), __LINE__, __VA_ARGS__)
+#define __syncwarp(...) ((void)dcc_warp_exchange(0xffffffffu, 0, dcc_lane(), __LINE__))
+// four signed (unsigned) bytes of a times those of b, summed, plus c (sm_61+)
+static inline int __dp4a(int a, int b, int c) {
+  for (int k = 0; k < 4; k++) c += (int)(signed char)(a >> (8 * k)) * (int)(signed char)(b >> (8 * k));
+  return c;
+}
+static inline unsigned int __dp4a(unsigned int a, unsigned int b, unsigned int c) {
+  for (int k = 0; k < 4; k++) c += ((a >> (8 * k)) & 0xffu) * ((b >> (8 * k)) & 0xffu);
+  return c;
+}
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 // CUDA's integer and float min/max overloads

@@ -232,3 +232,96 @@ def test_a_broken_cuda_kernel_fails_verification(package, tmp_path, mutation):
     assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "rms_norm" in errors[0], r.stderr[-2000:]
+
+
+# ---- warp primitives: CUDA's documented semantics, each against a numpy model --------------------------------
+
+SHUFFLES = HEADER + r'''
+extern "C" __global__ void shuffles(const float* __restrict__ x, float* __restrict__ y, int width) {
+  int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  float v = x[t];
+  y[6 * t] = __shfl_xor_sync(0xffffffffu, v, 5, width);
+  y[6 * t + 1] = __shfl_down_sync(0xffffffffu, v, 3, width);
+  y[6 * t + 2] = __shfl_up_sync(0xffffffffu, v, 2, width);
+  y[6 * t + 3] = __shfl_sync(0xffffffffu, v, 7, width);
+  float s = v;  // a butterfly sum: every lane ends with its segment's total
+  for (int off = width / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off, width);
+  y[6 * t + 4] = s;
+  __syncwarp();
+  y[6 * t + 5] = (float)__shfl_sync(0xffffffffu, t * 1000, 31);  // an int, from lane 31 of the warp
+}
+'''
+
+
+def shuffle_model(x: np.ndarray, width: int) -> np.ndarray:
+    """CUDA C Programming Guide, warp shuffle functions: lanes in segments of `width`; xor reads lane ^ mask, down
+    lane + delta and up lane - delta unless that leaves the segment (then the lane's own value), idx lane src of
+    the segment."""
+    out = np.zeros((x.size, 6), np.float32)
+    for t in range(x.size):
+        warp0, lane = t - t % 32, t % 32
+        seg = lane - lane % width
+        at = lambda src: x[warp0 + src]  # noqa: E731
+        out[t, 0] = at(lane ^ 5) if (lane ^ 5) - (lane ^ 5) % width == seg else x[t]
+        out[t, 1] = at(lane + 3) if lane % width + 3 < width else x[t]
+        out[t, 2] = at(lane - 2) if lane % width - 2 >= 0 else x[t]
+        out[t, 3] = at(seg + 7 % width)
+        out[t, 4] = x[warp0 + seg:warp0 + seg + width].sum(dtype=np.float32)
+        out[t, 5] = (warp0 + 31) * 1000
+    return out
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
+@pytest.mark.parametrize("width", [32, 16, 8])
+def test_warp_shuffles_follow_cudas_semantics(order, width):
+    x = np.random.default_rng(width).integers(-50, 50, 4 * 64).astype(np.float32)  # sums exact in any order
+    d = emulator(order)
+    k = d.build(SHUFFLES, ["shuffles"])["shuffles"]
+    y = d.alloc(x.size * 6 * 4)
+    d.launch(k, [d.upload(x), y, width], (4, 1, 1), (64, 1, 1))
+    np.testing.assert_array_equal(d.download(y, (x.size, 6), np.float32), shuffle_model(x, width))
+
+
+def test_warp_primitives_not_every_lane_reaches_are_reported():
+    half = HEADER + r'''
+extern "C" __global__ void half(float* __restrict__ y) {
+  int t = (int)threadIdx.x;
+  float v = (float)t;
+  if (t % 32 < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);
+  y[t] = v;
+}
+'''
+    d = emulator()
+    k = d.build(half, ["half"])["half"]
+    with pytest.raises(DeviceError, match=r"warp 0: lane 0 waits at the warp primitive of line \d+ while lane 16 "
+                                          r"returned: every lane of the warp must reach it"):
+        d.launch(k, [d.alloc(64 * 4)], (1, 1, 1), (64, 1, 1))
+    partial = half.replace("if (t % 32 < 16) v = __shfl_xor_sync(0xffffffffu", "v = __shfl_xor_sync(0x0000ffffu")
+    k = d.build(partial, ["half"])["half"]
+    with pytest.raises(DeviceError, match="with a mask other than 0xffffffff: only full warps are emulated"):
+        d.launch(k, [d.alloc(64 * 4)], (1, 1, 1), (64, 1, 1))
+
+
+DP4A = HEADER + r'''
+extern "C" __global__ void dots(const int* __restrict__ a, const int* __restrict__ b, int* __restrict__ s,
+                                unsigned int* __restrict__ u, int n) {
+  int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (t < n) {
+    s[t] = __dp4a(a[t], b[t], 7);
+    u[t] = __dp4a((unsigned int)a[t], (unsigned int)b[t], 7u);
+  }
+}
+'''
+
+
+def test_dp4a_is_four_byte_products_summed():
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(-(2 ** 31), 2 ** 31, 1000, dtype=np.int64).astype(np.int32) for _ in range(2))
+    d = emulator()
+    k = d.build(DP4A, ["dots"])["dots"]
+    s, u = d.alloc(4000), d.alloc(4000)
+    d.launch(k, [d.upload(a), d.upload(b), s, u, 1000], (4, 1, 1), (256, 1, 1))
+    sa, sb = a.view(np.int8).reshape(-1, 4).astype(np.int64), b.view(np.int8).reshape(-1, 4).astype(np.int64)
+    ua, ub = a.view(np.uint8).reshape(-1, 4).astype(np.int64), b.view(np.uint8).reshape(-1, 4).astype(np.int64)
+    np.testing.assert_array_equal(d.download(s, 1000, np.int32), ((sa * sb).sum(1) + 7).astype(np.int32))
+    np.testing.assert_array_equal(d.download(u, 1000, np.uint32), ((ua * ub).sum(1) + 7).astype(np.uint32))
