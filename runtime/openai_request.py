@@ -268,9 +268,8 @@ def parse(body, kind: str, model_name: str, model_sampling: SamplingDefaults | N
                 options["grammar"] = tools.grammar(tokenizer)
             except ToolError as e:
                 raise RequestError(400, f"tools: {e}", "tools") from None
-        keep = [i for i in (tokenizer.token_to_id(t) for t in MARKERS) if i is not None]
-        if keep and tools.fmt == "mistral":
-            options["keep_special"] = tuple(keep)
+        if tools.fmt == "mistral":  # its markers are control tokens, which replies leave out of their text
+            options["keep_special"] = tuple(i for i in map(tokenizer.token_to_id, MARKERS) if i is not None)
     top = logprobs_option(body, kind)
     if top is not None:
         options["logprobs"] = top
