@@ -5,8 +5,9 @@ running the package's bytecode on shapes alone (runtime/dryrun.py): its kernel, 
 launch:
 
   bytes     the bytes of its buffers: weights and activations whole (an embedding lookup: its rows), the KV
-            cache's rows the step reads (every cached row) or writes (this step's rows); each launch reads its inputs
-            from memory (no L2 reuse counted)
+            cache's rows the step reads (every cached row) or writes (this step's rows), and in a batched step the
+            page pool's rows the sequences' page tables name; each launch reads its inputs from memory (no L2 reuse
+            counted)
   FLOPs     the floating-point operations of its loop-level program (kernels/programs.json), each +, -, *, /, min,
             max and function counted once over every iteration, for the launch's sizes; a program's FLOPs go to its
             last kernel (the others prepare its inputs)
@@ -22,7 +23,8 @@ launch:
             (HOST_US each, measured there with the Python VM and CuPy) runs beside the device's; a step takes the
             longer of the two.
 
-A decode step's predicted tokens per second is 1 / its time, and its fraction of the HBM roofline is the bytes it
+The batched step (the server's, `predict(..., sequences=(1, 16))`) is modelled alike, one token for each sequence
+after `context`. A decode step's predicted tokens per second is 1 / its time, and its fraction of the HBM roofline is the bytes it
 must move over the bandwidth, divided by that time. Prefill: tokens / the step's time.
 """
 from __future__ import annotations
@@ -168,6 +170,9 @@ class _Recorder(_DryRun):
                 continue
             b = self.reg(a, w, "tensor")
             size = nbytes(b.shape, b.dtype)
+            if b.home == "cache" and self.batch and b.shape:  # a page pool: the rows the step's page tables name
+                rows = self.s if decl["written"] else self.batch[0] * self.batch[1] * kv["pool"]["page_size"]
+                size = size * min(rows, b.shape[0]) // b.shape[0]
             if "take" in name and b.home == "weight" and b.shape:  # a lookup reads one row per token, not the table
                 size = size * min(self.s * (self.batch[0] if self.batch else 1), b.shape[0]) // b.shape[0]
             total += size
@@ -203,9 +208,11 @@ def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
     return {p["schedule"]["kernels"][-1]["name"]: p["body"] for p in doc["programs"] if p["schedule"]["kernels"]}
 
 
-def predict(pkg: str | Path, context: int | None = None, prefill: int | None = None) -> dict:
+def predict(pkg: str | Path, context: int | None = None, prefill: int | None = None,
+            sequences: tuple[int, ...] = ()) -> dict:
     """The decode step after `context` tokens (default: the context window's half) and the prefill step of `prefill`
-    tokens (default: the prefill chunk, at most 512) of a CUDA package, on its preset's hardware."""
+    tokens (default: the prefill chunk, at most 512) of a CUDA package, on its preset's hardware; and for each count
+    in `sequences`, the batched step (the server's) of that many sequences, one token each, after `context`."""
     from . import presets
     from .runtime.package import read_manifest
 
@@ -224,10 +231,14 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     regs = _registers(pkg, m)
     bodies = _flops_by_kernel(pkg, m)
     steps = {}
-    for fname, s, cached in (("decode", 1, context - 1), ("prefill", prefill, 0)):
-        rec = _Recorder(fname, bc["functions"][fname], m, s, cached, {})
+    runs = [("decode", 1, context - 1, None), ("prefill", prefill, 0, None)]
+    if sequences and "step" in bc["functions"]:
+        width = -(-context // m["kv_cache"]["pool"]["page_size"])  # each sequence's pages
+        runs += [(f"step{b}", b, 0, (b, width)) for b in sequences]
+    for fname, s, cached, batch in runs:
+        rec = _Recorder(fname.rstrip("0123456789"), bc["functions"][fname.rstrip("0123456789")], m, s, cached, {}, batch)
         rec.run()
-        step = StepPrediction(fname, s, cached + s)
+        step = StepPrediction(fname, s, context if batch else cached + s)
         for launch, ints in zip(rec.launches, rec.ints):
             if launch.kernel in bodies:
                 launch.flops = program_flops(bodies[launch.kernel], ints)

@@ -57,6 +57,25 @@ def test_every_launch_of_both_steps_is_modelled(package):
     assert sorted(r["kernel"] for r in rows(decode)) == sorted({x.kernel for x in decode.launches})
 
 
+def test_the_batched_step_reads_the_pages_its_tables_name(package):
+    """The server's step over the page pool: one token for each of B sequences; the pool is read where the
+    sequences' page tables point (B x pages x page size rows), not whole."""
+    pred = predict(package, context=48, sequences=(1, 4))
+    m = json.loads((package / "manifest.json").read_text())
+    bc = json.loads((package / "bytecode.json").read_text())
+    launches = sum(1 for ins in bc["functions"]["step"]["instructions"] if ins.get("fn") == "vm.launch")
+    kv, pool = m["kv_cache"], m["kv_cache"]["pool"]
+    row = kv["kv_heads"] * kv["head_dim"] * 4
+    for b in (1, 4):
+        step = pred["steps"][f"step{b}"]
+        assert len(step.launches) == launches and step.tokens == b
+        attention = [x for x in step.launches if x.kernel.startswith("attention")]
+        rows = min(b * -(-48 // pool["page_size"]) * pool["page_size"], pool["pages"] * pool["page_size"])
+        read = rows * row * 2  # keys and values: the named pages, at most the pool
+        assert attention and all(read <= x.bytes < read + 4096 for x in attention), (read, [x.bytes for x in attention])
+    assert pred["steps"]["step1"].bytes < pred["steps"]["step4"].bytes
+
+
 def test_inspect_prints_the_model(package):
     r = cli("inspect", package, "--kernels", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
