@@ -13,10 +13,11 @@ PYTEST_ARGS ?=
 # the cpu target's kernels (native C compiled into each package); Chromium for the web bundle's tests
 # (headless, WebGPU on its SwiftShader adapter; Playwright drives it, with no browser download) with two of
 # its recommends (--no-install-recommends skips them): fonts for the page and Mesa's GL drivers for ANGLE;
-# Oclgrind, the OpenCL simulator that checks the GPU presets' kernels for races and out-of-bounds accesses.
+# Oclgrind, the OpenCL simulator that checks the GPU presets' kernels for races and out-of-bounds accesses;
+# g++ for the CUDA emulation (runtime/devices/cuda_emu.py: a package's CUDA C compiled as C++ and run on the CPU).
 # Under CI=true (.ci/run sets it) a package that cannot be installed fails the run; elsewhere it is a warning.
 SYSTEM_DEPS := pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 gcc libc6-dev chromium fonts-liberation \
-	libgl1-mesa-dri oclgrind
+	libgl1-mesa-dri oclgrind g++
 # `make demo` needs only the C compiler of the cpu target, and of Python packages deploycc itself and its `demo`
 # extra (torch, transformers, gguf and accelerate for scripts/fetch_smollm2.py): no Chromium, PoCL, lavapipe or Oclgrind.
 DEMO_SYSTEM_DEPS := gcc libc6-dev
@@ -40,7 +41,7 @@ $(DEMO_STAMP): pyproject.toml | demo-system-deps
 	touch $(DEMO_STAMP)
 
 system-deps: DEPS := $(SYSTEM_DEPS)
-system-deps: LACKING := OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter, the browser tests have no Chromium and the Oclgrind tests skip
+system-deps: LACKING := OpenCL falls back to pip's PoCL, WebGPU to the OpenGL adapter, the browser tests have no Chromium, the Oclgrind tests skip and the CUDA emulation needs a C++ compiler
 demo-system-deps: DEPS := $(DEMO_SYSTEM_DEPS)
 demo-system-deps: LACKING := the cpu target needs another C compiler (clang, or pip install ziglang)
 system-deps demo-system-deps:
