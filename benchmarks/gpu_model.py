@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import build_llama_cpp as b  # noqa: E402
 
-SHAPES = {**{k: v for k, v in b.SHAPES.items()},
+SHAPES = {**b.SHAPES,
           "Llama-3.1-8B-shaped": {
               "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
               "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,

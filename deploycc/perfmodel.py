@@ -36,6 +36,7 @@ from pathlib import Path
 
 from .errors import DeployError
 from .runtime.dryrun import _DryRun
+from .runtime.symexpr import compile_expr
 from .runtime.validate import nbytes
 
 LAUNCH_US = 3.0  # a kernel's least time on the GPU, back to back in a stream (launch and drain)
@@ -44,26 +45,12 @@ LATENCY_US = 0.5  # a load's round trip to device memory
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 FLOAT_OPS = {"add", "sub", "mul", "div", "max", "min", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
              "sin", "cos", "abs", "erf", "pow", "fma"}
-ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint32": 4, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2,
-            "int64": 8, "bool": 1}
 
 
 def _sym(e, env: dict) -> int:
-    if isinstance(e, int):
-        return e
-    if isinstance(e, str):
-        return env[e]
-    xs = [_sym(x, env) for x in e[1:]]
-    op = e[0]
-    if op == "+":
-        return sum(xs)
-    if op == "*":
-        return math.prod(xs)
-    if op == "//":
-        return xs[0] // xs[1]
-    if op == "%":
-        return xs[0] % xs[1]
-    return min(xs) if op == "min" else max(xs)
+    """A symbolic size (runtime/symexpr.py's form) for the sizes in `env`."""
+    names = list(env)
+    return compile_expr(e, names.index)([env[k] for k in names])
 
 
 def _value_ops(v) -> int:
@@ -166,7 +153,7 @@ class _Recorder(_DryRun):
         for a, decl in zip(args[3:sep], sig["buffers"]):
             if "kv" in a:  # the rows this step touches: written, this step's; read, every cached one
                 rows = self.s if decl["written"] else self.length
-                total += rows * kv["kv_heads"] * kv["head_dim"] * ITEMSIZE[kv["dtype"]]
+                total += nbytes((rows, kv["kv_heads"], kv["head_dim"]), kv["dtype"])
                 continue
             b = self.reg(a, w, "tensor")
             size = nbytes(b.shape, b.dtype)
@@ -200,7 +187,7 @@ def _registers(pkg: Path, manifest: dict) -> dict:
 
 
 def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
-    """{last kernel of a program: (the program's body, its buffers)} from kernels/programs.json."""
+    """{the last kernel of each program: the program's body} from kernels/programs.json."""
     rel = manifest["kernels"].get("programs")
     if rel is None:
         return {}
@@ -231,12 +218,12 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     regs = _registers(pkg, m)
     bodies = _flops_by_kernel(pkg, m)
     steps = {}
-    runs = [("decode", 1, context - 1, None), ("prefill", prefill, 0, None)]
+    runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
     if sequences and "step" in bc["functions"]:
         width = -(-context // m["kv_cache"]["pool"]["page_size"])  # each sequence's pages
-        runs += [(f"step{b}", b, 0, (b, width)) for b in sequences]
-    for fname, s, cached, batch in runs:
-        rec = _Recorder(fname.rstrip("0123456789"), bc["functions"][fname.rstrip("0123456789")], m, s, cached, {}, batch)
+        runs += [(f"step{b}", "step", b, 0, (b, width)) for b in sequences]
+    for key, fname, s, cached, batch in runs:
+        rec = _Recorder(fname, bc["functions"][fname], m, s, cached, {}, batch)
         rec.run()
         step = StepPrediction(fname, s, context if batch else cached + s)
         for launch, ints in zip(rec.launches, rec.ints):
@@ -245,7 +232,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
             _time(launch, hw)
             step.launches.append(launch)
-        steps[fname] = step
+        steps[key] = step
     return {"package": str(pkg), "preset": preset.name, "hardware": hw, "steps": steps,
             "model": {"launch_us": LAUNCH_US, "host_us": HOST_US, "latency_us": LATENCY_US, "in_flight": IN_FLIGHT}}
 

@@ -78,8 +78,9 @@ def message(i: int, m) -> dict:
                                 f"text parts}} (an assistant's content may be null beside its tool_calls)", "messages")
     out = {"role": role, "content": content}
     if calls is not None:
-        out["tool_calls"] = [assistant_call(i, k, c) for k, c in enumerate(calls)] if isinstance(calls, list) \
-            else assistant_call(i, 0, None)
+        if not isinstance(calls, list):
+            raise RequestError(400, f"messages[{i}].tool_calls must be a list of calls", "messages")
+        out["tool_calls"] = [assistant_call(i, k, c) for k, c in enumerate(calls)]
     if role == "tool":
         tid = m.get("tool_call_id")
         if not isinstance(tid, str) or not tid:
@@ -122,10 +123,9 @@ def tool_use(body: dict, tool_format: str | None) -> ToolUse | None:
                 raise RequestError(400, f"tools[{k}] must be {{'type': 'function', 'function': {{'name': 1 to 64 "
                                         f"letters, digits, _ or -, 'description': ..., 'parameters': a JSON schema}}}}",
                                    "tools")
-        names = [t["function"]["name"] for t in tools]
-        if len(set(names)) != len(names):
-            raise RequestError(400, "tools: two functions have the same name", "tools")
     names = [t["function"]["name"] for t in tools or []]
+    if len(set(names)) != len(names):
+        raise RequestError(400, "tools: two functions have the same name", "tools")
     if choice is None:
         choice = "auto" if names else "none"
     elif isinstance(choice, dict):

@@ -124,8 +124,7 @@ class Reply:
             if self.tools is not None:
                 body["message"]["content"], calls = read(self.tools.fmt, self.tools.names, body["message"]["content"])
                 if calls:
-                    body["message"]["tool_calls"] = [{k: v for k, v in c.body(0).items() if k != "index"}
-                                                     for c in calls]
+                    body["message"]["tool_calls"] = [c.body() for c in calls]
                     finish = "tool_calls"
             choices.append({"index": i, **body, "logprobs": lp, "finish_reason": finish})
         return {"id": self.rid, "object": "chat.completion" if self.kind == "chat" else "text_completion",

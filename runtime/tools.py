@@ -62,8 +62,9 @@ class Call:
     name: str
     arguments: str  # a JSON object, as OpenAI sends it
 
-    def body(self, index: int) -> dict:
-        return {"index": index, "id": self.id, "type": "function",
+    def body(self, index: int | None = None) -> dict:
+        """OpenAI's tool call object; with `index`, as a streamed delta carries it."""
+        return {**({} if index is None else {"index": index}), "id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
