@@ -200,6 +200,6 @@ def session_for(model, device, context_window, revision, quiet, prompt: str | No
     from .runtime.batch import session_of
 
     engine, info = open_package(model, device, context_window, revision, quiet, paged="auto", trust=trust)
-    if engine.f16:  # WebGPU: whether the kernels read f16 natively (shader-f16) or from packed words
-        info = {**info, "f16": engine.f16}
+    # WebGPU: whether the kernels read f16 natively (shader-f16) or from packed words, and use subgroups
+    info = {**info, **engine.variants}
     return session_of(engine), engine.tokenizer, info

@@ -47,7 +47,8 @@ class KernelRunner:
     def __init__(self, device, target):
         self.device = device
         self.target = target
-        self.built: dict[int, dict] = {}
+        self.built: dict[int, dict] = {}  # id(program) -> its kernels on the device
+        self.programs: list[TensorProgram] = []  # the programs built, kept alive so that no other takes their ids
         self.sources: dict[str, str] = {}
         self.launches = 0
 
@@ -56,6 +57,7 @@ class KernelRunner:
         if key not in self.built:
             self.built[key], sources = backend(self.target.kind).build(self.device, list(scheduled(prog).kernels),
                                                                        self.target)
+            self.programs.append(prog)
             self.sources[prog.name] = "\n".join(sources)
         return self.built[key]
 
@@ -69,6 +71,7 @@ class KernelRunner:
         handles, sources = backend(self.target.kind).build(self.device, kernels, self.target)
         for p in todo:
             self.built[id(p)] = {entry_name(k.name): handles[entry_name(k.name)] for k in scheduled(p).kernels}
+            self.programs.append(p)
             self.sources[p.name] = "\n".join(sources)
 
     def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:

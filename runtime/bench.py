@@ -43,7 +43,7 @@ def bench(engine, prompt_len: int = 128, gen_len: int = 128, repeat: int = 3, se
     return {
         "package": str(engine.path), "model": engine.manifest["model"].get("architecture"),
         "device": getattr(engine.device, "name", "") or engine.manifest["preset"]["backend"],
-        "preset": engine.manifest["preset"]["name"], **({"f16": engine.f16} if engine.f16 else {}),
+        "preset": engine.manifest["preset"]["name"], **engine.variants,
         "prompt_len": prompt_len, "gen_len": gen_len, "repeat": repeat,
         "prefill_tok_s": round(prompt_len / statistics.median(prefill_s), 3),
         "decode_tok_s": round(gen_len / statistics.median(decode_s), 3),

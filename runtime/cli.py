@@ -416,7 +416,7 @@ def _command(package_dir: str, args) -> int:
         options = _gen_options(args)
         engine = Engine.load(package_dir, trust=trust, paged="auto")
         run_prompt(session_of(engine), engine.tokenizer, args.prompt, chat=not args.no_chat, as_json=args.json,
-                   info={"package": str(package_dir), **({"f16": engine.f16} if engine.f16 else {})},
+                   info={"package": str(package_dir), **engine.variants},
                    **with_model_sampling(options, engine.tokenizer))
     elif args.command == "chat":
         options = _gen_options(args)

@@ -42,6 +42,7 @@ class Engine:
         loaded = load_kernels(device, path, manifest, bytecode)
         kernels, self.lib = loaded.kernels, loaded.library
         self.f16 = loaded.f16  # f16 variants (WebGPU): "native" (shader-f16), "packed" (from u32 words) or "none"
+        self.subgroups = loaded.subgroups  # WebGPU: whether kernels with subgroup operations run (file_..._subgroups)
         self.build_seconds = time.perf_counter() - t0
         storages = [device.alloc(max(int(s["bytes"]), 4)) for s in manifest["storages"]]
         kv = manifest["kv_cache"]
@@ -78,6 +79,11 @@ class Engine:
         self._tokenizer = None
         self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0,
                       "step_tokens": 0, "step_seconds": 0.0}
+
+    @property
+    def variants(self) -> dict:
+        """Which kernel variants run, for reports (WebGPU: f16 and subgroups); empty for the other kinds."""
+        return {"f16": self.f16, "subgroups": self.subgroups} if self.f16 else {}
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod

@@ -19,16 +19,27 @@ class Loaded:
     kernels: dict  # kernel name (manifest kernels.entries) -> the device's Kernel
     library: Any = None  # native: the package's shared object (ctypes), whose step functions the engine binds
     f16: str | None = None  # f16 variants: "native" (shader-f16), "packed" (f16 read from u32 words) or "none"
+    subgroups: bool | None = None  # f16 variants' kinds: whether any kernel runs its variant with subgroup operations
+
+
+def variant(entry: dict, packed: bool, subgroups: bool) -> str:
+    """Which kernel file of a manifest entry a device runs (its key): with f16 read from packed words (`file_no_f16`)
+    or not, with subgroup operations (`..._subgroups`, targets/wgsl.py) where the device has them and the kernel has
+    such a variant."""
+    key = "file_no_f16" if packed and "file_no_f16" in entry else "file"
+    return f"{key}_subgroups" if subgroups and f"{key}_subgroups" in entry else key
 
 
 def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) -> Loaded:
     """Kernel sources built by the device, one build per file; with f16 variants, the files that read f16 from
-    packed words where the device has no f16."""
+    packed words where the device has no f16, and those with subgroup operations where it has them."""
     entries = manifest["kernels"]["entries"]
     packed = kind.f16_variants and not device.has_f16
+    subgroups = kind.f16_variants and getattr(device, "has_subgroups", False)
     by_file: dict[str, list[str]] = {}
+    keys = {name: variant(e, packed, subgroups) if kind.f16_variants else "file" for name, e in entries.items()}
     for name, e in entries.items():
-        by_file.setdefault(e.get("file_no_f16", e["file"]) if packed else e["file"], []).append(name)
+        by_file.setdefault(e[keys[name]], []).append(name)
     out, used = {}, set()
     options = {"fast_math": bool(manifest["target"].get("fast_math"))}
     for f, names in by_file.items():
@@ -38,7 +49,7 @@ def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict)
                 raise PackageError(f"this package's kernels need shader-f16, which {device.name} lacks, and it "
                                       "has no kernels without it (compiled by an older deploycc); recompile it")
             used.add("native")
-        elif f != entries[names[0]]["file"]:
+        elif keys[names[0]].startswith("file_no_f16"):
             used.add("packed")
         built = device.build(source, [entries[n]["entry"] for n in names], options)
         for n in names:
@@ -46,7 +57,8 @@ def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict)
             if "split" in entries[n]:  # buffers bound as several ranges (binding_ranges)
                 out[n].meta["split"] = {int(i): tuple(v) for i, v in entries[n]["split"].items()}
     f16 = ("packed" if "packed" in used else "native" if used else "none") if kind.f16_variants else None
-    return Loaded(out, f16=f16)
+    with_subgroups = any(k.endswith("_subgroups") for k in keys.values()) if kind.f16_variants else None
+    return Loaded(out, f16=f16, subgroups=with_subgroups)
 
 
 def load_native(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) -> Loaded:

@@ -295,12 +295,17 @@ def _check_kernels(m: dict) -> None:
             fail(f"{where}.activation_bits", f"must be 8 or 16, got {show(e['activation_bits'])}")
         if "split" in e:
             _check_split(e["split"], f"{where}.split", n_buffers, kind)
-        if "file_no_f16" in e:  # the variant for adapters without shader-f16 (targets/wgsl.py: packed_f16)
+        # the variants for adapters without shader-f16 and with subgroups (targets/wgsl.py: packed_f16, subgroups)
+        for key in ("file_no_f16", "file_subgroups", "file_no_f16_subgroups"):
+            if key not in e:
+                continue
             if not KINDS[kind].f16_variants:
-                fail(f"{where}.file_no_f16", "is a WebGPU kernel variant, but the package is for " + kind)
-            f = need_str(e["file_no_f16"], f"{where}.file_no_f16", hi=1024)
+                fail(f"{where}.{key}", "is a WebGPU kernel variant, but the package is for " + kind)
+            if key == "file_no_f16_subgroups" and "file_no_f16" not in e:
+                fail(f"{where}.{key}", "is the subgroup variant of file_no_f16, which the entry lacks")
+            f = need_str(e[key], f"{where}.{key}", hi=1024)
             if f not in m["files"] or not f.startswith("kernels/") or not f.endswith(".wgsl"):
-                fail(f"{where}.file_no_f16", f"is {show(f)}, not a .wgsl file of the package's kernels/ listed in files")
+                fail(f"{where}.{key}", f"is {show(f)}, not a .wgsl file of the package's kernels/ listed in files")
     if "requires" in k:
         _check_requires(k["requires"], kind)
     if KINDS[kind].native:

@@ -111,33 +111,43 @@ class WebGPUBackend(Backend):
         from .wgsl import render
 
         packed = not getattr(device, "has_f16", True)  # f16 as packed words, as packages do there
+        subgroups = getattr(device, "has_subgroups", False)
         handles, sources = {}, []
         for k in kernels:
-            sources.append(render([k], target, packed_f16=packed))
+            sources.append(render([k], target, packed_f16=packed, subgroups=subgroups))
             handles.update(device.build(sources[-1], [entry_name(k.name)]))
         return handles, sources
 
     def write_kernels(self, kdir, kernels, target):
+        """Per kernel `file`; `file_no_f16` where it reads f16 (the variant for adapters without shader-f16); and
+        where it has warp-level reductions, `file_subgroups` (and `file_no_f16_subgroups`) for adapters with the
+        subgroup feature, `file` then having them as shared-memory trees (runtime/loaders.py variant)."""
+        from deploycc.ir.subgroup import has_subgroup_reduce
+
         from .wgsl import render
 
         entries = {}
         for k in kernels:
-            fname = f"{entry_name(k.name)}.wgsl"
+            name = entry_name(k.name)
             source = render([k], target)
-            (kdir / fname).write_text(source)
-            entries[k.name] = {"file": f"kernels/{fname}", "entry": entry_name(k.name), "threads": k.threads}
-            if "enable f16;" in source:  # and the variant for adapters without shader-f16
-                packed = f"{entry_name(k.name)}.nof16.wgsl"
+            (kdir / f"{name}.wgsl").write_text(source)
+            e = entries[k.name] = {"file": f"kernels/{name}.wgsl", "entry": name, "threads": k.threads}
+            variants = [("file", "", False, False)]
+            if "enable f16;" in source:
+                variants.append(("file_no_f16", ".nof16", True, False))
+            if has_subgroup_reduce(k):
+                variants += [(f"{key}_subgroups", f"{suffix}.sg", packed, True) for key, suffix, packed, _ in variants]
+            for key, suffix, packed, subgroups in variants[1:]:
                 try:
-                    (kdir / packed).write_text(render([k], target, packed_f16=True))
-                except ValueError as e:  # not a limit: a kernel the packed variant cannot express
+                    (kdir / f"{name}{suffix}.wgsl").write_text(render([k], target, packed_f16=packed, subgroups=subgroups))
+                except ValueError as err:  # not a limit: a kernel the packed variant cannot express
                     from deploycc.errors import DeployError
 
-                    raise DeployError(str(e)) from None
-                entries[k.name]["file_no_f16"] = f"kernels/{packed}"
+                    raise DeployError(str(err)) from None
+                e[key] = f"kernels/{name}{suffix}.wgsl"
             split = self.split(k, target)
             if split:  # bytes per range and number of ranges, by buffer argument index
-                entries[k.name]["split"] = {str(i): [c, n] for i, (c, n) in split.items()}
+                e["split"] = {str(i): [c, n] for i, (c, n) in split.items()}
         return entries
 
     def finish(self, tmp, lowered, kernel_files, preset, context) -> None:

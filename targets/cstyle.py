@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 
-from deploycc.ir import sym
+from deploycc.ir import subgroup, sym
 from deploycc.ir.kernel import Kernel
 from deploycc.ir.printer import Namer
-from deploycc.ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, V
+from deploycc.ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, V
 from deploycc.runtime.validate import entry_name as ident
 
 BINOPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -44,6 +44,9 @@ class CStyleRenderer:
     indent = "  "
     preamble = ""
     index_type: str | None = "long"  # 64-bit int for a wide kernel's index arithmetic (None: the language has none)
+    # SubgroupReduce written with the language's subgroup operations (subgroup_reduce); else lowered to a
+    # shared-memory tree before rendering (ir/subgroup.py)
+    subgroup_ops = False
 
     def __init__(self):
         self.names = Namer()
@@ -119,6 +122,8 @@ class CStyleRenderer:
         op = v.op
         if op == "const":
             return self.literal(v)
+        if op == "var":  # a name the renderer declared (subgroup_reduce's registers)
+            return v.arg
         if op == "index":
             return f"({self.int_expr(v.arg)})"
         if op == "load":
@@ -182,6 +187,8 @@ class CStyleRenderer:
             return ([ind + decl] if decl else []) + self.stmt(st.body, depth)
         if isinstance(st, Barrier):
             return [ind + self.barrier]
+        if isinstance(st, SubgroupReduce):
+            return self.subgroup_reduce(st, depth)
         if isinstance(st, IfThenElse):
             lines = [f"{ind}if ({self.value(st.cond)}) {{"] + self.stmt(st.then_body, depth + 1)
             if st.else_body is not None:
@@ -201,7 +208,16 @@ class CStyleRenderer:
         params = [self.buffer_param(b, b in k.written) for b in k.buffers] + [self.scalar_param(v) for v in k.scalars]
         return f"{self.kernel_prefix} {ident(k.name)}({', '.join(params)})"
 
+    def subgroup_reduce(self, st: SubgroupReduce, depth: int) -> list[str]:
+        raise NotImplementedError(f"{type(self).__name__}: subgroup operations")
+
+    def combine(self, op: str, dtype: str, a: str, b: str) -> str:
+        """a combined with b by a reduction's op (add, max, min)."""
+        return self.value(V(op, dtype, (V("var", dtype, (), a), V("var", dtype, (), b))))
+
     def kernel(self, k: Kernel) -> str:
+        if not self.subgroup_ops:
+            k = subgroup.lower(k)
         self.names = Namer()
         self.wide = self.index_type is not None and any(elements(b) >= WIDE for b in k.buffers)
         for b in k.buffers:  # parameters get their names first

@@ -1,6 +1,8 @@
 """CUDA C (compiled with NVRTC/nvcc): the C-style base with CUDA's spellings."""
 from __future__ import annotations
 
+from deploycc.ir.tir import Store, V
+
 from .cstyle import CStyleRenderer
 
 
@@ -38,6 +40,23 @@ class CUDARenderer(CStyleRenderer):
 
     def sigmoid(self, x: str) -> str:
         return f"(1.0f / (1.0f + expf(-({x}))))"
+
+    subgroup_ops = True  # warps of 32 lanes, __shfl_xor_sync
+
+    def subgroup_reduce(self, st, depth: int) -> list[str]:
+        """Each value in a register, combined with its xor partners at distances width/2 ... 1 (every lane gets the
+        group's result: a butterfly), then stored."""
+        ind = self.indent * depth
+        regs = [self.name(x, "sg") for x in st.stores]
+        dtypes = [x.value.dtype for x in st.stores]
+        lines = [f"{ind}{self.ctype(d)} {r} = {self.value(x.value)};" for r, d, x in zip(regs, dtypes, st.stores)]
+        lines.append(f"{ind}for (int sg_o = {st.width // 2}; sg_o > 0; sg_o >>= 1) {{")
+        lines += [f"{ind}{self.indent}{r} = "
+                  f"{self.combine(st.combine, d, r, f'__shfl_xor_sync(0xffffffffu, {r}, sg_o, {st.width})')};"
+                  for r, d in zip(regs, dtypes)]
+        lines.append(ind + "}")
+        return lines + [ind + self.store(Store(x.buffer, x.indices, V("var", d, (), r)))
+                        for r, d, x in zip(regs, dtypes, st.stores)]
 
     def kernel(self, k) -> str:
         text = super().kernel(k)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 
+from deploycc.ir import subgroup
 from deploycc.ir.printer import Namer
-from deploycc.ir.tir import Alloc, Buffer, V, walk
+from deploycc.ir.tir import Alloc, Buffer, Store, V, walk
 
 from .cstyle import CStyleRenderer, elements
 
@@ -58,9 +59,14 @@ class WGSLRenderer(CStyleRenderer):
     float_max = float_min = int_max = int_min = ""
     indent = "  "
 
-    def __init__(self, max_binding: int = 1 << 31, max_buffers: int = 1 << 30, packed_f16: bool = False):
+    def __init__(self, max_binding: int = 1 << 31, max_buffers: int = 1 << 30, packed_f16: bool = False,
+                 subgroups: bool = False):
         super().__init__()
         self.max_binding, self.max_buffers, self.packed_f16 = max_binding, max_buffers, packed_f16
+        self.subgroup_ops = subgroups
+        self.in_loops: set = set()  # the kernel's SubgroupReduce statements inside serial loops
+        self.scratch: list[str] = []  # module-scope arrays that subgroup_reduce declares
+        self.threads = 0
         self.split: dict = {}
         self.kernel_name = ""
 
@@ -113,6 +119,41 @@ class WGSLRenderer(CStyleRenderer):
             return f"tanh(clamp({self.value(v.src[0])}, -10.0, 10.0))"
         return super().value(v)
 
+    def subgroup_reduce(self, st, depth: int) -> list[str]:
+        """The subgroup's size S is the adapter's (4 to 128), known only when the kernel runs. Each value is combined
+        with its xor partners at distances width/2 ... 1 that are below S (a shuffle past S is made and its value
+        ignored, so every invocation takes every shuffle: no control flow depends on S); where S < width, each
+        subgroup's first invocation writes its result to a work-group array and, after a barrier (taken whatever S
+        is: barriers stay in uniform control flow), each invocation combines the width/S results of its group.
+        Subgroups are taken to be consecutive local invocations, S of them aligned on S (what every Vulkan, D3D12 and
+        Metal driver does for a one-dimensional work-group; TVM's and WebLLM's WebGPU kernels take the same)."""
+        ind, ind2 = self.indent * depth, self.indent * (depth + 1)
+        n, width, T = len(st.stores), st.width, self.threads
+        dtype = st.stores[0].value.dtype
+        regs = [self.name(x, "sg") for x in st.stores]
+        red = self.name(st, "sgred")
+        self.scratch.append(f"var<workgroup> {red}: array<{self.ctype(dtype)}, {n * T}>;")
+        lines = [f"{ind}var {r}: {self.ctype(dtype)} = {self.value(x.value)};" for r, x in zip(regs, st.stores)]
+        o = width // 2
+        while o >= 1:  # constant distances (Tint requires a uniform one), the partner's value ignored past S
+            lines += [f"{ind}{r} = select({r}, {self.combine(st.combine, dtype, r, f'subgroupShuffleXor({r}, {o}u)')}, "
+                      f"{o}u < sg_size);" for r in regs]
+            o //= 2
+        lines.append(f"{ind}if (i32(sg_size) < {width} && sg_id == 0u) {{")
+        lines += [f"{ind2}{red}[{j * T} + i32(lid.x) / i32(sg_size)] = {r};" for j, r in enumerate(regs)]
+        lines += [ind + "}", ind + self.barrier, f"{ind}if (i32(sg_size) < {width}) {{",
+                  f"{ind2}let sg_first = (i32(lid.x) / {width}) * ({width} / i32(sg_size));"]
+        for j, r in enumerate(regs):
+            lines.append(f"{ind2}{r} = {red}[{j * T} + sg_first];")
+            lines.append(f"{ind2}for (var sg_i: i32 = 1; sg_i < {width} / i32(sg_size); sg_i++) {{")
+            lines.append(f"{ind2}{self.indent}{r} = {self.combine(st.combine, dtype, r, f'{red}[{j * T} + sg_first + sg_i]')};")
+            lines.append(ind2 + "}")
+        lines.append(ind + "}")
+        lines += [ind + self.store(Store(x.buffer, x.indices, V("var", dtype, (), r))) for r, x in zip(regs, st.stores)]
+        if st in self.in_loops:  # the next trip's writes wait for this trip's reads
+            lines.append(ind + self.barrier)
+        return lines
+
     def local_decl(self, buf: Buffer) -> str:
         size = 1
         for d in buf.shape:
@@ -148,6 +189,9 @@ class WGSLRenderer(CStyleRenderer):
                                              V("cast", "int32", (i,)) for i in indices))
 
     def kernel(self, k) -> str:
+        if not self.subgroup_ops:
+            k = subgroup.lower(k)
+        self.in_loops, self.scratch, self.threads = subgroup.in_loops(k), [], k.threads
         self.names = Namer()
         entry = self.name(k, k.name)  # first, so the entry point keeps the kernel's name
         decls = []
@@ -189,11 +233,13 @@ class WGSLRenderer(CStyleRenderer):
             decls.append(f"struct Params {{\n{fields}}}")
             decls.append(f"@group(0) @binding({binding}) var<uniform> params: Params;")
         unpack = [f"  let {self.sv(v)} = params.{self.sv(v)};" for v in k.scalars]
+        body = self.stmt(k.body, 1)
+        sg = (", @builtin(subgroup_invocation_id) sg_id: u32, @builtin(subgroup_size) sg_size: u32"
+              if self.scratch else "")
         head = (f"@compute @workgroup_size({k.threads})\n"
                 f"fn {entry}(@builtin(workgroup_id) wid: vec3<u32>, "
-                f"@builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{")
-        body = self.stmt(k.body, 1)
-        return "\n".join(decls + [head] + unpack + body + ["}"]) + "\n"
+                f"@builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>{sg}) {{")
+        return "\n".join(decls + self.scratch + [head] + unpack + body + ["}"]) + "\n"
 
     @staticmethod
     def load_fn(name: str, ty: str, ranges: list[str], chunk: int) -> str:
@@ -210,11 +256,14 @@ class WGSLRenderer(CStyleRenderer):
 
     def module(self, kernels) -> str:
         needs_f16 = not self.packed_f16 and any(b.dtype == "float16" for k in kernels for b in k.buffers)
-        return ("enable f16;\n" if needs_f16 else "") + "\n".join(self.kernel(k) for k in kernels)
+        needs_subgroups = self.subgroup_ops and any(subgroup.has_subgroup_reduce(k) for k in kernels)
+        return ("enable f16;\n" if needs_f16 else "") + ("enable subgroups;\n" if needs_subgroups else "") + \
+            "\n".join(self.kernel(k) for k in kernels)
 
 
-def render(kernels, target=None, packed_f16: bool = False) -> str:
-    """packed_f16: the variant for adapters without shader-f16 (float16 buffers as packed u32 words)."""
+def render(kernels, target=None, packed_f16: bool = False, subgroups: bool = False) -> str:
+    """packed_f16: the variant for adapters without shader-f16 (float16 buffers as packed u32 words); subgroups: the
+    variant for adapters with the `subgroups` feature (SubgroupReduce as subgroup shuffles, else a shared tree)."""
     if target is None:
-        return WGSLRenderer(packed_f16=packed_f16).module(kernels)
-    return WGSLRenderer(target.max_storage_binding, target.max_storage_buffers, packed_f16).module(kernels)
+        return WGSLRenderer(packed_f16=packed_f16, subgroups=subgroups).module(kernels)
+    return WGSLRenderer(target.max_storage_binding, target.max_storage_buffers, packed_f16, subgroups).module(kernels)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import sym
-from .tir import Alloc, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram, V, loads, walk
+from .tir import Alloc, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, SubgroupReduce, TensorProgram, V, loads, walk
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +71,9 @@ def free_syms(stmt: Stmt) -> list[sym.SymVar]:
             visit(st.body)
         elif isinstance(st, Seq):
             for s in st.stmts:
+                visit(s)
+        elif isinstance(st, SubgroupReduce):
+            for s in st.stores:
                 visit(s)
         elif isinstance(st, Alloc):
             for d in st.buffer.shape:

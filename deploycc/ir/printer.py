@@ -29,7 +29,21 @@ from .expr import (
     Var,
 )
 from .kernel import Schedule
-from .tir import Alloc, Barrier, Block, For, IfThenElse, Intrin, LanesReduce, Seq, Store, TensorProgram, V, VectorStore
+from .tir import (
+    Alloc,
+    Barrier,
+    Block,
+    For,
+    IfThenElse,
+    Intrin,
+    LanesReduce,
+    Seq,
+    Store,
+    SubgroupReduce,
+    TensorProgram,
+    V,
+    VectorStore,
+)
 
 BIN_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
            "eq": "==", "ne": "!=", "and": "and", "or": "or", "shr": ">>", "shl": "<<", "bitand": "&", "bitor": "|"}
@@ -230,6 +244,9 @@ class _Printer:
             return [f"{indent}barrier(\"{st.scope}\")"]
         if isinstance(st, VectorStore):
             return [f"{indent}vstore({self.buf(st.buffer)}, {self.s(st.start)}, {self.value(st.value)})"]
+        if isinstance(st, SubgroupReduce):
+            return [f"{indent}subgroup_reduce({st.combine!r}, width={st.width}):"] + \
+                [f"{indent}    {self.store(x)}" for x in st.stores]
         if isinstance(st, LanesReduce):
             names = [self.buf(b) for b in st.accs]
             accs = ", ".join(names) if len(names) <= 4 else f"{names[0]} ... {names[-1]} ({len(names)} accumulators)"

@@ -274,6 +274,20 @@ class LanesReduce(Stmt):
 
 
 @dataclass(frozen=True, eq=False)
+class SubgroupReduce(Stmt):
+    """A reduction across threads, collective over the work-group (every thread reaches it, as a barrier): for each
+    store, every aligned group of `width` consecutive threads (a warp's lanes) combines ("add", "max" or "min") the
+    store's value over its threads, and each thread of the group stores the result where the store says. `width` is
+    a power of two of at most 32 that divides the kernel's threads. Renderers write it with the target's subgroup
+    operations (CUDA's warp shuffles, WGSL's subgroups); where there are none, ir/subgroup.py lowers it to a
+    shared-memory tree first. Like Intrin, only kernels contain it."""
+
+    stores: tuple[Store, ...]
+    combine: str
+    width: int
+
+
+@dataclass(frozen=True, eq=False)
 class TensorProgram:
     name: str
     params: tuple[Buffer, ...]
@@ -338,6 +352,8 @@ def walk(stmt: Stmt):
         if stmt.init is not None:
             yield stmt.init
         yield stmt.body
+    elif isinstance(stmt, SubgroupReduce):
+        yield from stmt.stores
     elif isinstance(stmt, IfThenElse):
         yield from walk(stmt.then_body)
         if stmt.else_body is not None:

@@ -7,7 +7,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from . import sym
-from .tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, IterVar, LanesReduce, Seq, Stmt, Store, V, VectorStore
+from .tir import (
+    Alloc,
+    Barrier,
+    Block,
+    Buffer,
+    For,
+    IfThenElse,
+    IterVar,
+    LanesReduce,
+    Seq,
+    Stmt,
+    Store,
+    SubgroupReduce,
+    V,
+    VectorStore,
+)
 
 
 def map_value(v: V, fn: Callable[[V], V | None]) -> V:
@@ -96,6 +111,8 @@ class Substitute:
             return st
         if isinstance(st, VectorStore):
             return VectorStore(self.buf(st.buffer), self.expr(st.start), self.value(st.value))
+        if isinstance(st, SubgroupReduce):
+            return SubgroupReduce(tuple(self.store(x) for x in st.stores), st.combine, st.width)
         if isinstance(st, LanesReduce):
             var, extent = self._rename(st.var), self.expr(st.extent)
             return LanesReduce(var, extent, tuple(self.buf(b) for b in st.accs), tuple(self.value(v) for v in st.values))

@@ -8,15 +8,16 @@ loads coalesce) and each word is unpacked once in registers (the V terms are wri
 simplified, so the compiler sees one load). Each activation a lane loads serves the W rows: on an H100 the
 activations' loads, not the weights', were what held a one-row group to 470-520 GB/s, and W = 4 took the
 Llama-3.2-1B head from 282 to 118 us (1.25 TB/s; benchmarks/gpu_gemv.py chose the knobs). The lanes' partial sums
-meet in a shared-memory tree of log2(L) barriers and lane 0 applies the epilogue and stores. dlight's decode-GEMV
-rule and llama.cpp's MMV kernels are the shape this follows. On CPU OpenCL (PoCL) this layout is slower than one
-row per work-item (FACTS.md), so targets opt in with `workgroup_gemv`.
+meet in a SubgroupReduce over the L lanes (CUDA: warp shuffles, no barrier; WGSL with subgroups: subgroup
+shuffles; elsewhere a shared-memory tree of log2(L) barriers, ir/subgroup.py) and lane 0 applies the epilogue and
+stores. dlight's decode-GEMV rule and llama.cpp's MMV kernels are the shape this follows. On CPU OpenCL (PoCL)
+this layout is slower than one row per work-item (FACTS.md), so targets opt in with `workgroup_gemv`.
 """
 from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
-from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Store, TensorProgram
+from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Store, SubgroupReduce, TensorProgram
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
 
@@ -63,7 +64,6 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     fixed = [{it.var: v for it, v in zip(spatial, unravel(row, [it.extent for it in spatial]))} for row in rows_of]
     unroll = min(UNROLL, -(-k_ext.value // (L * V))) if k_ext.is_const else UNROLL  # no step that never runs
     firsts = [((KK * unroll + u) * L + lane) * V for u in range(unroll)]
-    red = Buffer("red", (W, T), "float32", "shared")
     acc = Buffer("acc", (W,), "float32", "local")
 
     def below(k, n) -> tir.V:
@@ -80,22 +80,17 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     trips = sym.floordiv(k_ext + (L * V * unroll - 1), L * V * unroll)
     steps = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(W)]
     steps += [IfThenElse(in_row[0], For(kk, trips, step))]
-    steps += [Store(red, (sym.as_expr(w), Tt), acc[w]) for w in range(W)] + [Barrier()]
-    s = L // 2
-    while s >= 1:
-        steps += [IfThenElse(below(lane, s), Seq(tuple(
-            Store(red, (sym.as_expr(w), Tt), red[w, Tt] + red[w, Tt + s]) for w in range(W)))), Barrier()]
-        s //= 2
+    steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(w),), acc[w]) for w in range(W)), "add", L))
     for w in range(W):
         sub = Substitute(syms=fixed[w], fresh=False)
-        result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + red[w, Tt])
+        result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + acc[w])
         tail = Seq((result,) + tuple(lower_block(e, {a.var: fixed[w][b.var] for a, b in zip(e.iters, spatial)},
                                                  f"e{i}") for i, e in enumerate(epilogues)))
         if out in intermediates:
             local = Buffer(out.name, (1,), out.dtype, "local")
             tail = Alloc(local, localize(tail, out, local, len(out.shape)))
         steps.append(IfThenElse(tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), in_row[w])), tail))
-    body = Alloc(red, Alloc(acc, Seq(tuple(steps))))
+    body = Alloc(acc, Seq(tuple(steps)))
     groups = sym.floordiv(outputs + (R - 1), R)
     body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

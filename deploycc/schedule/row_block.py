@@ -1,10 +1,12 @@
-"""Rule (GPU targets): one block of threads per row for norms and softmax, a shared-memory tree per reduction.
+"""Rule (GPU targets): one block of threads per row for norms and softmax, a warp-level reduction per warp.
 
 The row rule gives a whole row to one thread: at decode there is one row, so an RMS norm over 2,048 elements
 ran on one thread of one block (87 us on an H100, a fifth of a 1B model's decode step). Here each row is a
 block of T threads: a reduction over the row's last axis is summed by the T threads (thread u takes elements
-u, u + T, ...), meets in a shared-memory tree, and every thread reads the result; an elementwise block writes
-elements u, u + T, ... Neighbouring threads touch neighbouring elements, so loads coalesce.
+u, u + T, ...), meets in a SubgroupReduce per warp of 32 (shuffles where the target has subgroups, ir/subgroup.py's
+shared-memory tree where not), then, past one warp, the warps' results meet in shared memory after one barrier,
+and every thread reads the result; an elementwise block writes elements u, u + T, ... Neighbouring threads touch
+neighbouring elements, so loads coalesce.
 
 It takes programs in the row rule's shape whose every block has exactly one axis past the rows, whose
 intermediates are one value per row (a reduction's result: sum of squares, maximum, sum of exponentials) and
@@ -15,13 +17,22 @@ from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
-from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, TensorProgram
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, unravel
 from .row import row_form
 
 MIN_ROW = 32  # shorter rows stay one per thread: less than a warp of work
+WARP = 32  # threads of one SubgroupReduce
+
+
+def _fold(combine: str, values: list) -> tir.V:
+    """The values combined pairwise (a balanced tree)."""
+    while len(values) > 1:
+        values = [tir.V(combine, values[0].dtype, (a, b)) for a, b in zip(values[::2], values[1::2])] + \
+            (values[-1:] if len(values) % 2 else [])
+    return values[0]
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
@@ -47,6 +58,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     T = 1  # a power of two: at most 256 threads, and no more than the longest row needs
     while T < max(e.value for e in inner) and T * 2 <= min(target.threads_per_block, 256):
         T *= 2
+    W = min(WARP, T)  # threads that reduce together without a barrier where the target has subgroups
     g, u = sym.SymVar("g"), sym.SymVar("u")
     G, U = sym.as_expr(g), sym.as_expr(u)
     rows = sym.as_expr(1)
@@ -69,17 +81,15 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         combine, rhs = reduction_parts(b)
         store = Substitute(syms=fixed, fresh=False).store(b.body)
         acc = Buffer(f"acc{n}", (1,), store.buffer.dtype, "local")
-        red = Buffer(f"red{n}", (T,), store.buffer.dtype, "shared")
-        shared.append(red)
         part = [Store(acc, z, Substitute(syms=fixed, fresh=False).value(b.init.value)),
                 For(kk, trips, IfThenElse(inside, Store(acc, z, tir.V(combine, acc.dtype, (acc[0], sub.value(rhs)))))),
-                Store(red, (U,), acc[0]), Barrier()]
-        s = T // 2
-        while s >= 1:
-            part += [IfThenElse(tir.index(U).cmp("lt", tir.index(s)),
-                                Store(red, (U,), tir.V(combine, red.dtype, (red[U], red[U + s])))), Barrier()]
-            s //= 2
-        result = Store(store.buffer, store.indices, red[0])
+                SubgroupReduce((Store(acc, z, acc[0]),), combine, W)]
+        if T > W:  # each warp's result to shared memory, one barrier, and every thread combines the T / W of them
+            red = Buffer(f"red{n}", (T // W,), store.buffer.dtype, "shared")
+            shared.append(red)
+            part += [IfThenElse(tir.index(sym.mod(U, W)).cmp("eq", tir.index(0)), Store(red, (sym.floordiv(U, W),), acc[0])),
+                     Barrier(), Store(acc, z, _fold(combine, [red[i] for i in range(T // W)]))]
+        result = Store(store.buffer, store.indices, acc[0])
         if store.buffer in intermediates:  # every thread keeps the row's value (a local, below)
             part.append(result)
         else:

@@ -372,9 +372,12 @@ export class Engine {
     const store = await Store.open(base, manifest, manifestHash, onProgress);
     const bytecode = await store.json("bytecode.json");
     const files = {};
-    const entries = {}; // each kernel's WGSL file: the f16-packed variant where it has one and the adapter needs it
+    // each kernel's WGSL file: the f16-packed variant where it has one and the adapter needs it, and of that the
+    // variant with subgroup operations where the adapter has them (runtime/loaders.py variant)
+    const entries = {};
     for (const [name, e] of Object.entries(manifest.kernels.entries)) {
-      const file = (gpu.f16 === "packed" && e.file_no_f16) || e.file;
+      const key = gpu.f16 === "packed" && e.file_no_f16 ? "file_no_f16" : "file";
+      const file = (gpu.subgroups && e[`${key}_subgroups`]) || e[key];
       entries[name] = { ...e, file };
       files[file] ??= store.text(file);
     }

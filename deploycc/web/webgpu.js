@@ -52,15 +52,19 @@ export class WebGPU {
     const entries = Object.values(manifest.kernels.entries);
     const usesF16 = entries.some((e) => e.file_no_f16);
     const f16 = usesF16 && adapter.features.has("shader-f16") && !forcePacked;
-    const device = await adapter.requestDevice({ requiredFeatures: f16 ? ["shader-f16"] : [], requiredLimits });
-    return new WebGPU(adapter, device, name, usesF16 ? (f16 ? "native" : "packed") : "none");
+    // kernels whose warp-level reductions use subgroup operations (file_subgroups), where the adapter has them
+    const subgroups = entries.some((e) => e.file_subgroups) && adapter.features.has("subgroups");
+    const requiredFeatures = [...(f16 ? ["shader-f16"] : []), ...(subgroups ? ["subgroups"] : [])];
+    const device = await adapter.requestDevice({ requiredFeatures, requiredLimits });
+    return new WebGPU(adapter, device, name, usesF16 ? (f16 ? "native" : "packed") : "none", subgroups);
   }
 
-  constructor(adapter, device, name, f16) {
+  constructor(adapter, device, name, f16, subgroups = false) {
     this.adapter = adapter;
     this.device = device;
     this.name = name;
     this.f16 = f16; // how f16 weights are read: "native" (shader-f16), "packed" (two per u32), "none"
+    this.subgroups = subgroups; // whether the kernels' reductions use subgroup operations
     this.isFallback = Boolean(adapter.info?.isFallbackAdapter);
     this.errors = [];
     device.addEventListener("uncapturederror", (e) => this.errors.push(e.error.message));

@@ -16,7 +16,9 @@ once made (one per distinct Params value), so batched launches with different sc
 shader-f16 is requested when the adapter has it (`has_f16`). `WebGPUDevice(f16=False)`, or the environment
 variable DEPLOYCC_WEBGPU_F16=0 where f16 is not given, leaves it off, as on adapters that lack it (SwiftShader,
 lavapipe through ANGLE): packages then run their kernels without f16 (`file_no_f16`, float16 read from packed
-u32 words), which is how those kernels are tested on an adapter that has it.
+u32 words), which is how those kernels are tested on an adapter that has it. The `subgroup` feature likewise
+(`has_subgroups`; `WebGPUDevice(subgroups=False)` or DEPLOYCC_WEBGPU_SUBGROUPS=0): without it packages run the
+kernels whose warp-level reductions are shared-memory trees (`file_..._no_subgroups`, targets/wgsl.py).
 
 A package states what it needs of the adapter in WebGPU's limit names (manifest kernels.requires, LIMITS);
 `check_limits` refuses one that needs more than this device allows, naming the limit and the preset key.
@@ -44,6 +46,10 @@ _ATTR = re.compile(r"@\s*(group|binding)\s*\(\s*(\d+)\s*\)")
 _ENTRY = re.compile(r"@\s*workgroup_size\s*\(([^)]*)\)\s*(?:@\s*\w+\s*)*fn\s+(\w+)")
 _CACHE_SIZE = 1024
 F16_ENV = "DEPLOYCC_WEBGPU_F16"
+SUBGROUPS_ENV = "DEPLOYCC_WEBGPU_SUBGROUPS"
+# WGSL's `enable subgroups;` (Chrome's Tint requires it); wgpu's naga rejects it and takes the subgroup built-ins
+# once the device has the feature, so it is removed before naga reads the source
+_ENABLE_SUBGROUPS = re.compile(r"\benable\s+subgroups\s*;")
 # WebGPU limit (GPUSupportedLimits, as in manifest kernels.requires) -> the target key that bounds it in a preset
 LIMITS = {"maxComputeInvocationsPerWorkgroup": "max_threads_per_block", "maxComputeWorkgroupSizeX": "max_threads_per_block",
           "maxComputeWorkgroupStorageSize": "max_shared_memory", "maxStorageBuffersPerShaderStage": "max_storage_buffers",
@@ -94,12 +100,12 @@ def snake(limit: str) -> str:
     return re.sub(r"([A-Z])", r"_\1", limit).lower()
 
 
-def _f16_wanted(f16: bool | None) -> bool:
-    if f16 is not None:
-        return f16
-    value = os.environ.get(F16_ENV, "1").strip()
+def _wanted(given: bool | None, env: str, feature: str) -> bool:
+    if given is not None:
+        return given
+    value = os.environ.get(env, "1").strip()
     if value not in ("0", "1"):
-        raise DeviceError(f"{F16_ENV} is {value!r}; set it to 0 (no shader-f16) or 1 (use it where the adapter has it)")
+        raise DeviceError(f"{env} is {value!r}; set it to 0 (no {feature}) or 1 (use it where the adapter has it)")
     return value == "1"
 
 
@@ -162,8 +168,10 @@ def _error_text(e: Exception) -> str:
 class WebGPUDevice(Device):
     kind = "webgpu"
 
-    def __init__(self, adapter: str | None = None, backend: str | None = None, f16: bool | None = None):
-        """f16: request shader-f16 where the adapter has it (None: unless DEPLOYCC_WEBGPU_F16=0)."""
+    def __init__(self, adapter: str | None = None, backend: str | None = None, f16: bool | None = None,
+                 subgroups: bool | None = None):
+        """f16: request shader-f16 where the adapter has it (None: unless DEPLOYCC_WEBGPU_F16=0); subgroups: the
+        subgroup feature likewise (None: unless DEPLOYCC_WEBGPU_SUBGROUPS=0)."""
         wgpu = self._wgpu = _wgpu()
         adapters = _adapters(wgpu)
         summary = [a.summary for a in adapters]
@@ -177,8 +185,9 @@ class WebGPUDevice(Device):
         self.adapter = adapters[0]
         info = _info(self.adapter)
         self.name = f"{info.get('device') or self.adapter.summary} ({info.get('backend_type')})"
-        f16 = _f16_wanted(f16)  # a bad DEPLOYCC_WEBGPU_F16 is an error on every adapter, with or without f16
-        features = [f for f in FEATURES if f in self.adapter.features and (f != "shader-f16" or f16)]
+        # a bad DEPLOYCC_WEBGPU_F16 (or _SUBGROUPS) is an error on every adapter, with or without the feature
+        wanted = {"shader-f16": _wanted(f16, F16_ENV, "shader-f16"), "subgroup": _wanted(subgroups, SUBGROUPS_ENV, "subgroups")}
+        features = [f for f in FEATURES if f in self.adapter.features and wanted[f]]
         self.device = self._request(features)
         self.has_f16 = "shader-f16" in self.device.features
         self.has_subgroups = "subgroup" in self.device.features
@@ -266,6 +275,10 @@ class WebGPUDevice(Device):
             raise DeviceError(f"unknown WebGPU build option(s): {', '.join(sorted(options))} (known: fast_math)")
         if re.search(r"\benable\s+f16\s*;", source) and not self.has_f16:
             raise DeviceError(f"WGSL uses `enable f16;` but adapter {self.name} lacks shader-f16")
+        if _ENABLE_SUBGROUPS.search(source):
+            if not self.has_subgroups:
+                raise DeviceError(f"WGSL uses `enable subgroups;` but adapter {self.name} lacks the subgroup feature")
+            source = _ENABLE_SUBGROUPS.sub("", source)
         key = hashlib.sha256(source.encode()).hexdigest()
         if key not in self._modules:
             self._modules[key] = self._compile(source)

@@ -212,17 +212,24 @@ def rms_norm_body(source: str) -> tuple[int, int]:
     return start, source.index("\n}\n", start)
 
 
-@pytest.mark.parametrize("mutation", ["no first barrier", "store shifted by a row"])
+@pytest.mark.parametrize("mutation", ["no barrier", "store shifted by a row", "a shuffle step short"])
 def test_a_broken_cuda_kernel_fails_verification(package, tmp_path, mutation):
+    """The RMSNorm of rows of 64 (two warps): its warp sums are shuffle butterflies, and one barrier passes the two
+    warps' sums through shared memory. Without the barrier, the forward order has thread 0 read the second warp's
+    sum before thread 32 wrote it (the poisoned NaN); with the butterfly's first step (distance 16) left out, each
+    lane holds the sum of 16 lanes, not the warp's."""
     pkg = tmp_path / "pkg"
     shutil.copytree(package("h100"), pkg)
     src = pkg / "kernels" / "kernels.cu"
     text = src.read_text()
     start, end = rms_norm_body(text)
     body = text[start:end]
-    if mutation == "no first barrier":
-        assert body.count("  __syncthreads();\n") > 1
+    if mutation == "no barrier":
+        assert body.count("  __syncthreads();\n") == 1
         body = body.replace("  __syncthreads();\n", "", 1)
+    elif mutation == "a shuffle step short":
+        assert body.count("int sg_o = 16;") == 1
+        body = body.replace("int sg_o = 16;", "int sg_o = 8;")
     else:
         assert body.count("      y[64 * seq_len") == 1
         body = body.replace("      y[64 * seq_len", "      y[64 + 64 * seq_len")

@@ -159,7 +159,6 @@ GEMV = """    # scheduled (gemv): 1 kernel(s)
     kernel linear(x, w, y), groups=2, threads=64:  # writes y
         for g in range(2, thread "group"):
             for t in range(64, thread "local"):
-                red = alloc((4, 64), "float32", "shared")
                 acc = alloc((4,), "float32", "local")
                 acc[0] = 0.0
                 acc[1] = 0.0
@@ -224,83 +223,39 @@ GEMV = """    # scheduled (gemv): 1 kernel(s)
                                 acc[2] = (acc[2] + (x[(t // 32 + 2 * g) // 4, 8 * (t % 32) + 256 * kk + 7] * w[4 * ((t // 32 + 2 * g) % 4) + 2, 8 * (t % 32) + 256 * kk + 7]))
                             if (4 * (t // 32) + 8 * g + 3 < 16):
                                 acc[3] = (acc[3] + (x[(t // 32 + 2 * g) // 4, 8 * (t % 32) + 256 * kk + 7] * w[4 * ((t // 32 + 2 * g) % 4) + 3, 8 * (t % 32) + 256 * kk + 7]))
-                red[0, t] = acc[0]
-                red[1, t] = acc[1]
-                red[2, t] = acc[2]
-                red[3, t] = acc[3]
-                barrier("shared")
-                if (t % 32 < 16):
-                    red[0, t] = (red[0, t] + red[0, t + 16])
-                    red[1, t] = (red[1, t] + red[1, t + 16])
-                    red[2, t] = (red[2, t] + red[2, t + 16])
-                    red[3, t] = (red[3, t] + red[3, t + 16])
-                barrier("shared")
-                if (t % 32 < 8):
-                    red[0, t] = (red[0, t] + red[0, t + 8])
-                    red[1, t] = (red[1, t] + red[1, t + 8])
-                    red[2, t] = (red[2, t] + red[2, t + 8])
-                    red[3, t] = (red[3, t] + red[3, t + 8])
-                barrier("shared")
-                if (t % 32 < 4):
-                    red[0, t] = (red[0, t] + red[0, t + 4])
-                    red[1, t] = (red[1, t] + red[1, t + 4])
-                    red[2, t] = (red[2, t] + red[2, t + 4])
-                    red[3, t] = (red[3, t] + red[3, t + 4])
-                barrier("shared")
-                if (t % 32 < 2):
-                    red[0, t] = (red[0, t] + red[0, t + 2])
-                    red[1, t] = (red[1, t] + red[1, t + 2])
-                    red[2, t] = (red[2, t] + red[2, t + 2])
-                    red[3, t] = (red[3, t] + red[3, t + 2])
-                barrier("shared")
-                if (t % 32 < 1):
-                    red[0, t] = (red[0, t] + red[0, t + 1])
-                    red[1, t] = (red[1, t] + red[1, t + 1])
-                    red[2, t] = (red[2, t] + red[2, t + 1])
-                    red[3, t] = (red[3, t] + red[3, t + 1])
-                barrier("shared")
+                subgroup_reduce('add', width=32):
+                    acc[0] = acc[0]
+                    acc[1] = acc[1]
+                    acc[2] = acc[2]
+                    acc[3] = acc[3]
                 if ((t % 32 == 0) and (4 * (t // 32) + 8 * g < 16)):
-                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4)] = (0.0 + red[0, t])
+                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4)] = (0.0 + acc[0])
                 if ((t % 32 == 0) and (4 * (t // 32) + 8 * g + 1 < 16)):
-                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 1] = (0.0 + red[1, t])
+                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 1] = (0.0 + acc[1])
                 if ((t % 32 == 0) and (4 * (t // 32) + 8 * g + 2 < 16)):
-                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 2] = (0.0 + red[2, t])
+                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 2] = (0.0 + acc[2])
                 if ((t % 32 == 0) and (4 * (t // 32) + 8 * g + 3 < 16)):
-                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 3] = (0.0 + red[3, t])
+                    y[(t // 32 + 2 * g) // 4, 4 * ((t // 32 + 2 * g) % 4) + 3] = (0.0 + acc[3])
 """
 
 ROW_BLOCK = """    # scheduled (row_block): 1 kernel(s)
     kernel rms_norm(x, w, y, n: int), groups=n, threads=64:  # writes y
         for g in range(n, thread "group"):
             for u in range(64, thread "local"):
-                red0 = alloc((64,), "float32", "shared")
+                red0 = alloc((2,), "float32", "shared")
                 sumsq_1 = alloc((1,), "float32", "local")
                 acc0 = alloc((1,), "float32", "local")
                 acc0[0] = 0.0
                 for k in range(1):
                     if (u + 64 * k < 64):
                         acc0[0] = (acc0[0] + (x[g, u + 64 * k] * x[g, u + 64 * k]))
-                red0[u] = acc0[0]
+                subgroup_reduce('add', width=32):
+                    acc0[0] = acc0[0]
+                if (u % 32 == 0):
+                    red0[u // 32] = acc0[0]
                 barrier("shared")
-                if (u < 32):
-                    red0[u] = (red0[u] + red0[u + 32])
-                barrier("shared")
-                if (u < 16):
-                    red0[u] = (red0[u] + red0[u + 16])
-                barrier("shared")
-                if (u < 8):
-                    red0[u] = (red0[u] + red0[u + 8])
-                barrier("shared")
-                if (u < 4):
-                    red0[u] = (red0[u] + red0[u + 4])
-                barrier("shared")
-                if (u < 2):
-                    red0[u] = (red0[u] + red0[u + 2])
-                barrier("shared")
-                if (u < 1):
-                    red0[u] = (red0[u] + red0[u + 1])
-                barrier("shared")
-                sumsq_1[0] = red0[0]
+                acc0[0] = (red0[0] + red0[1])
+                sumsq_1[0] = acc0[0]
                 for k_1 in range(1):
                     if (u + 64 * k_1 < 64):
                         y[g, u + 64 * k_1] = (w[u + 64 * k_1] * (x[g, u + 64 * k_1] * rsqrt(((sumsq_1[0] / float32(64)) + 1e-05))))

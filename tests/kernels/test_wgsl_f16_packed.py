@@ -96,16 +96,19 @@ def logits(session) -> np.ndarray:
     return np.concatenate([session.prefill(IDS, all_logits=True)] + [session.decode(t)[None] for t in (7, 8)])
 
 
-def run_both(out, monkeypatch) -> dict:
-    """{variant: logits} of the package loaded with shader-f16 and with it forced off."""
+def run_both(out, monkeypatch, subgroups_too: bool = False) -> dict:
+    """{(f16 variant, subgroups): logits} of the package loaded with shader-f16 on and off, and with subgroups (on by
+    default) off too where asked."""
     from deploycc.runtime.engine import Engine
 
     got = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv("DEPLOYCC_WEBGPU_F16", flag)
-        engine = Engine.load(out)
-        assert engine.device.has_f16 is (flag == "1")
-        got[engine.f16] = logits(engine)
+        for subgroups in ("1", "0") if subgroups_too else ("1",):
+            monkeypatch.setenv("DEPLOYCC_WEBGPU_F16", flag)
+            monkeypatch.setenv("DEPLOYCC_WEBGPU_SUBGROUPS", subgroups)
+            engine = Engine.load(out)
+            assert engine.device.has_f16 is (flag == "1") and engine.device.has_subgroups is (subgroups == "1")
+            got[engine.f16, engine.subgroups] = logits(engine)
     return got
 
 
@@ -113,9 +116,12 @@ def run_both(out, monkeypatch) -> dict:
 @pytest.mark.parametrize("model", ["llama-gqa1", "gpt2-odd"])
 @pytest.mark.parametrize("quant", ["q4f16_1", "q0f16", "q8f16_0", "q0f32"])
 def test_package_runs_with_and_without_shader_f16(tmp_path, monkeypatch, preset, model, quant):
-    """Every kernel whose source enables f16 has a packed twin (file_no_f16) that names no f16; the engine uses
-    the twins exactly when the device lacks shader-f16; logits of both variants agree to 1e-6 (the same f32
-    arithmetic on the same halves) and with the quantized reference to 1e-4. q0f32 has no f16 at all."""
+    """Every kernel whose source enables f16 has a packed twin (file_no_f16) that names no f16, and every kernel with
+    warp-level reductions a twin of each with subgroup operations (file_subgroups, file_no_f16_subgroups: lavapipe
+    has the feature, forced off here too for q4f16_1 and q0f32); the engine uses the packed twins exactly when the
+    device lacks shader-f16 and the subgroup ones exactly when it has subgroups; logits of the f16 variants agree to
+    1e-6 (the same f32 arithmetic on the same halves), and every variant's with the quantized reference to 1e-4 (with
+    and without subgroups the sums go in another order: 1.9e-5 apart at logits near 5). q0f32 has no f16 at all."""
     from deploycc.package import compile_model
 
     require_device("webgpu", f16=True)
@@ -126,18 +132,25 @@ def test_package_runs_with_and_without_shader_f16(tmp_path, monkeypatch, preset,
     for e in entries:
         native = (out / e["file"]).read_text()
         assert ("file_no_f16" in e) == ("enable f16;" in native)
+        assert "subgroup" not in native
         if "file_no_f16" in e:
             assert e["file_no_f16"] == e["file"].replace(".wgsl", ".nof16.wgsl") and e["file_no_f16"] in manifest["files"]
             assert not F16_TYPE.search((out / e["file_no_f16"]).read_text())
-    got = run_both(out, monkeypatch)
+        for key in ("file", "file_no_f16"):
+            if f"{key}_subgroups" in e:
+                assert e[f"{key}_subgroups"] == e[key].replace(".wgsl", ".sg.wgsl")
+                assert "enable subgroups;" in (out / e[f"{key}_subgroups"]).read_text()
+    assert any("file_subgroups" in e for e in entries)  # the GEMVs and norms (schedule/gemv.py, row_block.py)
+    both = quant in ("q4f16_1", "q0f32")  # the default GPU scheme and the one without f16: subgroups off too
+    got = run_both(out, monkeypatch, both)
     want = logits(deploycc.reference_session(deploycc.load_model(path), context_window=32, quantization=quant))
+    subgroups = (True, False) if both else (True,)
     if quant == "q0f32":
-        assert list(got) == ["none"] and not any("file_no_f16" in e for e in entries)
-        np.testing.assert_allclose(got["none"], want, atol=1e-4, rtol=0)
-        return
-    assert set(got) == {"native", "packed"}
-    np.testing.assert_allclose(got["packed"], got["native"], atol=1e-6, rtol=0)
-    for variant in got.values():
+        assert set(got) == {("none", sg) for sg in subgroups} and not any("file_no_f16" in e for e in entries)
+    else:
+        assert set(got) == {(f16, sg) for f16 in ("native", "packed") for sg in subgroups}
+    for (_, subgroups), variant in got.items():
+        np.testing.assert_allclose(variant, got[next(iter(got))[0], subgroups], atol=1e-6, rtol=0)
         np.testing.assert_allclose(variant, want, atol=1e-4, rtol=0)
 
 
@@ -174,6 +187,7 @@ def test_a_package_without_the_packed_kernels_says_to_recompile(tmp_path, monkey
     m = json.loads((out / "manifest.json").read_text())
     for e in m["kernels"]["entries"].values():
         e.pop("file_no_f16", None)
+        e.pop("file_no_f16_subgroups", None)
     (out / "manifest.json").write_text(json.dumps(m))
     reseal(out)
     assert Engine.load(out).f16 == "native"

@@ -1,8 +1,8 @@
 """What a WebGPU package needs of an adapter (manifest kernels.requires, targets/webgpu_limits.py): stated in the
 spec's limit names, within the defaults every WebGPU implementation guarantees for chrome-webgpu, refused at
 compile when a buffer exceeds the target's max_buffer_size, and at load when the adapter allows less (one line
-naming the limit, the need, the adapter's value and the preset key). The validator checks requires and
-file_no_f16."""
+naming the limit, the need, the adapter's value and the preset key). The validator checks requires and the kernel
+variants' files (file_no_f16, file_subgroups, file_no_f16_subgroups)."""
 from __future__ import annotations
 
 import json
@@ -156,6 +156,11 @@ BAD = [
     ("file_no_f16 not WGSL", lambda m: _listed(m, "kernels/x.nof16.cl"), "not a .wgsl file"),
     ("file_no_f16 outside kernels/", lambda m: _listed(m, "params/x.wgsl"), "not a .wgsl file"),
     ("file_no_f16 a number", lambda m: _entry(m).update(file_no_f16=3), "file_no_f16 must be a string"),
+    ("file_subgroups not listed", lambda m: _entry(m).update(file_subgroups="kernels/x.sg.wgsl"),
+     "file_subgroups is 'kernels/x.sg.wgsl', not a .wgsl file of the package's kernels/ listed in files"),
+    ("file_no_f16_subgroups without file_no_f16", lambda m: (_entry(m).pop("file_no_f16", None),
+                                                             _entry(m).update(file_no_f16_subgroups=_entry(m)["file"])),
+     "file_no_f16_subgroups is the subgroup variant of file_no_f16, which the entry lacks"),
 ]
 
 

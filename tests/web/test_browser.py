@@ -1,9 +1,10 @@
 """The browser bundle (`--device chrome-webgpu`) in headless Chromium: Debian's chromium on its SwiftShader
 adapter (no shader-f16), driven by Playwright, the bundle served from 127.0.0.1 by a static file server.
 
-Checked: prefill (every position) and decode logits of tiny models within 1e-3 of the largest logit of the numpy reference,
-with f16 weights read through the packed path, on SwiftShader and on Mesa lavapipe through ANGLE (a
-compatibility-mode adapter); a damaged weight file refused with a one-line message;
+Checked: prefill (every position) and decode logits of tiny models within 1e-3 of the largest logit of the numpy
+reference, with f16 weights read through the packed path, on SwiftShader (with subgroups: the reductions' subgroup
+variants) and on Mesa lavapipe through ANGLE (a compatibility-mode adapter, without subgroups: the shared-memory
+trees); a damaged weight file refused with a one-line message;
 a second load served from the Cache API without fetching weights; a storage quota too small for the
 weights leaves no cache behind and the model still runs; an adapter limit the package exceeds, bad requests,
 the sampler, the bundle served by `python PKG serve`; and (marked `model`) SmolLM2 4-bit greedy
@@ -97,7 +98,8 @@ def open_chat(browser, url: str, context=None, timeout_s: float = 300):
 
 LOGITS = """async (ids) => { const e = window.deploycc.engine; e.reset();
   const all = await e.prefill(ids, {allLogits: true}); const dec = await e.decode(ids[0]);
-  return {all: Array.from(all), dec: Array.from(dec), f16: e.gpu.f16, fallback: e.gpu.isFallback}; }"""
+  return {all: Array.from(all), dec: Array.from(dec), f16: e.gpu.f16, fallback: e.gpu.isFallback,
+          subgroups: e.gpu.subgroups, adapterSubgroups: e.gpu.adapter.features.has("subgroups")}; }"""
 
 
 @pytest.mark.parametrize("name, quant", [("llama-gqa1", "q0f32"), ("llama-gqa1", "q4f16_1"),
@@ -121,6 +123,8 @@ def test_tiny_logits_match_reference(site, browser, name, quant):
     assert np.abs(np.array(got["dec"]) - want_dec).max() < tol(want_dec)
     assert got["fallback"]  # SwiftShader: the adapter this test is about
     assert got["f16"] == ("none" if quant == "q0f32" else "packed")  # SwiftShader has no shader-f16
+    # SwiftShader has subgroups: the GEMVs' and norms' reductions run as subgroup shuffles (file_subgroups)
+    assert got["subgroups"] and got["adapterSubgroups"]
 
 
 def test_compatibility_adapter_through_angle(site, playwright):
@@ -142,6 +146,8 @@ def test_compatibility_adapter_through_angle(site, playwright):
     assert np.abs(np.array(got["all"]).reshape(want_all.shape) - want_all).max() < tol(want_all)
     assert np.abs(np.array(got["dec"]) - want_dec).max() < tol(want_dec)
     assert got["f16"] == "packed" and not got["fallback"]
+    # no subgroups in compatibility mode: the reductions' shared-memory trees (the variant without subgroups)
+    assert not got["subgroups"] and not got["adapterSubgroups"]
 
 
 def test_bad_requests_are_one_line_errors(site, browser):

@@ -1,0 +1,162 @@
+"""Warp-level reductions (ir/tir.py SubgroupReduce): the decode GEMV and the row-per-block norms and softmax reduce
+across threads with the target's subgroup operations where it has them and a shared-memory tree where not
+(ir/subgroup.py), and every path computes what the loop-level interpreter computes.
+
+Paths: CUDA's warp shuffles under the emulation (runtime/devices/cuda_emu.py) in forward and shuffled thread orders;
+the same kernels lowered to the tree, also under the emulation (its shuffled orders and poisoned shared memory are
+what catch a missing barrier); WGSL's subgroup shuffles on lavapipe (subgroups of 8 lanes, so the reduction of 32
+also crosses subgroups through work-group memory) and the variant for adapters without subgroups on the same adapter;
+OpenCL's tree on PoCL with the adreno preset. Tolerance: atol 1e-4 + rtol 1e-5: float32 sums of up to 1,536 products
+of standard normals in another order (outputs near 40, the sums of their magnitudes near 1,000: 1.3e-5 was seen).
+"""
+import numpy as np
+import pytest
+from conftest import require_cxx, require_device
+
+from deploycc import op, presets  # noqa: F401  (op registers the ops)
+from deploycc.ir import BlockBuilder, Tensor, Var, sym, tir
+from deploycc.ir.kernel import Kernel, Schedule
+from deploycc.ir.subgroup import has_subgroup_reduce
+from deploycc.ir.tir import Alloc, Block, Buffer, For, Store, SubgroupReduce, TensorProgram
+from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
+from deploycc.schedule import schedule_program
+from deploycc.transform import legalize
+
+PATHS = ("cuda-shuffle-forward", "cuda-shuffle-shuffle", "cuda-tree-shuffle", "webgpu-subgroups", "webgpu-tree",
+         "opencl-tree")
+PRESETS = {"cuda": "h100", "webgpu": "cpu-webgpu", "opencl": "adreno"}
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def path(request):
+    name = request.param
+    patch = pytest.MonkeyPatch()
+    kind, form, *order = name.split("-")
+    if kind == "cuda":
+        require_cxx()
+        from deploycc.runtime.devices import open_device
+
+        device = open_device("cuda", emulate=order[0] if order else "shuffle")
+        if form == "tree":  # the CUDA renderer without its shuffles: ir/subgroup.py's lowering, checked by the emulation
+            from deploycc.targets.cuda import CUDARenderer
+
+            patch.setattr(CUDARenderer, "subgroup_ops", False)
+    elif kind == "webgpu":
+        require_device("webgpu")
+        from deploycc.runtime.devices.webgpu import WebGPUDevice
+
+        device = WebGPUDevice(subgroups=form == "subgroups")
+        if form == "subgroups" and not device.has_subgroups:
+            pytest.skip(f"{device.name} has no subgroup feature")
+        assert device.has_subgroups == (form == "subgroups")
+    else:
+        device = require_device("opencl")
+    yield name, KernelRunner(device, presets.load(PRESETS[kind]).target)
+    patch.undo()
+
+
+def legalized(opname: str, shapes: dict, **attrs) -> TensorProgram:
+    bb = BlockBuilder()
+    args = [Var(n, Tensor(s)) for n, s in shapes.items()]
+    with bb.function("main", args, auto_dataflow=True):
+        bb.finish(bb.call(opname, *args, **attrs))
+    return legalize(bb.module)[opname]
+
+
+def check(runner: KernelRunner, prog: TensorProgram, rule: str, inputs: list, out_shape) -> str:
+    prog = schedule_program(prog, runner.target)
+    s = prog.attrs["schedule"]
+    assert s.rule == rule and any(has_subgroup_reduce(k) for k in s.kernels), s.rule
+    got = [*inputs, np.zeros(out_shape, np.float32)]
+    want = [*inputs, np.zeros(out_shape, np.float32)]
+    runner(prog, got, ())
+    run_program(prog, want, ())
+    np.testing.assert_allclose(got[-1], want[-1], atol=1e-4, rtol=1e-5)
+    return runner.sources[prog.name]
+
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("k,n", [(576, 200), (1536, 72), (64, 9)])
+def test_decode_gemv(path, k, n):
+    name, runner = path
+    prog = legalized("linear", {"x": (1, k), "w": (n, k)})
+    x, w = RNG.standard_normal((1, k), np.float32), RNG.standard_normal((n, k), np.float32)
+    src = check(runner, prog, "gemv", [x, w], (1, n))
+    if name.startswith("cuda-shuffle"):  # the lanes meet without shared memory or a barrier
+        assert "__shfl_xor_sync" in src and "__syncthreads" not in src and "__shared__" not in src
+    if name == "webgpu-subgroups":
+        assert "subgroupShuffleXor" in src and "enable subgroups;" in src
+    if name.endswith("tree"):
+        assert "shfl" not in src and "subgroup" not in src
+
+
+@pytest.mark.parametrize("rows,length", [(1, 576), (3, 2048), (2, 40)])
+def test_rms_norm_rows(path, rows, length):
+    _, runner = path
+    prog = legalized("rms_norm", {"x": (sym.var("n"), length), "w": (length,)}, eps=1e-5)
+    x, w = RNG.standard_normal((rows, length), np.float32), RNG.standard_normal((length,), np.float32)
+    check(runner, prog, "row_block", [x, w], (rows, length))
+
+
+@pytest.mark.parametrize("rows,length", [(2, 300), (1, 33)])
+def test_softmax_rows_max_then_sum(path, rows, length):
+    _, runner = path
+    prog = legalized("softmax", {"x": (sym.var("n"), length)})
+    x = (RNG.standard_normal((rows, length)) * 8).astype(np.float32)
+    check(runner, prog, "row_block", [x], (rows, length))
+
+
+def looped(width: int, trips: int, threads: int, combine: str) -> TensorProgram:
+    """y[g, i, t] = combine of x[g, i, u] over the aligned group of `width` threads u holding t: a SubgroupReduce in a
+    serial loop (each trip reuses the tree's work-group memory: the lowering must wait for the reads before the next
+    trip's writes), scheduled by hand, with the same sum as a block program for the interpreter."""
+    G = sym.var("G")
+    x, y = Buffer("x", (G, trips, threads)), Buffer("y", (G, trips, threads))
+    g_, i_, t_, j_ = tir.iters("g i t j", (G, trips, threads, width), "SSSR")
+    gv, iv, tv, jv = (tir.v(it) for it in (g_, i_, t_, j_))
+    init = -3e38 if combine == "max" else 0.0
+    ref = Block("y", (g_, i_, t_, j_), Store(y, (gv, iv, tv), tir.V(combine, "float32", (
+        y[gv, iv, tv], x[gv, iv, sym.floordiv(tv, width) * width + jv]))), Store(y, (gv, iv, tv), tir.const(init)))
+    g, t, i = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("i")
+    G_, T_, I_ = (sym.as_expr(v) for v in (g, t, i))
+    acc = Buffer("acc", (1,), "float32", "local")
+    z = (sym.as_expr(0),)
+    trip = tir.seq(Store(acc, z, x[G_, I_, T_]), SubgroupReduce((Store(acc, z, acc[0]),), combine, width),
+                   Store(y, (G_, I_, T_), acc[0]))
+    body = For(g, G, For(t, sym.as_expr(threads), Alloc(acc, For(i, sym.as_expr(trips), trip)), "thread", "local"),
+               "thread", "group")
+    k = Kernel("looped", (x, y), (G.as_var,), body, G, threads, frozenset({y}))
+    return TensorProgram("looped", (x, y), ref, (), 1, {"schedule": Schedule((k,), (), "by-hand")})
+
+
+@pytest.mark.parametrize("width,combine", [(32, "add"), (8, "max"), (16, "min")])
+def test_in_a_loop_each_trip_waits_for_the_last(path, width, combine):
+    name, runner = path
+    prog = looped(width, 3, 64, combine)
+    x = RNG.standard_normal((5, 3, 64)).astype(np.float32)
+    got, want = [x, np.zeros_like(x)], [x, np.zeros_like(x)]
+    runner(prog, got, ())
+    run_program(prog, want, ())
+    np.testing.assert_allclose(got[1], want[1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_tree_without_its_last_barrier_fails_in_a_loop(monkeypatch):
+    """Negative control: the lowering's barrier after a looped reduction removed, the emulation's forward order lets
+    thread 0 overwrite its group's result with the next trip's value before the others read it."""
+    require_cxx()
+    from deploycc.ir import subgroup
+    from deploycc.runtime.devices import open_device
+    from deploycc.targets.cuda import CUDARenderer
+
+    monkeypatch.setattr(CUDARenderer, "subgroup_ops", False)
+    monkeypatch.setattr(subgroup, "in_loops", lambda k: set())
+    runner = KernelRunner(open_device("cuda", emulate="forward"), presets.load("h100").target)
+    prog = looped(32, 3, 64, "add")
+    x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
+    got, want = [x, np.zeros_like(x)], [x, np.zeros_like(x)]
+    runner(prog, got, ())
+    run_program(prog, want, ())
+    assert not np.allclose(got[1], want[1], atol=1e-3)
