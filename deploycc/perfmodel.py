@@ -15,7 +15,9 @@ launch:
   occupancy the blocks a multiprocessor holds (limited by its threads, registers, shared memory and block slots),
             as a fraction of its threads; resident threads: min(blocks, SMs x blocks per SM) x threads
   time      a roofline with occupancy's effect: max(bytes / bandwidth, bytes / (resident threads x IN_FLIGHT) x
-            LATENCY_US, FLOPs / fp32 peak (the kernels use no tensor cores)) + LAUNCH_US. The middle term is Little's
+            LATENCY_US, FLOPs / peak) + LAUNCH_US, the peak fp32's, or for a kernel on the tensor cores
+            (schedule/mma.py) the tf32 tensor peak over the TF32_PRODUCTS products each multiply-add
+            takes. The middle term is Little's
             law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
             about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
             (a decode attention over 9 heads: 9 blocks). Its two constants were fitted on an H100 (docs/gpu.md:
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +46,7 @@ LAUNCH_US = 3.0  # a kernel's least time on the GPU, back to back in a stream (l
 HOST_US = 9.0  # the host's time per launch: Python VM + CuPy, measured on an H100 (3.57 ms / 394 launches)
 LATENCY_US = 0.5  # a load's round trip to device memory
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
+TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
 FLOAT_OPS = {"add", "sub", "mul", "div", "max", "min", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
              "sin", "cos", "abs", "erf", "pow", "fma"}
 
@@ -99,6 +103,7 @@ class Launch:
     weight_bytes: int = 0
     registers: int | None = None
     shared: int | None = None
+    tensor: bool = False  # multiplies on the tensor cores (tf32, three products a multiply-add)
     occupancy: float = 0.0  # of a multiprocessor's threads
     filled: float = 0.0  # of the whole GPU's threads
     seconds: float = 0.0
@@ -186,6 +191,15 @@ def _registers(pkg: Path, manifest: dict) -> dict:
     return out
 
 
+def _tensor_kernels(pkg: Path, manifest: dict) -> set:
+    """The kernels that multiply on the tensor cores (schedule/mma.py: wmma::mma_sync in their CUDA C)."""
+    out = set()
+    for f in {e["file"] for e in manifest["kernels"]["entries"].values()}:
+        parts = re.split(r'extern "C" __global__ void (\w+)\(', (pkg / f).read_text())
+        out |= {name for name, body in zip(parts[1::2], parts[2::2]) if "wmma::mma_sync" in body}
+    return out
+
+
 def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
     """{the last kernel of each program: the program's body} from kernels/programs.json."""
     rel = manifest["kernels"].get("programs")
@@ -217,6 +231,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     prefill = min(prefill or min(chunk, 512), chunk, ctx)
     regs = _registers(pkg, m)
     bodies = _flops_by_kernel(pkg, m)
+    tensor = _tensor_kernels(pkg, m)
     steps = {}
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
     if sequences and "step" in bc["functions"]:
@@ -230,6 +245,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             if launch.kernel in bodies:
                 launch.flops = program_flops(bodies[launch.kernel], ints)
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
+            launch.tensor = launch.kernel in tensor
             _time(launch, hw)
             step.launches.append(launch)
         steps[key] = step
@@ -249,7 +265,7 @@ def _time(x: Launch, hw: dict) -> None:
     x.filled = resident / (hw["multiprocessors"] * hw["threads_per_multiprocessor"])
     times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
              "latency": x.bytes / max(resident, 1) / IN_FLIGHT * LATENCY_US * 1e-6,
-             "arithmetic": x.flops / (hw["fp32_tflops"] * 1e12)}
+             "arithmetic": x.flops / (hw["tf32_tensor_tflops"] / TF32_PRODUCTS if x.tensor else hw["fp32_tflops"]) / 1e12}
     x.bound = max(times, key=times.get)
     x.seconds = times[x.bound] + LAUNCH_US * 1e-6
 

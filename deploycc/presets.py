@@ -25,7 +25,8 @@ TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context
 # A GPU preset's device, for the performance model (deploycc/perfmodel.py; `inspect PKG --kernels`): the vendor's
 # peak figures, and its limits per multiprocessor (occupancy). Not part of the target: no kernel depends on them.
 HARDWARE = {"bandwidth_gb_s": (1, 100_000), "multiprocessors": (1, 4096), "fp32_tflops": (0.1, 10_000),
-            "fp16_tensor_tflops": (0.1, 100_000), "threads_per_multiprocessor": (32, 8192),
+            "fp16_tensor_tflops": (0.1, 100_000), "tf32_tensor_tflops": (0.1, 100_000),
+            "threads_per_multiprocessor": (32, 8192),
             "registers_per_multiprocessor": (1024, 1 << 20), "shared_memory_per_multiprocessor": (1024, 1 << 24),
             "blocks_per_multiprocessor": (1, 256)}
 RUNTIME_KEYS = {"backend", "web"}

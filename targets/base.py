@@ -46,6 +46,8 @@ class Target:
     # Shared-memory tiles for prefill matmuls. Off for CPU OpenCL: PoCL runs work-group barriers
     # slowly and its caches already serve one row per work-item well (FACTS.md).
     tiled_matmul: bool = True
+    # Prefill matmuls on tensor cores (CUDA's warp matrix API, tf32, sm_80 and later: schedule/mma.py)
+    tensor_cores: bool = False
     # Decode GEMV with one work-group per output and a shared-memory tree reduction (coalesced
     # loads). Off for CPU OpenCL, where one row per work-item is faster.
     workgroup_gemv: bool = True
@@ -88,6 +90,8 @@ class Target:
             raise ValueError(f"'isa' is for the cpu target; remove it from this {self.kind} preset")
         if not isinstance(self.arch, str) or not _ARCH.match(self.arch):
             raise ValueError(f"'arch' is {self.arch!r}; give a CUDA architecture such as sm_90 (or leave it empty)")
+        if self.tensor_cores and (self.kind != "cuda" or not self.arch or int(re.sub(r"\D", "", self.arch)) < 80):
+            raise ValueError("'tensor_cores' needs a cuda target of arch sm_80 or later (tf32); set the arch or remove it")
 
     @property
     def integer_kernels(self) -> bool:

@@ -10,7 +10,7 @@ import math
 from deploycc.ir import subgroup, sym
 from deploycc.ir.kernel import Kernel
 from deploycc.ir.printer import Namer
-from deploycc.ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, V
+from deploycc.ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, SubgroupReduce, V
 from deploycc.runtime.validate import entry_name as ident
 
 BINOPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -183,8 +183,10 @@ class CStyleRenderer:
             head = self.for_loop(self.sv(st.var), self.int_expr(st.extent))
             return [ind + head] + self.stmt(st.body, depth + 1) + [ind + "}"]
         if isinstance(st, Alloc):
-            decl = self.shared_decl(st.buffer) if st.buffer.scope == "shared" else self.local_decl(st.buffer)
+            decl = self.alloc_decl(st.buffer)
             return ([ind + decl] if decl else []) + self.stmt(st.body, depth)
+        if isinstance(st, Intrin):
+            return [ind + line for line in self.intrin(st)]
         if isinstance(st, Barrier):
             return [ind + self.barrier]
         if isinstance(st, SubgroupReduce):
@@ -207,6 +209,13 @@ class CStyleRenderer:
     def signature(self, k: Kernel) -> str:
         params = [self.buffer_param(b, b in k.written) for b in k.buffers] + [self.scalar_param(v) for v in k.scalars]
         return f"{self.kernel_prefix} {ident(k.name)}({', '.join(params)})"
+
+    def alloc_decl(self, buf: Buffer) -> str:
+        return self.shared_decl(buf) if buf.scope == "shared" else self.local_decl(buf)
+
+    def intrin(self, st: Intrin) -> list[str]:
+        """A target intrinsic's lines (the cpu renderer has its own table: targets/c.py)."""
+        raise NotImplementedError(f"{type(self).__name__}: intrinsic {st.name}")
 
     def subgroup_reduce(self, st: SubgroupReduce, depth: int) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__}: subgroup operations")

@@ -58,6 +58,49 @@ class CUDARenderer(CStyleRenderer):
         return lines + [ind + self.store(Store(x.buffer, x.indices, V("var", d, (), r)))
                         for r, d, x in zip(regs, dtypes, st.stores)]
 
+    # the warp matrix API's fragments (schedule/mma.py): tf32 inputs, float accumulators, m16n16k8
+    FRAGMENTS = {"wmma.matrix_a": "wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major",
+                 "wmma.matrix_b": "wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major",
+                 "wmma.accumulator": "wmma::accumulator, 16, 16, 8, float"}
+
+    def alloc_decl(self, buf) -> str:
+        if buf.scope in self.FRAGMENTS:
+            return f"wmma::fragment<{self.FRAGMENTS[buf.scope]}> {self.name(buf, buf.name)}[{buf.shape[0].value}];"
+        return super().alloc_decl(buf)
+
+    def intrin(self, st) -> list[str]:
+        """schedule/mma.py's calls: fill, load (split into tf32 hi and lo), the three products, store."""
+        n = [self.name(b, b.name) for b in st.buffers]
+        i = [self.int_expr(x) for x in st.ints]
+        if st.name == "wmma.fill":
+            return [f"wmma::fill_fragment({n[0]}[{i[0]}], 0.0f);"]
+        if st.name == "wmma.load_split":
+            hi, lo = f"{n[0]}[{i[0]}]", f"{n[1]}[{i[0]}]"
+            return [f"wmma::load_matrix_sync({hi}, {n[2]} + {i[1]}, {i[2]});",
+                    f"for (int e = 0; e < {hi}.num_elements; e++) {{",
+                    f"  float v = {hi}.x[e];",
+                    f"  {hi}.x[e] = wmma::__float_to_tf32(v);",
+                    f"  {lo}.x[e] = wmma::__float_to_tf32(v - {hi}.x[e]);",
+                    "}"]
+        if st.name == "wmma.mma3":  # lo x hi + hi x lo into the small terms' accumulator, hi x hi into the other
+            acc, small = f"{n[0]}[{i[0]}]", f"{n[1]}[{i[0]}]"
+            a_hi, a_lo, b_hi, b_lo = (f"{b}[{x}]" for b, x in zip(n[2:], (i[1], i[1], i[2], i[2])))
+            return [f"wmma::mma_sync({small}, {a_lo}, {b_hi}, {small});",
+                    f"wmma::mma_sync({small}, {a_hi}, {b_lo}, {small});", f"wmma::mma_sync({acc}, {a_hi}, {b_hi}, {acc});"]
+        if st.name == "wmma.add":  # fragments of one type share their layout: elementwise
+            a, b = f"{n[0]}[{i[0]}]", f"{n[1]}[{i[0]}]"
+            return [f"for (int e = 0; e < {a}.num_elements; e++) {a}.x[e] += {b}.x[e];"]
+        if st.name == "wmma.store":
+            return [f"wmma::store_matrix_sync({n[0]} + {i[1]}, {n[1]}[{i[0]}], {i[2]}, wmma::mem_row_major);"]
+        return super().intrin(st)
+
+    def module(self, kernels) -> str:
+        text = super().module(kernels)
+        if "wmma::" in text:  # the warp matrix API (NVRTC and nvcc find mma.h beside cuda_fp16.h)
+            wmma = self.preamble.replace("\n\n", "\n#include <mma.h>\nusing namespace nvcuda;\n\n", 1)
+            text = text.replace(self.preamble, wmma, 1)
+        return text
+
     def kernel(self, k) -> str:
         text = super().kernel(k)
         return text.replace(" {\n", f" {{\n  // launch: {k.threads} threads per block\n", 1)

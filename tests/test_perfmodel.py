@@ -15,7 +15,7 @@ from bad_inputs.common import assert_one_line_error, cli
 
 from deploycc import presets
 from deploycc.errors import DeployError
-from deploycc.perfmodel import IN_FLIGHT, LATENCY_US, LAUNCH_US, Launch, _time, predict, rows, summary
+from deploycc.perfmodel import IN_FLIGHT, LATENCY_US, LAUNCH_US, TF32_PRODUCTS, Launch, _time, predict, rows, summary
 from deploycc.runtime.validate import nbytes
 from fixtures import make_tiny
 
@@ -55,6 +55,21 @@ def test_every_launch_of_both_steps_is_modelled(package):
     assert f["decode_launches"] == len(decode.launches) and f["context"] == 48
     assert 0 < f["decode_roofline_fraction"] < 1 and f["decode_tok_s"] < f["roofline_tok_s"]
     assert sorted(r["kernel"] for r in rows(decode)) == sorted({x.kernel for x in decode.launches})
+
+
+def test_prefill_matmuls_on_the_tensor_cores_are_timed_at_their_peak(package):
+    """h100's prefill linears run on the tensor cores (schedule/mma.py): their arithmetic time is their FLOPs at the
+    tf32 tensor peak over the three products a float multiply-add takes, not at the fp32 peak."""
+    pred = predict(package, context=48, prefill=64)
+    prefill = pred["steps"]["prefill"].launches
+    tensor = [x for x in prefill if x.tensor]
+    assert tensor and all(x.kernel.startswith("fused_dequantize") or "linear" in x.kernel for x in tensor)
+    assert not any(x.tensor for x in pred["steps"]["decode"].launches)  # decode: the GEMVs
+    rate = H100["tf32_tensor_tflops"] / TF32_PRODUCTS * 1e12
+    for x in tensor:
+        assert x.seconds >= x.flops / rate + LAUNCH_US * 1e-6 - 1e-12
+        if x.bound == "arithmetic":
+            assert x.seconds == pytest.approx(x.flops / rate + LAUNCH_US * 1e-6)
 
 
 def test_the_batched_step_reads_the_pages_its_tables_name(package):

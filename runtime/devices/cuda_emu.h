@@ -141,3 +141,87 @@ static inline float __half2float(half h) {
   memcpy(&f, &u, 4);
   return f;
 }
+
+// -- tensor cores: nvcuda::wmma with tf32 inputs and float accumulators, m16n16k8 (sm_80+), the shape the schedules
+// use (deploycc/schedule/mma.py). CUDA leaves a fragment's distribution over the warp's lanes unspecified (kernels
+// touch fragments only through these calls and elementwise loops over x[0 .. num_elements)), so here every lane holds
+// the whole tile, element (r, c) at x[r * cols + c]. Every call is collective over the warp, as __syncwarp: each
+// lane waits until all 32 reach the same call, and a lane elsewhere or returned is an error. mma_sync multiplies in
+// float (a product of two tf32 values is exact in float) and adds the products to c in k order; a GPU's order and
+// rounding inside one mma differ, within a few float ulps of the sum's magnitudes.
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision { struct tf32 {}; }
+enum layout_t { mem_row_major, mem_col_major };
+template <class Use, int M, int N, int K> struct dcc_tile;
+template <int M, int N, int K> struct dcc_tile<matrix_a, M, N, K> { enum { rows = M, cols = K }; };
+template <int M, int N, int K> struct dcc_tile<matrix_b, M, N, K> { enum { rows = K, cols = N }; };
+template <int M, int N, int K> struct dcc_tile<accumulator, M, N, K> { enum { rows = M, cols = N }; };
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+  static_assert(M == 16 && N == 16 && K == 8, "the emulation has wmma's m16n16k8 (tf32) shape only");
+  enum { rows = dcc_tile<Use, M, N, K>::rows, cols = dcc_tile<Use, M, N, K>::cols, num_elements = rows * cols };
+  float x[num_elements];
+};
+// cvt.rna.tf32.f32: the float rounded to 10 mantissa bits, to nearest with ties away from zero (NaN and inf kept)
+static inline float __float_to_tf32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline void dcc_warp_call(int line) { (void)dcc_warp_exchange(0xffffffffu, 0, dcc_lane(), line); }
+template <class L> static inline bool dcc_row_major(L) { return true; }
+static inline bool dcc_row_major(col_major) { return false; }
+template <class Use, class T, class L>
+static inline void dcc_load(fragment<Use, 16, 16, 8, T, L>& f, const float* p, unsigned ldm, bool row, int line) {
+  dcc_warp_call(line);
+  typedef fragment<Use, 16, 16, 8, T, L> F;
+  for (int r = 0; r < F::rows; r++)
+    for (int c = 0; c < F::cols; c++) f.x[r * F::cols + c] = row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+}
+template <class Use, class T, class L>
+static inline void dcc_load_matrix(fragment<Use, 16, 16, 8, T, L>& f, const float* p, unsigned ldm, int line) {
+  dcc_load(f, p, ldm, dcc_row_major(L()), line);
+}
+template <class T>
+static inline void dcc_load_matrix(fragment<accumulator, 16, 16, 8, T>& f, const float* p, unsigned ldm, layout_t l,
+                                   int line) {
+  dcc_load(f, p, ldm, l == mem_row_major, line);
+}
+template <class T>
+static inline void dcc_store_matrix(float* p, const fragment<accumulator, 16, 16, 8, T>& f, unsigned ldm, layout_t l,
+                                    int line) {
+  dcc_warp_call(line);
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < 16; c++) (l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]) = f.x[r * 16 + c];
+}
+template <class F> static inline void dcc_fill(F& f, float v, int line) {
+  dcc_warp_call(line);
+  for (int e = 0; e < F::num_elements; e++) f.x[e] = v;
+}
+template <class LA, class LB, class T>
+static inline void dcc_mma(fragment<accumulator, 16, 16, 8, T>& d, const fragment<matrix_a, 16, 16, 8, precision::tf32, LA>& a,
+                           const fragment<matrix_b, 16, 16, 8, precision::tf32, LB>& b,
+                           const fragment<accumulator, 16, 16, 8, T>& c, int line) {
+  dcc_warp_call(line);
+  float out[256];
+  for (int r = 0; r < 16; r++)
+    for (int n = 0; n < 16; n++) {
+      float s = c.x[r * 16 + n];
+      for (int k = 0; k < 8; k++) s += a.x[r * 8 + k] * b.x[k * 16 + n];
+      out[r * 16 + n] = s;
+    }
+  memcpy(d.x, out, sizeof out);
+}
+#define load_matrix_sync(...) dcc_load_matrix(__VA_ARGS__, __LINE__)
+#define store_matrix_sync(...) dcc_store_matrix(__VA_ARGS__, __LINE__)
+#define fill_fragment(f, v) dcc_fill((f), (v), __LINE__)
+#define mma_sync(...) dcc_mma(__VA_ARGS__, __LINE__)
+}  // namespace wmma
+}  // namespace nvcuda

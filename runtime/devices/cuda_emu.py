@@ -34,7 +34,7 @@ ORDERS = {"forward": 0, "reverse": 1, "shuffle": 2}
 GUARD_BYTE = 0xA5  # the bytes on each side of a buffer: as many as the buffer has, 64 to 1 MiB, so that a store
 CHECKED = 256  # shifted by up to that lands in them (and not on another allocation); the CHECKED nearest are checked
 # the headers a CUDA package's source includes, here
-STUBS = {"cuda_fp16.h": '#include "cuda_emu.h"\n',
+STUBS = {"cuda_fp16.h": '#include "cuda_emu.h"\n', "mma.h": '#include "cuda_emu.h"\n',
          "math_constants.h": "#define CUDART_INF_F __builtin_inff()\n#define CUDART_NAN_F __builtin_nanf(\"\")\n"}
 KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)')
 

@@ -328,6 +328,11 @@ def preset_cuda_threads_over_hardware(tmp):
         "'max_threads_per_block' is 2048, outside 1..1024 for cuda"]
 
 
+def preset_tensor_cores_on_opencl(tmp):
+    return compile_args(copy_tiny(tmp), "--device", "adreno", "--override", "target.tensor_cores=true"), [
+        "'tensor_cores' needs a cuda target of arch sm_80 or later (tf32)"]
+
+
 def preset_prefill_chunk_over_context(tmp):
     return compile_args(copy_tiny(tmp), "--override", "context_window=64"), [
         "'prefill_chunk' 512 exceeds 'context_window' 64", "lower prefill_chunk to 64 or less"]
@@ -394,7 +399,7 @@ CASES = {f.__name__: f for f in [
     context_window_past_positions, override_context_window_huge,
     kv_cache_does_not_fit_device_memory, weights_do_not_fit_device_memory,
     inspect_context_window_past_positions, preset_row_tile_m_huge, preset_threads_per_block_zero, preset_vector_width_3,
-    preset_cuda_threads_over_hardware, preset_prefill_chunk_over_context, preset_max_num_sequences_zero,
+    preset_cuda_threads_over_hardware, preset_tensor_cores_on_opencl, preset_prefill_chunk_over_context, preset_max_num_sequences_zero,
     preset_kv_pool_tokens_huge, preset_yaml_list, preset_invalid_yaml,
     preset_name_with_path, preset_cpu_isa_unknown, preset_isa_on_opencl, preset_web_not_boolean, preset_web_on_opencl]}
 

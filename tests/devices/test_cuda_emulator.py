@@ -11,8 +11,10 @@ bit pattern class; the launch path refuses a block of more than 1024 threads.
 Packages: a tiny Qwen3 (qwen3-x32) compiled for h100 (q4f16_1) and rtx4090 (q0f16) runs every kernel against its
 loop-level program (`verify --kernels`, from the package alone: its own runtime) and its logits against the numpy
 reference (`verify`, deploycc's CLI, which has the reference), with DEPLOYCC_CUDA_EMULATE in forward, reverse and
-shuffled orders; the negative controls (the RMSNorm kernel's first barrier deleted, its store shifted by one row)
-fail in one line naming the kernel.
+shuffled orders (the h100 package's prefill linears on the tensor cores); the negative controls (the RMSNorm kernel's
+barrier deleted, its store shifted by one row, its warp butterfly a step short) fail in one line naming the kernel.
+Tensor cores: wmma's tf32 m16n16k8 fragments, loads and stores in both layouts, mma and the tf32 rounding against a
+numpy model, a call some lanes skip reported, the same kernel compiled by nvcc.
 """
 from __future__ import annotations
 
@@ -332,3 +334,108 @@ def test_dp4a_is_four_byte_products_summed():
     ua, ub = a.view(np.uint8).reshape(-1, 4).astype(np.int64), b.view(np.uint8).reshape(-1, 4).astype(np.int64)
     np.testing.assert_array_equal(d.download(s, 1000, np.int32), ((sa * sb).sum(1) + 7).astype(np.int32))
     np.testing.assert_array_equal(d.download(u, 1000, np.uint32), ((ua * ub).sum(1) + 7).astype(np.uint32))
+
+
+# ---- tensor cores: nvcuda::wmma, tf32 m16n16k8, against a numpy model ------------------------------------------------
+
+WMMA = HEADER + "#include <mma.h>\n" + r'''
+using namespace nvcuda;
+// each warp: D (16 x 16, row-major, ldm 20) = A (16 x 8, row-major, ldm 12) x B (8 x 16, B col-major: element (k, n)
+// at n * 10 + k) + C (16 x 16, col-major, ldm 17), the inputs rounded to tf32 elementwise in their fragments
+extern "C" __global__ void wmma_tf32(const float* __restrict__ a, const float* __restrict__ b,
+                                     const float* __restrict__ c, float* __restrict__ d, float* __restrict__ r) {
+  int w = (int)threadIdx.x / 32;
+  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> fc, fd;
+  wmma::load_matrix_sync(fa, a + w * 16 * 12, 12);
+  wmma::load_matrix_sync(fb, b + w * 16 * 10, 10);
+  wmma::load_matrix_sync(fc, c + w * 16 * 17, 17, wmma::mem_col_major);
+  for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+  for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+  wmma::mma_sync(fd, fa, fb, fc);
+  wmma::store_matrix_sync(d + w * 16 * 20, fd, 20, wmma::mem_row_major);
+  if ((int)threadIdx.x % 32 == 0) r[threadIdx.x / 32] = wmma::__float_to_tf32(a[w * 16 * 12 + 1]);
+  wmma::fill_fragment(fd, 2.5f);
+  wmma::store_matrix_sync(d + 64 * 20 + w * 16 * 16, fd, 16, wmma::mem_col_major);
+}
+'''
+
+
+def tf32_model(x: np.ndarray) -> np.ndarray:
+    """PTX cvt.rna.tf32.f32: to 10 mantissa bits, to nearest, ties away from zero; NaN and infinity kept."""
+    u = x.astype(np.float32).view(np.uint32)
+    special = (u & 0x7F800000) == 0x7F800000
+    out = np.where(special, u, (u + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
+    return out.astype(np.uint32).view(np.float32)
+
+
+def test_tf32_rounding_is_to_nearest_ties_away():
+    bits = np.array([0x3F800FFF, 0x3F801000, 0x3F802000, 0x3F803000, 0xBF801000, 0x7F7FF000, 0x7FC00001, 0xFF800000,
+                     0x00001000, 0x3F800000], np.uint32)
+    x = bits.view(np.float32)
+    want = tf32_model(x).view(np.uint32)
+    assert [hex(v) for v in want[:6]] == ["0x3f800000", "0x3f802000", "0x3f802000", "0x3f804000", "0xbf802000",
+                                          "0x7f800000"]  # ties go away from zero; the largest floats round to inf
+    src = HEADER + "#include <mma.h>\n" + r'''
+extern "C" __global__ void cvt(const float* __restrict__ x, float* __restrict__ y, int n) {
+  int t = (int)threadIdx.x;
+  if (t < n) y[t] = nvcuda::wmma::__float_to_tf32(x[t]);
+}
+'''
+    rng = np.random.default_rng(3)
+    x = np.concatenate([x, rng.standard_normal(4000).astype(np.float32) * 1e3])
+    d = emulator()
+    k = d.build(src, ["cvt"])["cvt"]
+    y = d.alloc(x.size * 4)
+    for lo in range(0, x.size, 1024):
+        part = x[lo:lo + 1024]
+        d.launch(k, [d.upload(part), y, part.size], (1, 1, 1), (1024, 1, 1))
+        got = d.download(y, (part.size,), np.float32).view(np.uint32)
+        np.testing.assert_array_equal(got, tf32_model(part).view(np.uint32))
+
+
+@pytest.mark.parametrize("order", ["forward", "shuffle"])
+def test_wmma_tf32_follows_its_documented_semantics(order):
+    """Four warps, each D = A x B + C on its own tiles, in the layouts and leading dimensions CUDA's wmma API takes;
+    the numpy model rounds A and B to tf32 and sums in float64 (the emulation's float sums are within 1e-6)."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 16, 12)).astype(np.float32)
+    b = rng.standard_normal((4, 16, 10)).astype(np.float32)  # per warp: row n holds B's column n (k = 0..7)
+    c = rng.standard_normal((4, 16, 17)).astype(np.float32)  # per warp: row n holds C's column n
+    d = emulator(order)
+    k = d.build(WMMA, ["wmma_tf32"])["wmma_tf32"]
+    out, r = d.alloc((64 * 20 + 64 * 16) * 4), d.alloc(16)
+    d.launch(k, [d.upload(a), d.upload(b), d.upload(c), out, r], (1, 1, 1), (128, 1, 1))
+    got = d.download(out, (64 * 20 + 64 * 16,), np.float32)
+    A = tf32_model(a[:, :, :8]).astype(np.float64)
+    B = tf32_model(b[:, :, :8]).astype(np.float64).transpose(0, 2, 1)  # (k, n)
+    C = c[:, :, :16].astype(np.float64).transpose(0, 2, 1)  # (m, n)
+    want = A @ B + C
+    np.testing.assert_allclose(got[:64 * 20].reshape(4, 16, 20)[:, :, :16], want, atol=1e-5, rtol=1e-6)
+    np.testing.assert_array_equal(got[64 * 20:], 2.5)
+    np.testing.assert_array_equal(d.download(r, (4,), np.float32), tf32_model(a[:, 0, 1]))
+
+
+def test_the_wmma_kernel_is_cuda():
+    """The kernel the model above holds the emulation to compiles with nvcc for both presets' GPUs (tensor-core PTX)."""
+    from conftest import require_nvcc
+
+    from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
+
+    require_nvcc()
+    for arch in ("sm_90", "sm_89"):
+        ptx = compile_cuda(WMMA, arch)
+        assert "mma.sync" in ptx and set(ptxas_check(ptx, arch)) == {"wmma_tf32"}
+
+
+def test_wmma_calls_every_lane_must_reach():
+    """A wmma call is collective over the warp: a lane that skips it (here: the upper half of each warp) is reported."""
+    src = WMMA.replace("  wmma::mma_sync(fd, fa, fb, fc);",
+                       "  if ((int)threadIdx.x % 32 < 16) wmma::mma_sync(fd, fa, fb, fc);")
+    d = emulator()
+    k = d.build(src, ["wmma_tf32"])["wmma_tf32"]
+    with pytest.raises(DeviceError, match=r"warp 0: lane 0 waits at the warp primitive of line \d+ while lane 16 "
+                                          r"waits at another line: every lane of the warp must reach it"):
+        d.launch(k, [d.alloc(4 * 16 * 12 * 4), d.alloc(4 * 16 * 10 * 4), d.alloc(4 * 16 * 17 * 4),
+                     d.alloc((64 * 20 + 64 * 16) * 4), d.alloc(16)], (1, 1, 1), (128, 1, 1))

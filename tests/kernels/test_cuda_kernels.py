@@ -33,6 +33,8 @@ def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
     copies.append(schedule_program(kv_copy_paged_program(), p.target))
     kernels = [k for prog in [*mod.programs().values(), *copies] for k in scheduled(prog).kernels]
     source = render(kernels, p.target)
+    # prefill on the tensor cores where the preset has them (schedule/mma.py)
+    assert ("wmma::mma_sync" in source and "#include <mma.h>" in source) == p.target.tensor_cores
     ptx = compile_cuda(source, p.target.arch)
     usage = ptxas_check(ptx, p.target.arch)
     from deploycc.targets.cstyle import ident

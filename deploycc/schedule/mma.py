@@ -1,0 +1,139 @@
+"""Rule (CUDA with tensor cores): prefill matmuls on the tensor cores, float-accurate (3xTF32).
+
+Takes what the tiled matmul rule takes (matmul.py: `C[rows, col] += A(rows, k) * B(col, k)`, a dequantize inlined in
+B, elementwise epilogues) when the target has tensor cores (`target.tensor_cores`: sm_80 and later). A block of 128
+threads (four warps) makes a 64 x 64 output tile: per K step of 32, the threads stage A's 64 x 32 and B's 64 x 32
+(each weight dequantized once, in the staging) in shared memory, coalesced along k, then each warp multiplies its
+32 x 32 quarter as 2 x 2 fragments of 16 x 16 with CUDA's warp matrix API (`nvcuda::wmma`, m16n16k8), four k-steps of
+8. The tile of results goes through shared memory to the threads, which add the matmul's initial value and apply the
+epilogues, guarded at the edges (M, N and K need not be multiples of the tiles: staged zeros).
+
+Accuracy: the tensor cores take tf32 (10 mantissa bits), not float. Each operand is split in two tf32 values,
+x = hi + lo (hi = tf32(x), lo = tf32(x - hi): together 21 bits), and each fragment product is the three of the four
+partial products that matter, lo*hi + hi*lo + hi*hi in float accumulators (CUTLASS's "3xTF32"), the two small ones
+in an accumulator of their own added at the end (in one, the big accumulator's roundings came three times as often:
+2.5x float's error at K = 2048): an error near float's own (a relative 2^-21 a product), so the kernels agree with
+the float32 loop-level program as the SIMT kernels do, at a third of the tensor cores' tf32 rate (an H100's 495
+dense TFLOP/s: 165, against 67 on its float32 cores).
+
+The fragments and their calls are Intrin statements (`wmma.*`, rendered by targets/cuda.py) on buffers of the
+scopes "wmma.matrix_a", "wmma.matrix_b" and "wmma.accumulator"; the CUDA emulation (runtime/devices/cuda_emu.h) runs
+them with the API's documented semantics.
+"""
+from __future__ import annotations
+
+from ..ir import sym, tir
+from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram
+from ..ir.tir_rewrite import Substitute
+from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
+from .matmul import _split
+
+BM = BN = 64  # a block's output tile
+BK = 32  # K staged per step
+WARPS = 4  # 2 x 2 warps, each a 32 x 32 quarter: 2 x 2 fragments of 16 x 16
+THREADS = 32 * WARPS
+FRAG_K = 8  # wmma's tf32 shape: m16n16k8
+PAD = 4  # shared rows padded (a multiple of 4 floats, as wmma's leading dimensions must be)
+
+
+def rule(prog: TensorProgram, target) -> Schedule | None:
+    if not getattr(target, "tensor_cores", False) or target.kind != "cuda" or target.max_threads_per_block < THREADS:
+        return None
+    found = split_matmul(prog)
+    if found is None or found[2].op != "mul":
+        return None
+    mm, epilogues, rhs = found
+    spatial = mm.spatial
+    if len(spatial) < 2 or [it.kind for it in mm.iters] != ["spatial"] * len(spatial) + ["reduce"]:
+        return None
+    rows, col, red = spatial[:-1], spatial[-1], mm.reduce[0]
+    m_total = sym.as_expr(1)
+    for it in rows:
+        m_total = m_total * it.extent
+    if m_total.is_const and m_total.value < 16:
+        return None  # decode: the GEMV's
+    fa, fb = _split(rhs, {it.var for it in rows}, col.var)
+    if fa is None or fa.dtype != "float32" or fb.dtype != "float32":
+        return None
+    out = mm.body.buffer
+    intermediates = allocs_of(prog.body)
+    if not matmul_with_epilogues(mm, epilogues, intermediates):
+        return None
+    n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
+    tiles_n = sym.floordiv(n_ext + (BN - 1), BN)
+    groups = sym.floordiv(m_total + (BM - 1), BM) * tiles_n
+    g, t, kt = (sym.SymVar(x) for x in ("g", "t", "kt"))
+    G, Tt, KT = (sym.as_expr(x) for x in (g, t, kt))
+    m0, n0 = sym.floordiv(G, tiles_n) * BM, sym.mod(G, tiles_n) * BN
+    LA = BK + PAD  # leading dimension of the staged tiles
+    LC = BN + PAD
+    As = Buffer("As", (BM * LA,), "float32", "shared")
+    Bs = Buffer("Bs", (BN * LA,), "float32", "shared")
+    Cs = Buffer("Cs", (BM * LC,), "float32", "shared")
+    a_hi, a_lo = (Buffer(x, (2,), "float32", "wmma.matrix_a") for x in ("a_hi", "a_lo"))
+    b_hi, b_lo = (Buffer(x, (2,), "float32", "wmma.matrix_b") for x in ("b_hi", "b_lo"))
+    acc = Buffer("acc", (4,), "float32", "wmma.accumulator")  # hi x hi
+    small = Buffer("acc_small", (4,), "float32", "wmma.accumulator")  # lo x hi + hi x lo, added at the end
+
+    def staged(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr) -> Stmt:
+        """buf[r * LA + kk] = the operand at (first + r, k) for the step's 64 x 32 elements, 16 a thread; zero past
+        the operand's rows or K."""
+        e = sym.SymVar("e")
+        flat = sym.as_expr(e) * THREADS + Tt
+        r, kk = sym.floordiv(flat, BK), sym.mod(flat, BK)
+        k = KT * BK + kk
+        inside = tir.V("and", "bool", (tir.index(first + r).cmp("lt", tir.index(bound)),
+                                       tir.index(k).cmp("lt", tir.index(k_ext))))
+        return For(e, sym.as_expr(BM * BK // THREADS),
+                   IfThenElse(inside, Store(buf, (r * LA + kk,), value_at(first + r, k)),
+                              Store(buf, (r * LA + kk,), tir.const(0.0))))
+
+    def a_at(m, k):
+        return Substitute(syms={**{it.var: v for it, v in zip(rows, unravel(m, [it.extent for it in rows]))},
+                                red.var: k}, fresh=False).value(fa)
+
+    def b_at(n, k):
+        return Substitute(syms={col.var: n, red.var: k}, fresh=False).value(fb)
+
+    warp = sym.floordiv(Tt, 32)
+    wm, wn = sym.floordiv(warp, 2) * 32, sym.mod(warp, 2) * 32
+    ks = sym.SymVar("ks")
+    KS = sym.as_expr(ks)
+    c = sym.as_expr
+    products = [Intrin("wmma.load_split", (a_hi, a_lo, As), (c(i), (wm + 16 * i) * LA + KS * FRAG_K, c(LA)), (a_hi, a_lo))
+                for i in range(2)]
+    products += [Intrin("wmma.load_split", (b_hi, b_lo, Bs), (c(j), (wn + 16 * j) * LA + KS * FRAG_K, c(LA)),
+                        (b_hi, b_lo)) for j in range(2)]
+    products += [Intrin("wmma.mma3", (acc, small, a_hi, a_lo, b_hi, b_lo), (c(2 * i + j), c(i), c(j)), (acc, small))
+                 for i in range(2) for j in range(2)]
+    step = Seq((staged(As, a_at, m_total, m0), staged(Bs, b_at, n_ext, n0), Barrier(),
+                For(ks, c(BK // FRAG_K), Seq(tuple(products))), Barrier()))
+    e = sym.SymVar("e")
+    flat = sym.as_expr(e) * THREADS + Tt
+    r, cc = sym.floordiv(flat, BN), sym.mod(flat, BN)
+    fixed = {**{it.var: v for it, v in zip(rows, unravel(m0 + r, [it.extent for it in rows]))}, col.var: n0 + cc}
+    sub = Substitute(syms=fixed, fresh=False)
+    result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + Cs[r * LC + cc])
+    tail: Stmt = Seq((result,) + tuple(lower_block(ep, {a.var: fixed[b.var] for a, b in zip(ep.iters, spatial)}, f"e{i}")
+                                       for i, ep in enumerate(epilogues)))
+    if out in intermediates:
+        local = Buffer(out.name, (1,), out.dtype, "local")
+        tail = Alloc(local, localize(tail, out, local, len(out.shape)))
+    in_range = tir.V("and", "bool", (tir.index(m0 + r).cmp("lt", tir.index(m_total)),
+                                     tir.index(n0 + cc).cmp("lt", tir.index(n_ext))))
+    body: Stmt = Seq((
+        *[Intrin("wmma.fill", (x,), (c(f),), (x,)) for x in (acc, small) for f in range(4)],
+        For(kt, sym.floordiv(k_ext + (BK - 1), BK), step),
+        *[Intrin("wmma.add", (acc, small), (c(f),), (acc,)) for f in range(4)],
+        *[Intrin("wmma.store", (Cs, acc), (c(2 * i + j), (wm + 16 * i) * LC + wn + 16 * j, c(LC)), (Cs,))
+          for i in range(2) for j in range(2)],
+        Barrier(),
+        For(e, c(BM * BN // THREADS), IfThenElse(in_range, tail)),
+    ))
+    for buf in (small, acc, b_lo, b_hi, a_lo, a_hi, Cs, Bs, As):
+        body = Alloc(buf, body)
+    body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
+    bufs, written = global_buffers(body, list(prog.params))
+    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, THREADS, written)
+    return Schedule((k,), (), "mma")

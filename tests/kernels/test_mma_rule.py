@@ -1,0 +1,131 @@
+"""Prefill matmuls on the tensor cores (deploycc/schedule/mma.py): CUDA's warp matrix API with tf32 operands split in
+two (3xTF32), run under the CUDA emulation (runtime/devices/cuda_emu.h has nvcuda::wmma), against the loop-level
+interpreter and float64.
+
+Checked: the rule takes prefill linears on the preset with tensor cores on (h100; rtx4090's are off: 3xTF32 runs
+at a third of its float32 rate there) and nothing else (decode's single row, other targets); edges of every size (M, N and K not multiples of the 64 x 64 x 32 tiles, K below one
+tile); a tiny Llama's q4f16_1 linears (4-bit codes dequantized in the staging, residual adds after); its error
+against float64 is that of a float32 sum: at most twice a sequential float32 sum's over K = 2,048 (measured 1.3x:
+2.7e-4 against 2.1e-4 at sums near 45), while one tf32 product per multiply-add (the negative control) is 250x
+further off (0.053). The whole models' kernels and logits under the emulation: tests/kernels/test_model_kernels.py
+(cuda-emu-h100, cuda-emu-rtx4090).
+"""
+import numpy as np
+import pytest
+from conftest import require_cxx
+
+from deploycc import op, presets  # noqa: F401  (op registers the ops)
+from deploycc.ir import BlockBuilder, Tensor, Var, sym
+from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
+from deploycc.schedule import schedule_program
+from deploycc.transform import legalize
+
+
+@pytest.fixture(scope="module")
+def runner():
+    require_cxx()
+    from deploycc.runtime.devices import open_device
+
+    return KernelRunner(open_device("cuda", emulate="shuffle"), presets.load("h100").target)
+
+
+def program(opname: str, shapes: dict, **attrs):
+    bb = BlockBuilder()
+    args = [Var(n, Tensor(s)) for n, s in shapes.items()]
+    with bb.function("main", args, auto_dataflow=True):
+        bb.finish(bb.call(opname, *args, **attrs))
+    return legalize(bb.module)[opname]
+
+
+def linear(k: int, n: int):
+    return program("linear", {"x": (sym.var("n"), k), "w": (n, k)})
+
+
+def run(runner, prog, inputs, out_shape):
+    prog = schedule_program(prog, runner.target)
+    got = [*inputs, np.zeros(out_shape, np.float32)]
+    want = [*inputs, np.zeros(out_shape, np.float32)]
+    runner(prog, got, ())
+    run_program(prog, want, ())
+    return prog, got[-1], want[-1]
+
+
+def test_the_rule_takes_prefill_linears_on_tensor_core_presets_only():
+    assert schedule_program(linear(64, 32), presets.load("h100").target).attrs["schedule"].rule == "mma"
+    for preset in ("rtx4090", "adreno", "chrome-webgpu", "cpu"):
+        assert schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"].rule != "mma"
+    decode = program("linear", {"x": (1, 64), "w": (32, 64)})
+    assert schedule_program(decode, presets.load("h100").target).attrs["schedule"].rule == "gemv"
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 32, 16), (5, 64, 16), (70, 96, 130), (64, 40, 64), (129, 8, 65)])
+def test_edges(runner, m, k, n):
+    rng = np.random.default_rng(m * k + n)
+    x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
+    prog, got, want = run(runner, linear(k, n), [x, w], (m, n))
+    assert prog.attrs["schedule"].rule == "mma" and "wmma::mma_sync" in runner.sources[prog.name]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def quantized_programs():
+    """A tiny Llama's fused prefill programs in q4f16_1 for h100: each linear reads 4-bit codes and fp16 scales (the
+    dequantize inlined in the B staging), some with a residual add (the epilogue), some behind a reshape."""
+    import deploycc
+    from deploycc.export import export
+    from deploycc.pipeline import run as run_pipeline
+    from deploycc.quantization import quantize
+    from fixtures import make_tiny
+
+    model = quantize(deploycc.load_model(str(make_tiny("llama-gqa1"))), "q4f16_1", None, False)
+    fused = run_pipeline(export(model, 64), presets.load("h100").target, "fused")
+    return [p for name, p in fused.programs().items() if "dequantize" in name and not all(
+        sym.as_expr(d).is_const for b in p.params for d in b.shape)]
+
+
+def test_dequantized_weights_and_epilogues(runner, quantized_programs):
+    rng = np.random.default_rng(0)
+    assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)
+    for prog in quantized_programs:
+        env = {"seq_len": 37}
+        shape = lambda b: tuple(int(sym.evaluate(sym.as_expr(d), {v: env[v.name] for v in sym.as_expr(d).free_vars()}))  # noqa: E731
+                                for d in b.shape)
+        inputs = [rng.integers(0, 2 ** 32, shape(b), np.uint64).astype(np.uint32) if b.dtype == "uint32" else
+                  (rng.random(shape(b)) * 0.1).astype(np.float16) if b.dtype == "float16" else
+                  rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
+        scheduled_prog, got, want = run(runner, prog, inputs, shape(prog.outputs[0]))
+        assert scheduled_prog.attrs["schedule"].rule == "mma", prog.name
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=prog.name)
+
+
+def sequential_error(x: np.ndarray, w: np.ndarray, exact: np.ndarray) -> float:
+    """The largest error of float32 sums taken one product at a time, as a SIMT kernel's thread takes them."""
+    acc = np.zeros(exact.shape, np.float32)
+    for j in range(x.shape[1]):
+        acc += np.outer(x[:, j], w[:, j])
+    return float(np.abs(acc - exact).max())
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_three_tf32_products_are_as_accurate_as_float32(runner, monkeypatch, split):
+    """Over K = 2,048, the 3xTF32 kernel's error against float64 is within twice a sequential float32 sum's; with
+    only the hi x hi product (plain tf32: the negative control) it is far outside it."""
+    if not split:
+        from deploycc.targets.cuda import CUDARenderer
+
+        plain = CUDARenderer.intrin
+
+        def hi_only(self, st):
+            lines = plain(self, st)
+            return [ln for ln in lines if "_lo[" not in ln] if st.name == "wmma.mma3" else lines
+        monkeypatch.setattr(CUDARenderer, "intrin", hi_only)
+        runner = KernelRunner(runner.device, runner.target)
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((64, 2048), np.float32), rng.standard_normal((64, 2048), np.float32)
+    _, got, _ = run(runner, linear(2048, 64), [x, w], (64, 64))
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = sequential_error(x, w, exact)
+    err = float(np.abs(got - exact).max())
+    print(f"3xTF32={split}: {err:.3g} against float32's {bound:.3g}")
+    assert (err <= 2 * bound) if split else (err > 10 * bound)
