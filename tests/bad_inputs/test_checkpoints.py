@@ -399,8 +399,8 @@ CASES = {f.__name__: f for f in [
     context_window_past_positions, override_context_window_huge,
     kv_cache_does_not_fit_device_memory, weights_do_not_fit_device_memory,
     inspect_context_window_past_positions, preset_row_tile_m_huge, preset_threads_per_block_zero, preset_vector_width_3,
-    preset_cuda_threads_over_hardware, preset_tensor_cores_on_opencl, preset_prefill_chunk_over_context, preset_max_num_sequences_zero,
-    preset_kv_pool_tokens_huge, preset_yaml_list, preset_invalid_yaml,
+    preset_cuda_threads_over_hardware, preset_tensor_cores_on_opencl, preset_prefill_chunk_over_context,
+    preset_max_num_sequences_zero, preset_kv_pool_tokens_huge, preset_yaml_list, preset_invalid_yaml,
     preset_name_with_path, preset_cpu_isa_unknown, preset_isa_on_opencl, preset_web_not_boolean, preset_web_on_opencl]}
 
 

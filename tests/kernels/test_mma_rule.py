@@ -3,16 +3,16 @@ two (3xTF32), run under the CUDA emulation (runtime/devices/cuda_emu.h has nvcud
 interpreter and float64.
 
 Checked: the rule takes prefill linears on the preset with tensor cores on (h100; rtx4090's are off: 3xTF32 runs
-at a third of its float32 rate there) and nothing else (decode's single row, other targets); edges of every size (M, N and K not multiples of the 64 x 64 x 32 tiles, K below one
-tile); a tiny Llama's q4f16_1 linears (4-bit codes dequantized in the staging, residual adds after); its error
-against float64 is that of a float32 sum: at most twice a sequential float32 sum's over K = 2,048 (measured 1.3x:
-2.7e-4 against 2.1e-4 at sums near 45), while one tf32 product per multiply-add (the negative control) is 250x
-further off (0.053). The whole models' kernels and logits under the emulation: tests/kernels/test_model_kernels.py
-(cuda-emu-h100, cuda-emu-rtx4090).
+at a third of its float32 rate there) and nothing else (decode's single row, other targets); edges of every size
+(M, N and K not multiples of the 64 x 64 x 32 tiles, K below one tile); a tiny Llama's q4f16_1 linears (4-bit codes
+dequantized in the staging, residual adds after); its error against float64 is that of a float32 sum: at most twice
+a sequential float32 sum's over K = 2,048 (measured 1.3x: 2.7e-4 against 2.1e-4 at sums near 45), while one tf32
+product per multiply-add (the negative control) is 250x further off (0.053). The whole models' kernels and logits
+under the emulation: tests/kernels/test_model_kernels.py (cuda-emu-h100, cuda-emu-rtx4090).
 """
 import numpy as np
 import pytest
-from conftest import require_cxx
+from conftest import require_cxx, require_device
 
 from deploycc import op, presets  # noqa: F401  (op registers the ops)
 from deploycc.ir import BlockBuilder, Tensor, Var, sym
@@ -22,8 +22,11 @@ from deploycc.schedule import schedule_program
 from deploycc.transform import legalize
 
 
-@pytest.fixture(scope="module")
-def runner():
+@pytest.fixture(scope="module", params=["cuda-emu", "cuda"])
+def runner(request):
+    """The emulation here; a real GPU where there is one (skipped elsewhere: benchmarks/gpu_check.sh runs it)."""
+    if request.param == "cuda":
+        return KernelRunner(require_device("cuda"), presets.load("h100").target)
     require_cxx()
     from deploycc.runtime.devices import open_device
 

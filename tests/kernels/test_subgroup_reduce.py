@@ -24,7 +24,7 @@ from deploycc.schedule import schedule_program
 from deploycc.transform import legalize
 
 PATHS = ("cuda-shuffle-forward", "cuda-shuffle-shuffle", "cuda-tree-shuffle", "webgpu-subgroups", "webgpu-tree",
-         "opencl-tree")
+         "opencl-tree", "cuda-shuffle-gpu")  # the last on an NVIDIA GPU where there is one (benchmarks/gpu_check.sh)
 PRESETS = {"cuda": "h100", "webgpu": "cpu-webgpu", "opencl": "adreno"}
 
 
@@ -33,7 +33,9 @@ def path(request):
     name = request.param
     patch = pytest.MonkeyPatch()
     kind, form, *order = name.split("-")
-    if kind == "cuda":
+    if kind == "cuda" and order == ["gpu"]:
+        device = require_device("cuda")
+    elif kind == "cuda":
         require_cxx()
         from deploycc.runtime.devices import open_device
 
