@@ -25,16 +25,24 @@ from .tir import (
 )
 
 
-def map_value(v: V, fn: Callable[[V], V | None]) -> V:
-    """Bottom-up rewrite of a value: `fn` returns a replacement or None to keep the node."""
+def map_value(v: V, fn: Callable[[V], V | None], memo: dict | None = None) -> V:
+    """Bottom-up rewrite of a value: `fn` returns a replacement or None to keep the node. A node shared by several
+    parents (a dequantized weight's scale read by each of its codes) is rewritten once (`memo`, by identity)."""
+    memo = {} if memo is None else memo
+    got = memo.get(id(v))
+    if got is not None and got[0] is v:
+        return got[1]
+    node = v
     if v.op == "load":
         buf, idx = v.arg
-        idx = tuple(map_value(i, fn) if isinstance(i, V) else i for i in idx)
-        v = V("load", v.dtype, (), (buf, idx))
+        idx = tuple(map_value(i, fn, memo) if isinstance(i, V) else i for i in idx)
+        node = V("load", v.dtype, (), (buf, idx))
     elif v.src:
-        v = V(v.op, v.dtype, tuple(map_value(s, fn) for s in v.src), v.arg)
-    out = fn(v)
-    return v if out is None else out
+        node = V(v.op, v.dtype, tuple(map_value(s, fn, memo) for s in v.src), v.arg)
+    out = fn(node)
+    out = node if out is None else out
+    memo[id(v)] = (v, out)  # v kept alive with its id, so that no other node takes the id meanwhile
+    return out
 
 
 class Substitute:
@@ -47,11 +55,17 @@ class Substitute:
         self.buffers = dict(buffers or {})
         self.syms: dict[sym.SymVar, sym.Expr] = dict(syms or {})
         self.fresh = fresh
+        self._exprs: dict = {}  # index expression -> substituted, while syms stay as they are
 
     def expr(self, e):
         if isinstance(e, V):
             return self.value(e)
-        return sym.substitute(e, self.syms) if self.syms else e
+        if not self.syms:
+            return e
+        got = self._exprs.get(e)
+        if got is None:
+            got = self._exprs[e] = sym.substitute(e, self.syms)
+        return got
 
     def buf(self, b: Buffer) -> Buffer:
         if b in self.buffers:
@@ -81,6 +95,7 @@ class Substitute:
             return var
         nv = sym.SymVar(var.name)
         self.syms[var] = sym.as_expr(nv)
+        self._exprs.clear()
         return nv
 
     def store(self, s: Store) -> Store:

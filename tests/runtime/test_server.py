@@ -13,6 +13,7 @@ equals `deploycc run`'s, and a streamed request whose client leaves is cancelled
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -199,8 +200,11 @@ def test_a_full_queue_is_429(client):
 LOAD_PROMPTS = ["hello world", "the quick brown fox", "tell me a story", "one two three four"]
 
 
-def test_sixteen_streaming_clients_for_a_minute(package):
-    """16 concurrent streaming chat clients for 60 s (loopback, 16 sequences batched): no errors, steps that
+SOAK_S = float(os.environ.get("DEPLOYCC_SOAK_S", 30))  # the load test's length (60 and more by hand)
+
+
+def test_sixteen_streaming_clients_for_half_a_minute(package):
+    """16 concurrent streaming chat clients for SOAK_S seconds (loopback, 16 sequences batched): no errors, steps that
     batch several sequences, every greedy stream equal to its prompt's solo run (`python PKG run`, and the
     server's own answer to that client alone), every KV page back in the pool at the end, and the server's
     resident memory flat (within 16 MB of its size after the first round of requests)."""
@@ -220,7 +224,7 @@ def test_sixteen_streaming_clients_for_a_minute(package):
         for p in LOAD_PROMPTS:  # the first round: the server's memory after it is the baseline
             assert stream(p) == solo[p]
         baseline = rss_mb(proc.pid)
-        deadline = time.time() + 60
+        deadline = time.time() + SOAK_S
 
         def worker(i: int):
             n = i
