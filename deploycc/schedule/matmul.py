@@ -9,9 +9,11 @@ guarded, with zeros staged. Decode (a single row) is left to the row rule, which
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, _value_syms, allocs_of, free_syms, global_buffers, strip_allocs
-from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Store, TensorProgram
+from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, IterVar, Seq, Store, TensorProgram
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, unravel
@@ -19,9 +21,24 @@ from .lowering import localize, lower_block, matmul_with_epilogues, unravel
 TILE = 16
 
 
-def rule(prog: TensorProgram, target) -> Schedule | None:
-    if not target.tiled_matmul or target.max_threads_per_block < TILE * TILE:
-        return None
+@dataclass
+class Prefill:
+    """A program both prefill rules take (this one and mma.py): its matmul `out[rows, col] += fa(rows, k) *
+    fb(col, k)` over M = m_total rows, then elementwise epilogues."""
+
+    mm: Block
+    epilogues: list
+    rows: list
+    col: IterVar
+    red: IterVar
+    m_total: sym.Expr
+    fa: tir.V
+    fb: tir.V
+    intermediates: list
+
+
+def prefill_matmul(prog: TensorProgram, min_rows: int) -> Prefill | None:
+    """The program's matmul with epilogues, or None (also when M is a constant below min_rows: decode's GEMV)."""
     stmts = strip_allocs(prog.body)
     if not stmts or not all(isinstance(s, Block) for s in stmts):
         return None
@@ -38,16 +55,26 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     m_total = sym.as_expr(1)
     for it in rows:
         m_total = m_total * it.extent
-    if m_total.is_const and m_total.value < TILE:
+    if m_total.is_const and m_total.value < min_rows:
         return None  # decode: a GEMV, the row rule's job
-    row_vars, col_var = {it.var for it in rows}, col.var
-    fa, fb = _split(rhs, row_vars, col_var)
+    fa, fb = _split(rhs, {it.var for it in rows}, col.var)
     if fa is None:
         return None
-    out = mm.body.buffer
     intermediates = allocs_of(prog.body)
     if not matmul_with_epilogues(mm, epilogues, intermediates):
         return None
+    return Prefill(mm, epilogues, rows, col, red, m_total, fa, fb, intermediates)
+
+
+def rule(prog: TensorProgram, target) -> Schedule | None:
+    if not target.tiled_matmul or target.max_threads_per_block < TILE * TILE:
+        return None
+    p = prefill_matmul(prog, TILE)
+    if p is None:
+        return None
+    mm, epilogues, rows, col, red, m_total, fa, fb, intermediates = (
+        p.mm, p.epilogues, p.rows, p.col, p.red, p.m_total, p.fa, p.fb, p.intermediates)
+    spatial, col_var, out = mm.spatial, col.var, mm.body.buffer
     T = TILE
     n_ext, k_ext = col.extent, red.extent
     tiles_n = sym.floordiv(n_ext + (T - 1), T)

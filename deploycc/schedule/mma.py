@@ -23,11 +23,11 @@ them with the API's documented semantics.
 from __future__ import annotations
 
 from ..ir import sym, tir
-from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
+from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram
 from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
-from .matmul import _split
+from .lowering import localize, lower_block, unravel
+from .matmul import prefill_matmul
 
 BM = BN = 64  # a block's output tile
 BK = 32  # K staged per step
@@ -40,26 +40,12 @@ PAD = 4  # shared rows padded (a multiple of 4 floats, as wmma's leading dimensi
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if not getattr(target, "tensor_cores", False) or target.kind != "cuda" or target.max_threads_per_block < THREADS:
         return None
-    found = split_matmul(prog)
-    if found is None or found[2].op != "mul":
+    p = prefill_matmul(prog, 16)
+    if p is None or p.fa.dtype != "float32" or p.fb.dtype != "float32":
         return None
-    mm, epilogues, rhs = found
-    spatial = mm.spatial
-    if len(spatial) < 2 or [it.kind for it in mm.iters] != ["spatial"] * len(spatial) + ["reduce"]:
-        return None
-    rows, col, red = spatial[:-1], spatial[-1], mm.reduce[0]
-    m_total = sym.as_expr(1)
-    for it in rows:
-        m_total = m_total * it.extent
-    if m_total.is_const and m_total.value < 16:
-        return None  # decode: the GEMV's
-    fa, fb = _split(rhs, {it.var for it in rows}, col.var)
-    if fa is None or fa.dtype != "float32" or fb.dtype != "float32":
-        return None
-    out = mm.body.buffer
-    intermediates = allocs_of(prog.body)
-    if not matmul_with_epilogues(mm, epilogues, intermediates):
-        return None
+    mm, epilogues, rows, col, red, m_total, fa, fb, intermediates = (
+        p.mm, p.epilogues, p.rows, p.col, p.red, p.m_total, p.fa, p.fb, p.intermediates)
+    spatial, out = mm.spatial, mm.body.buffer
     n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
     tiles_n = sym.floordiv(n_ext + (BN - 1), BN)
     groups = sym.floordiv(m_total + (BM - 1), BM) * tiles_n
