@@ -1,6 +1,7 @@
 """CUDA C (compiled with NVRTC/nvcc): the C-style base with CUDA's spellings."""
 from __future__ import annotations
 
+from deploycc.ir import subgroup
 from deploycc.ir.tir import Store, V
 
 from .cstyle import CStyleRenderer
@@ -102,6 +103,8 @@ class CUDARenderer(CStyleRenderer):
         return text
 
     def kernel(self, k) -> str:
+        if k.threads % 32:  # a block that is not whole warps (a preset of few threads): the shuffles need all 32 lanes
+            k = subgroup.lower(k)
         text = super().kernel(k)
         return text.replace(" {\n", f" {{\n  // launch: {k.threads} threads per block\n", 1)
 

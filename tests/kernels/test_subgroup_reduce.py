@@ -162,3 +162,19 @@ def test_the_tree_without_its_last_barrier_fails_in_a_loop(monkeypatch):
     runner(prog, got, ())
     run_program(prog, want, ())
     assert not np.allclose(got[1], want[1], atol=1e-3)
+
+
+def test_cuda_blocks_of_part_of_a_warp_take_the_tree():
+    """A CUDA preset of 16 threads a block: the GEMV's lane groups are 16 wide, and shuffles would name lanes the
+    warp does not have; the renderer lowers them to the tree, which the emulation runs."""
+    require_cxx()
+    from dataclasses import replace
+
+    from deploycc.runtime.devices import open_device
+
+    target = replace(presets.load("h100").target, threads_per_block=16)
+    runner = KernelRunner(open_device("cuda", emulate="forward"), target)
+    prog = legalized("linear", {"x": (1, 64), "w": (9, 64)})
+    x, w = RNG.standard_normal((1, 64), np.float32), RNG.standard_normal((9, 64), np.float32)
+    src = check(runner, prog, "gemv", [x, w], (1, 9))
+    assert "__shfl" not in src and "__syncthreads" in src
