@@ -12,6 +12,7 @@ split_plan's ranges.
 from __future__ import annotations
 
 from deploycc.errors import DeployError
+from deploycc.ir import subgroup
 from deploycc.ir.tir import Alloc, walk
 
 from .wgsl import ITEMSIZE, split_plan
@@ -92,8 +93,10 @@ def _buffers(kernels, target, buffers: dict[str, int]) -> tuple[dict[str, int], 
 
 
 def _shared_bytes(k) -> int:
+    """Work-group memory of the kernel's largest variant: the one without subgroups, whose warp-level reductions are
+    trees over work-group arrays as large as the subgroup variant's (ir/subgroup.py, wgsl.py subgroup_reduce)."""
     total = 0
-    for st in walk(k.body):
+    for st in walk(subgroup.lower(k).body):
         if isinstance(st, Alloc) and st.buffer.scope == "shared":
             n = ITEMSIZE.get(st.buffer.dtype, 4)
             for d in st.buffer.shape:

@@ -178,3 +178,22 @@ def test_cuda_blocks_of_part_of_a_warp_take_the_tree():
     x, w = RNG.standard_normal((1, 64), np.float32), RNG.standard_normal((9, 64), np.float32)
     src = check(runner, prog, "gemv", [x, w], (1, 9))
     assert "__shfl" not in src and "__syncthreads" in src
+
+
+def test_webgpu_requirements_count_the_reductions_arrays():
+    """A WebGPU package states the work-group memory its kernels need (kernels.requires, targets/webgpu_limits.py):
+    for kernels with warp-level reductions that is the arrays of whichever variant has more, with or without
+    subgroups, as rendered."""
+    import re
+
+    from deploycc.targets.webgpu_limits import _shared_bytes
+    from deploycc.targets.wgsl import render
+
+    target = presets.load("chrome-webgpu").target
+    decl = re.compile(r"var<workgroup>\s+\w+\s*:\s*array<(\w+),\s*(\d+)>")
+    progs = [legalized("linear", {"x": (1, 576), "w": (200, 576)}),
+             legalized("rms_norm", {"x": (sym.var("n"), 2048), "w": (2048,)}, eps=1e-5)]
+    for prog in progs:
+        (k,) = schedule_program(prog, target).attrs["schedule"].kernels
+        used = [sum(4 * int(n) for _, n in decl.findall(render([k], target, subgroups=sg))) for sg in (True, False)]
+        assert 0 < max(used) <= _shared_bytes(k), (prog.name, used, _shared_bytes(k))
