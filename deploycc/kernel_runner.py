@@ -47,31 +47,29 @@ class KernelRunner:
     def __init__(self, device, target):
         self.device = device
         self.target = target
-        self.built: dict[int, dict] = {}  # id(program) -> its kernels on the device
-        self.programs: list[TensorProgram] = []  # the programs built, kept alive so that no other takes their ids
+        # program (by identity: TensorProgram compares as an object, and the key keeps it alive) -> its kernels
+        self.built: dict[TensorProgram, dict] = {}
         self.sources: dict[str, str] = {}
         self.launches = 0
 
     def build(self, prog: TensorProgram) -> dict:
-        key = id(prog)
+        key = prog
         if key not in self.built:
             self.built[key], sources = backend(self.target.kind).build(self.device, list(scheduled(prog).kernels),
                                                                        self.target)
-            self.programs.append(prog)
             self.sources[prog.name] = "\n".join(sources)
         return self.built[key]
 
     def prebuild(self, progs) -> None:
         """Build the kernels of many programs at once, as one module where the target's backend builds one (a C++
         compile per program is most of the CUDA emulation's time); their names must differ, as a module's do."""
-        todo = [p for p in progs if id(p) not in self.built]
+        todo = [p for p in progs if p not in self.built]
         if not todo:
             return
         kernels = [k for p in todo for k in scheduled(p).kernels]
         handles, sources = backend(self.target.kind).build(self.device, kernels, self.target)
         for p in todo:
-            self.built[id(p)] = {entry_name(k.name): handles[entry_name(k.name)] for k in scheduled(p).kernels}
-            self.programs.append(p)
+            self.built[p] = {entry_name(k.name): handles[entry_name(k.name)] for k in scheduled(p).kernels}
             self.sources[p.name] = "\n".join(sources)
 
     def __call__(self, prog: TensorProgram, arrays: list[np.ndarray], sym_args) -> None:
