@@ -6,7 +6,10 @@ A model's layers are alike, so each shape is compiled with 1 and with 2 layers (
 real vocabulary and widths) and a step of L layers is T(1) + (T(2) - T(1)) x (L - 1), for the device's time, the
 host's, the bytes and the FLOPs alike: an 8B model needs no 16 GB checkpoint.
 
-    .venv/bin/python benchmarks/gpu_model.py [--context 512] [--prefill 512] [--json]
+    .venv/bin/python benchmarks/gpu_model.py [--context 512] [--prefill 512] [--sequences 1,4,16] [--json]
+
+With --sequences, also the server's batched step over the page pool (one token for each of B sequences after
+`--context` tokens each): its aggregate tok/s per B.
 """
 from __future__ import annotations
 
@@ -64,16 +67,15 @@ def extrapolate(one: dict, two: dict, layers: int) -> dict:
     return {k: one[k] + (two[k] - one[k]) * (layers - 1) if k != "tokens" else one[k] for k in one}
 
 
-def predict_shape(shape: str, preset: str, context: int, prefill: int) -> dict:
+def predict_shape(shape: str, preset: str, context: int, prefill: int, sequences: tuple[int, ...] = ()) -> dict:
     from deploycc import presets
     from deploycc.perfmodel import predict
 
     layers = SHAPES[shape]["num_hidden_layers"]
+    preds = [predict(package(shape, n, preset), context=context, prefill=prefill, sequences=sequences) for n in (1, 2)]
     steps = {}
-    for fname in ("decode", "prefill"):
-        one, two = (step_totals(predict(package(shape, n, preset), context=context, prefill=prefill), fname)
-                    for n in (1, 2))
-        steps[fname] = extrapolate(one, two, layers)
+    for fname in ("decode", "prefill", *(f"step{n}" for n in sequences)):
+        steps[fname] = extrapolate(*(step_totals(pred, fname) for pred in preds), layers)
     hw = presets.load(preset).hardware
     d, p = steps["decode"], steps["prefill"]
     step = max(d["device_s"], d["host_s"])
@@ -83,17 +85,21 @@ def predict_shape(shape: str, preset: str, context: int, prefill: int) -> dict:
             "decode_launches": d["launches"], "decode_bound": "host" if d["host_s"] > d["device_s"] else "device",
             "decode_device_ms": d["device_s"] * 1e3, "decode_host_ms": d["host_s"] * 1e3,
             "prefill_tokens": p["tokens"], "prefill_tok_s": p["tokens"] / max(p["device_s"], p["host_s"]),
-            "prefill_tflops": p["flops"] / max(p["device_s"], p["host_s"]) / 1e12}
+            "prefill_tflops": p["flops"] / max(p["device_s"], p["host_s"]) / 1e12,
+            "batched_tok_s": {n: n / max(steps[f"step{n}"]["device_s"], steps[f"step{n}"]["host_s"]) for n in sequences},
+            "batched_device_ms": {n: steps[f"step{n}"]["device_s"] * 1e3 for n in sequences}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--sequences", default="", help="batched steps of these many sequences, e.g. 1,4,16")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    seqs = tuple(int(x) for x in args.sequences.split(",") if x)
     t0 = time.time()
-    out = [predict_shape(s, p, args.context, args.prefill) for s in ORDER for p in PRESETS]
+    out = [predict_shape(s, p, args.context, args.prefill, seqs) for s in ORDER for p in PRESETS]
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -106,6 +112,12 @@ def main() -> None:
               f"{r['roofline_tok_s']:9.0f} {r['decode_launches']:8d} {r['decode_bound']:>6s} "
               f"{r['decode_device_ms']:9.2f} {r['decode_host_ms']:8.2f} {r['prefill_tok_s']:13.0f} "
               f"{r['prefill_tflops']:8.1f}")
+    if seqs:
+        print(f"\nbatched step (the server's), aggregate tok/s / device ms per step, after {args.context} tokens each")
+        print(f"{'shape':22s} {'preset':8s} " + " ".join(f"{f'{b} seq':>16s}" for b in seqs))
+        for r in out:
+            print(f"{r['shape']:22s} {r['preset']:8s} " + " ".join(
+                f"{r['batched_tok_s'][b]:9.0f} / {r['batched_device_ms'][b]:4.2f}" for b in seqs))
 
 
 if __name__ == "__main__":

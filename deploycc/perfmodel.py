@@ -170,6 +170,8 @@ class _Recorder(_DryRun):
             total += size
             weights += size if b.home == "weight" else 0
         groups = self.ev(args[1]["s"])
+        if groups == 0:  # not launched (the VM skips it): a dispatched alternative for other shapes
+            return
         self.launches.append(Launch(name, groups, entry["threads"], total, weight_bytes=weights))
         self.ints.append(ints)
 
@@ -201,12 +203,18 @@ def _tensor_kernels(pkg: Path, manifest: dict) -> set:
 
 
 def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
-    """{the last kernel of each program: the program's body} from kernels/programs.json."""
+    """{the kernel of each program that does its arithmetic (the last; each of a dispatched schedule's alternatives,
+    of which one runs): the program's body} from kernels/programs.json."""
     rel = manifest["kernels"].get("programs")
     if rel is None:
         return {}
     doc = json.loads((pkg / rel).read_text())
-    return {p["schedule"]["kernels"][-1]["name"]: p["body"] for p in doc["programs"] if p["schedule"]["kernels"]}
+    out = {}
+    for p in doc["programs"]:
+        ks = p["schedule"]["kernels"]
+        for k in ks if p["schedule"].get("dispatched") else ks[-1:]:
+            out[k["name"]] = p["body"]
+    return out
 
 
 def predict(pkg: str | Path, context: int | None = None, prefill: int | None = None,

@@ -113,7 +113,7 @@ def launches(mod: IRModule, fn: str = "decode") -> list[tuple[str, int]]:
                 v = b.value
                 if isinstance(v, CallTIR):
                     s = scheduled(mod[v.program])
-                    out.append((v.program, len(s.kernels) if s else 1))
+                    out.append((v.program, 1 if s is None or s.dispatched else len(s.kernels)))
                 elif isinstance(v, If):
                     visit(v.then_branch)
                     visit(v.else_branch)

@@ -30,14 +30,26 @@ def package(tmp_path_factory):
                          out=str(tmp_path_factory.mktemp("perf") / "pkg"))
 
 
+def launch_sites(package, fname: str) -> tuple[int, set]:
+    """(the launches a step makes: its launch instructions, one of each dispatched pair; the dispatched kernels)."""
+    m = json.loads((package / "manifest.json").read_text())
+    doc = json.loads((package / m["kernels"]["programs"]).read_text())
+    paired = {k["name"] for p in doc["programs"] if p["schedule"].get("dispatched") for k in p["schedule"]["kernels"]}
+    bc = json.loads((package / "bytecode.json").read_text())
+    names = [ins["args"][0]["k"] for ins in bc["functions"][fname]["instructions"] if ins.get("fn") == "vm.launch"]
+    return sum(n not in paired for n in names) + sum(n in paired for n in names) // 2, paired
+
+
 def test_every_launch_of_both_steps_is_modelled(package):
+    """Every launch the step makes, and of a dispatched pair (schedule/dispatch.py) the one its rows choose: at 16
+    rows the tiles, not the few-row GEMV."""
     pred = predict(package, context=48, prefill=16)
     m = json.loads((package / "manifest.json").read_text())
-    bc = json.loads((package / "bytecode.json").read_text())
     for fname, tokens in (("decode", 1), ("prefill", 16)):
         step = pred["steps"][fname]
-        launches = sum(1 for ins in bc["functions"][fname]["instructions"] if ins.get("fn") == "vm.launch")
+        launches, paired = launch_sites(package, fname)
         assert len(step.launches) == launches and step.tokens == tokens
+        assert not any(x.kernel.endswith("_rows") for x in step.launches) and paired
         for x in step.launches:
             assert x.threads == m["kernels"]["entries"][x.kernel]["threads"] and x.blocks >= 1 and x.bytes > 0
             assert x.seconds >= LAUNCH_US * 1e-6 and x.bound in ("bandwidth", "latency", "arithmetic")
@@ -75,10 +87,9 @@ def test_prefill_matmuls_on_the_tensor_cores_are_timed_at_their_peak(package):
 def test_the_batched_step_reads_the_pages_its_tables_name(package):
     """The server's step over the page pool: one token for each of B sequences; the pool is read where the
     sequences' page tables point (B x pages x page size rows), not whole."""
-    pred = predict(package, context=48, sequences=(1, 4))
+    pred = predict(package, context=48, sequences=(1, 4, 12))
     m = json.loads((package / "manifest.json").read_text())
-    bc = json.loads((package / "bytecode.json").read_text())
-    launches = sum(1 for ins in bc["functions"]["step"]["instructions"] if ins.get("fn") == "vm.launch")
+    launches, paired = launch_sites(package, "step")
     kv, pool = m["kv_cache"], m["kv_cache"]["pool"]
     row = kv["kv_heads"] * kv["head_dim"] * 4
     for b in (1, 4):
@@ -89,6 +100,10 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
         read = rows * row * 2  # keys and values: the named pages, at most the pool
         assert attention and all(read <= x.bytes < read + 4096 for x in attention), (read, [x.bytes for x in attention])
     assert pred["steps"]["step1"].bytes < pred["steps"]["step4"].bytes
+    # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs; past FEW rows, the tiles
+    for b, few in ((1, True), (4, True), (12, False)):
+        chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired]
+        assert chosen and all(x.kernel.endswith("_rows") == few and x.flops > 0 for x in chosen), b
 
 
 def test_inspect_prints_the_model(package):

@@ -26,11 +26,14 @@ class Kernel:
 
 @dataclass(frozen=True, eq=False)
 class Schedule:
-    """The kernels of one program, in launch order, and the global intermediates they share."""
+    """The kernels of one program, in launch order, and the global intermediates they share. `dispatched`: the
+    kernels are alternatives, each making the whole program for some shapes and zero work-groups for the others
+    (schedule/dispatch.py), so one of them runs per launch of the program."""
 
     kernels: tuple[Kernel, ...]
     workspace: tuple[Buffer, ...] = ()
     rule: str = ""
+    dispatched: bool = False
 
 
 def scheduled(prog: TensorProgram) -> Schedule | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
-from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Store, SubgroupReduce, TensorProgram
+from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, TensorProgram
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
 
@@ -96,3 +96,76 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     bufs, written = global_buffers(body, list(prog.params))
     k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, T, written)
     return Schedule((k,), (), "gemv")
+
+
+FEW = 8  # rows of activations the few-row GEMV makes at most (llama.cpp's MMVQ takes up to 8 columns too)
+
+
+def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
+    """The GEMV for a matmul of at most FEW rows (a batched step of a few sequences, a short prompt): laid out as the
+    decode GEMV, each lane loading its V weights of W output columns once (dequantized into registers) and
+    multiplying them with the V activations of every row p < M, FEW x W accumulators a lane, one SubgroupReduce for
+    all. Any M is correct (rows past FEW are never read), but only M <= FEW is made: dispatch.py guards the launch.
+    `p` is matmul.prefill_matmul's reading of the program."""
+    if not target.workgroup_gemv:
+        return None
+    mm, epilogues, rows, col, red = p.mm, p.epilogues, p.rows, p.col, p.red
+    spatial, out, m_total = mm.spatial, mm.body.buffer, p.m_total
+    T = 1
+    while T * 2 <= min(target.threads_per_block, GROUP):
+        T *= 2
+    L = min(LANES, T)
+    W = ROWS
+    R = T // L * W  # output columns per work-group
+    n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
+    V = VECTOR if k_ext.is_const and k_ext.value % VECTOR == 0 else 1
+    g, t, kk = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("kk")
+    G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
+    lane = sym.mod(Tt, L)
+    cols = [G * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
+    at_row = [{it.var: v for it, v in zip(rows, unravel(sym.as_expr(r), [it.extent for it in rows]))}
+              for r in range(FEW)]
+    trips = sym.floordiv(k_ext + (L * V - 1), L * V)
+    first = (KK * L + lane) * V
+    acc = Buffer("acc", (FEW * W,), "float32", "local")
+    wts = Buffer("wts", (W * V,), "float32", "local")
+
+    def below(a, b) -> tir.V:
+        return tir.index(a).cmp("lt", tir.index(b))
+
+    def weights(w) -> Stmt:
+        """wts[w, :] = column w's V dequantized weights (zeros past the last column, whose rows are not stored)."""
+        values = [Substitute(syms={col.var: cols[w], red.var: first + v}, fresh=False).value(p.fb) for v in range(V)]
+        load = Seq(tuple(Store(wts, (sym.as_expr(w * V + v),), values[v]) for v in range(V)))
+        if not w:  # the whole step is inside column 0's guard
+            return load
+        zero = Seq(tuple(Store(wts, (sym.as_expr(w * V + v),), tir.const(0.0)) for v in range(V)))
+        return IfThenElse(below(cols[w], n_ext), load, zero)
+
+    def row_terms(r) -> Stmt:
+        a = [Substitute(syms={**at_row[r], red.var: first + v}, fresh=False).value(p.fa) for v in range(V)]
+        return Seq(tuple(Store(acc, (sym.as_expr(r * W + w),), acc[r * W + w] + a[v] * wts[w * V + v])
+                         for v in range(V) for w in range(W)))
+    step = Seq((*[weights(w) for w in range(W)],
+                *[IfThenElse(below(r, m_total), row_terms(r)) if r else row_terms(r) for r in range(FEW)]))
+    steps: list[Stmt] = [Store(acc, (sym.as_expr(i),), tir.const(0.0)) for i in range(FEW * W)]
+    steps.append(IfThenElse(below(cols[0], n_ext), For(kk, trips, IfThenElse(below(first, k_ext), step))))
+    steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(i),), acc[i]) for i in range(FEW * W)), "add", L))
+    for r in range(FEW):
+        for w in range(W):
+            fixed = {**at_row[r], col.var: cols[w]}
+            sub = Substitute(syms=fixed, fresh=False)
+            result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + acc[r * W + w])
+            tail: Stmt = Seq((result,) + tuple(
+                lower_block(e, {a.var: fixed[b.var] for a, b in zip(e.iters, spatial)}, f"e{i}")
+                for i, e in enumerate(epilogues)))
+            if out in p.intermediates:
+                local = Buffer(out.name, (1,), out.dtype, "local")
+                tail = Alloc(local, localize(tail, out, local, len(out.shape)))
+            ok = tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), below(cols[w], n_ext)))
+            steps.append(IfThenElse(tir.V("and", "bool", (ok, below(r, m_total))), tail))
+    body: Stmt = Alloc(acc, Alloc(wts, Seq(tuple(steps))))
+    groups = sym.floordiv(n_ext + (R - 1), R)
+    body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
+    bufs, written = global_buffers(body, list(prog.params))
+    return Kernel(prog.name + "_rows", bufs, tuple(free_syms(body)), body, groups, T, written)

@@ -26,7 +26,7 @@ FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "abs", "erf"
 def vectorize(s: Schedule) -> Schedule:
     kernels = tuple(Kernel(k.name, k.buffers, k.scalars, _stmt(k.body), k.groups, k.threads, k.written)
                     for k in s.kernels)
-    return Schedule(kernels, s.workspace, s.rule)
+    return Schedule(kernels, s.workspace, s.rule, s.dispatched)
 
 
 def _stmt(st: Stmt) -> Stmt:

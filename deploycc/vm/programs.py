@@ -129,7 +129,10 @@ def _schedule(prog: TensorProgram, n: _Names) -> dict:
             raise ValueError(f"kernel {k.name}: int argument {stray[0]} is not a variable of program {prog.name}")
         kernels.append({"name": k.name, "buffers": [n.buf(b) for b in k.buffers],
                         "scalars": [n.sym(v) for v in k.scalars], "groups": n.sym(k.groups), "threads": k.threads})
-    return {"workspace": [n.buf(w) for w in s.workspace], "kernels": kernels}
+    out = {"workspace": [n.buf(w) for w in s.workspace], "kernels": kernels}
+    if s.dispatched:  # alternatives by shape (schedule/dispatch.py): each one does the program's whole work
+        out["dispatched"] = True
+    return out
 
 
 def rounded_input(prog: TensorProgram) -> Buffer | None:
@@ -255,6 +258,7 @@ def kernel_work(lowered) -> dict[str, dict]:
         work = {"macs_per_row": int(macs)}
         if prog.attrs.get("activations"):
             work["activation_bits"] = int(prog.attrs["activations"])
-        out[sched.kernels[-1].name] = work
+        for k in sched.kernels if sched.dispatched else sched.kernels[-1:]:
+            out[k.name] = work
     return out
 

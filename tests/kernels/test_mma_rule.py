@@ -55,19 +55,20 @@ def run(runner, prog, inputs, out_shape):
 
 
 def test_the_rule_takes_prefill_linears_on_tensor_core_presets_only():
-    assert schedule_program(linear(64, 32), presets.load("h100").target).attrs["schedule"].rule == "mma"
+    # a row count known at run time: the tiles past a few rows, the few-row GEMV below (test_dispatch_rows.py)
+    assert schedule_program(linear(64, 32), presets.load("h100").target).attrs["schedule"].rule == "gemv|mma"
     for preset in ("rtx4090", "adreno", "chrome-webgpu", "cpu"):
-        assert schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"].rule != "mma"
+        assert "mma" not in schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"].rule
     decode = program("linear", {"x": (1, 64), "w": (32, 64)})
     assert schedule_program(decode, presets.load("h100").target).attrs["schedule"].rule == "gemv"
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 32, 16), (5, 64, 16), (70, 96, 130), (64, 40, 64), (129, 8, 65)])
+@pytest.mark.parametrize("m,k,n", [(9, 32, 16), (17, 64, 16), (70, 96, 130), (64, 40, 64), (129, 8, 65)])
 def test_edges(runner, m, k, n):
     rng = np.random.default_rng(m * k + n)
     x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
     prog, got, want = run(runner, linear(k, n), [x, w], (m, n))
-    assert prog.attrs["schedule"].rule == "mma" and "wmma::mma_sync" in runner.sources[prog.name]
+    assert prog.attrs["schedule"].rule == "gemv|mma" and "wmma::mma_sync" in runner.sources[prog.name]
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
 
 
@@ -98,7 +99,7 @@ def test_dequantized_weights_and_epilogues(runner, quantized_programs):
                   (rng.random(shape(b)) * 0.1).astype(np.float16) if b.dtype == "float16" else
                   rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
         scheduled_prog, got, want = run(runner, prog, inputs, shape(prog.outputs[0]))
-        assert scheduled_prog.attrs["schedule"].rule == "mma", prog.name
+        assert scheduled_prog.attrs["schedule"].rule == "gemv|mma", prog.name
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=prog.name)
 
 

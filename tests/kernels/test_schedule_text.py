@@ -15,7 +15,7 @@ from deploycc.ir import BlockBuilder, Tensor, Var, sym
 from deploycc.ir.printer import program_text
 from deploycc.pipeline import run as run_pipeline
 from deploycc.quantization import quantize
-from deploycc.schedule import schedule_program
+from deploycc.schedule import RULES, dispatch, schedule_program
 from deploycc.transform import legalize
 from deploycc.transform.annotate_patterns import annotate_patterns
 from deploycc.transform.fuse_ops import fuse_ops
@@ -23,16 +23,16 @@ from deploycc.transform.fuse_tensor import fuse_tensor
 from fixtures import make_tiny
 
 
-def schedule_text(prog, preset: str = "adreno") -> str:
+def schedule_text(prog, preset: str = "adreno", rules=RULES) -> str:
     """What scheduling adds to a program's text; the program's own text (frozen in test_fusion_text for the fused
     ones) must print unchanged above it."""
-    text, plain = program_text(schedule_program(prog, presets.load(preset).target)), program_text(prog)
+    text, plain = program_text(schedule_program(prog, presets.load(preset).target, rules)), program_text(prog)
     assert text.startswith(plain.rstrip("\n") + "\n    # scheduled")
     return text[len(plain):]
 
 
-def scheduled(name: str) -> str:
-    return schedule_text(fuse_tensor(fuse_ops(annotate_patterns(module())))[name])
+def scheduled(name: str, rules=RULES) -> str:
+    return schedule_text(fuse_tensor(fuse_ops(annotate_patterns(module())))[name], rules=rules)
 
 
 def decode_linear(preset: str = "adreno") -> str:
@@ -65,7 +65,14 @@ def tiny_on_cpu(name: str) -> str:
 
 
 def test_matmul_rule_tiles_with_the_prologue_in_the_tile_load_and_the_epilogue_after():
-    assert scheduled("fused_dequantize_linear_add") == MATMUL
+    assert scheduled("fused_dequantize_linear_add", tuple(r for r in RULES if r is not dispatch.rule)) == MATMUL
+
+
+def test_a_row_count_known_at_run_time_dispatches_between_the_few_row_gemv_and_the_tiles():
+    """The same program with every rule: two kernels, each with a work-group count that is zero outside its range
+    (schedule/dispatch.py); what each does is checked by running them (test_dispatch_rows.py)."""
+    heads = [ln for ln in scheduled("fused_dequantize_linear_add").splitlines() if ln.startswith(("    #", "    kernel"))]
+    assert heads == DISPATCH_HEADS
 
 
 def test_row_rule_one_thread_per_element():
@@ -119,6 +126,12 @@ GEMV_OPENCL = """    # scheduled (row): 1 kernel(s)
                     y[t // 8 + g, 2 * (t % 8)] = acc0_0[0]
                     y[t // 8 + g, 2 * (t % 8) + 1] = acc0_1[0]
 """
+
+DISPATCH_HEADS = [
+    "    # scheduled (gemv|matmul): 2 kernel(s)",
+    "    kernel fused_dequantize_linear_add_rows(a0, a1, a2, a3, out, n: int), groups=2 * max(0, min(1, -n + 9)), threads=64:  # writes out",
+    "    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=((n + 15) // 16) * min(1, max(0, n - 8)), threads=256:  # writes out",
+]
 
 MATMUL = """    # scheduled (matmul): 1 kernel(s)
     kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=(n + 15) // 16, threads=256:  # writes out

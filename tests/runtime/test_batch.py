@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import missing, require_cc, require_device
+from conftest import missing, require_cc, require_cxx, require_device
 
 from deploycc.package import compile_model
 from deploycc.runtime.batch import Batcher
@@ -29,7 +29,7 @@ from deploycc.runtime.vm import VMError
 from fixtures import make_tiny
 
 X32 = "qwen3-x32"  # every matmul on the integer kernels (tests/fixtures.py)
-PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "webgpu": "cpu-webgpu"}
+PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cuda-emu": "h100"}
 
 
 def compiled(tmp_path_factory, model: str, preset: str, quant: str = "q0f32", pool: int = 64):
@@ -115,11 +115,15 @@ def test_a_batch_gives_each_sequence_its_own_logits_bit_for_bit(tmp_path_factory
 
 
 @pytest.mark.parametrize("backend", sorted(PRESETS))
-def test_batched_steps_match_the_single_sequence_engine(tmp_path_factory, backend):
-    """On every backend (native C, PoCL, lavapipe), q0f32: each sequence of a concurrent batch within 1e-4 of
-    the single-sequence engine's logits for the same tokens."""
+def test_batched_steps_match_the_single_sequence_engine(tmp_path_factory, monkeypatch, backend):
+    """On every backend (native C, PoCL, lavapipe, the CUDA emulation of an h100 package), q0f32: each sequence of a
+    concurrent batch within 1e-4 of the single-sequence engine's logits for the same tokens. The GPU presets' steps
+    of up to 8 rows take the few-row GEMVs, the 17-token prompt's chunks the tiles (schedule/dispatch.py)."""
     if backend == "cpu":
         require_cc()
+    elif backend == "cuda-emu":
+        require_cxx()
+        monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "shuffle")
     else:
         require_device(backend)
     pkg = compiled(tmp_path_factory, "qwen3-gqa2-headdim-window", PRESETS[backend], pool=256)

@@ -1,0 +1,147 @@
+"""Matmuls whose row count is known only at run time (schedule/dispatch.py): the few-row GEMV (gemv.few_rows) for
+M <= FEW and the prefill tiles above, chosen per launch by work-group counts that are zero outside each kernel's
+range.
+
+Checked: which presets take the rule (the GPU ones; CPU presets and a constant row count keep their one kernel); the
+work-group counts at every M around FEW; the kernels against the loop-level interpreter at M = 1..FEW + 1 on the
+CUDA emulation (h100: the tiles are tensor-core ones; rtx4090: SIMT tiles), lavapipe (cpu-webgpu) and PoCL
+(adreno), with exactly one kernel launched per run; a tiny Llama's q4f16_1 linears (4-bit codes dequantized in
+registers, residual adds) at M = 1, 3 and 8; negative control: the few-row kernel launched past FEW rows (its guard
+removed) leaves the rows past FEW unmade. Tolerance: atol 1e-4 + rtol 1e-5 (float32 sums of up to 130 products
+in another order). Whole models: tests/kernels/test_model_kernels.py's prefill of 1 and 5 tokens takes the
+few-row kernels, of 64 the tiles; tests/runtime/test_batch.py's batched steps take them on lavapipe and the
+emulation.
+"""
+import numpy as np
+import pytest
+from conftest import require_cxx, require_device
+
+from deploycc import op, presets  # noqa: F401  (op registers the ops)
+from deploycc.ir import BlockBuilder, Tensor, Var, sym
+from deploycc.ir.tir_interp import run_program
+from deploycc.kernel_runner import KernelRunner
+from deploycc.schedule import dispatch, gemv, schedule_program
+from deploycc.transform import legalize
+
+FEW = gemv.FEW
+BACKENDS = {"cuda-h100": "h100", "cuda-rtx4090": "rtx4090", "webgpu": "cpu-webgpu", "opencl": "adreno"}
+
+
+@pytest.fixture(scope="module", params=sorted(BACKENDS))
+def runner(request):
+    kind = request.param.split("-")[0]
+    if kind == "cuda":
+        require_cxx()
+        from deploycc.runtime.devices import open_device
+
+        device = open_device("cuda", emulate="shuffle")
+    else:
+        device = require_device(kind)
+    return KernelRunner(device, presets.load(BACKENDS[request.param]).target)
+
+
+def linear(k: int, n: int, rows=None):
+    bb = BlockBuilder()
+    args = [Var("x", Tensor((rows or sym.var("n"), k))), Var("w", Tensor((n, k)))]
+    with bb.function("main", args, auto_dataflow=True):
+        bb.finish(bb.call("linear", *args))
+    return legalize(bb.module)["linear"]
+
+
+def run(runner, prog, inputs, out_shape):
+    """(the program scheduled, the kernels' output, the interpreter's, kernels launched). Schedule the program before
+    (once: the runner builds each scheduled program's kernels once) to run it at several row counts."""
+    if "schedule" not in prog.attrs:
+        prog = schedule_program(prog, runner.target)
+    got = [*inputs, np.zeros(out_shape, np.float32)]
+    want = [*inputs, np.zeros(out_shape, np.float32)]
+    before = runner.launches
+    runner(prog, got, ())
+    run_program(prog, want, ())
+    return prog, got[-1], want[-1], runner.launches - before
+
+
+def test_gpu_presets_take_it_and_cpu_presets_do_not():
+    tiles = {"h100": "mma", "rtx4090": "matmul", "adreno": "matmul", "chrome-webgpu": "matmul", "cpu-webgpu": "matmul"}
+    for preset, tile in tiles.items():
+        s = schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"]
+        assert s.rule == f"gemv|{tile}" and s.dispatched and [k.name for k in s.kernels] == ["linear_rows", "linear"]
+    for preset in ("cpu", "cpu-avx2", "cpu-opencl"):
+        s = schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"]
+        assert not s.dispatched and len(s.kernels) == 1, preset
+    h100 = presets.load("h100").target
+    assert schedule_program(linear(64, 32, 1), h100).attrs["schedule"].rule == "gemv"  # decode
+    assert schedule_program(linear(64, 32, 64), h100).attrs["schedule"].rule == "mma"  # a constant 64 rows
+
+
+def test_work_groups_are_zero_outside_each_kernels_range():
+    s = schedule_program(linear(64, 130), presets.load("h100").target).attrs["schedule"]
+    few, tiles = s.kernels
+    n = next(iter(sym.as_expr(few.groups).free_vars()))
+    for m in range(1, 3 * FEW):
+        g_few, g_tiles = (int(sym.evaluate(k.groups, {n: m})) for k in (few, tiles))
+        assert (g_few > 0) == (m <= FEW) and (g_tiles > 0) == (m > FEW), m
+        assert g_few in (0, -(-130 // 8)) and g_tiles in (0, -(-m // 64) * -(-130 // 64))
+    assert dispatch.at_most(sym.as_expr(n), FEW) != dispatch.above(sym.as_expr(n), FEW)
+
+
+@pytest.mark.parametrize("k,n", [(64, 16), (96, 130), (40, 65)])
+def test_every_row_count_around_the_threshold(runner, k, n):
+    rng = np.random.default_rng(k + n)
+    prog = schedule_program(linear(k, n), runner.target)
+    for m in range(1, FEW + 2):
+        x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
+        prog, got, want, launched = run(runner, prog, [x, w], (m, n))
+        assert launched == 1, (m, launched)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"M={m}")
+    assert "linear_rows" in runner.sources[prog.name]
+
+
+@pytest.fixture(scope="module")
+def quantized_programs():
+    """A tiny Llama's fused prefill programs in q4f16_1 for h100 (dequantize inlined, some with a residual add)."""
+    import deploycc
+    from deploycc.export import export
+    from deploycc.pipeline import run as run_pipeline
+    from deploycc.quantization import quantize
+    from fixtures import make_tiny
+
+    model = quantize(deploycc.load_model(str(make_tiny("llama-gqa1"))), "q4f16_1", None, False)
+    fused = run_pipeline(export(model, 64), presets.load("h100").target, "fused")
+    return [p for name, p in fused.programs().items() if "dequantize" in name and not all(
+        sym.as_expr(d).is_const for b in p.params for d in b.shape)]
+
+
+def test_dequantized_weights_and_epilogues(runner, quantized_programs):
+    rng = np.random.default_rng(0)
+    assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)
+    for prog in quantized_programs:
+        prog = schedule_program(prog, runner.target)
+        for m in (1, 3, FEW):
+            def shape(b):
+                return tuple(int(sym.evaluate(sym.as_expr(d), {v: m for v in sym.as_expr(d).free_vars()}))
+                             for d in b.shape)
+            inputs = [rng.integers(0, 2 ** 32, shape(b), np.uint64).astype(np.uint32) if b.dtype == "uint32" else
+                      (rng.random(shape(b)) * 0.1).astype(np.float16) if b.dtype == "float16" else
+                      rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
+            scheduled, got, want, launched = run(runner, prog, inputs, shape(prog.outputs[0]))
+            assert scheduled.attrs["schedule"].dispatched and launched == 1, prog.name
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"{prog.name} M={m}")
+
+
+def test_the_few_row_kernel_past_its_range_is_wrong(monkeypatch):
+    """The negative control: with its launch guard gone (launched at any M, the tiles never), M = FEW + 3 leaves the
+    last three rows as they were (zeros), so the guard is what keeps the result right."""
+    require_cxx()
+    from deploycc.runtime.devices import open_device
+
+    monkeypatch.setattr(dispatch, "at_most", lambda m, n: 1)
+    monkeypatch.setattr(dispatch, "above", lambda m, n: 0)
+    runner = KernelRunner(open_device("cuda", emulate="forward"), presets.load("h100").target)
+    rng = np.random.default_rng(1)
+    m = FEW + 3
+    x, w = rng.standard_normal((m, 64), np.float32), rng.standard_normal((16, 64), np.float32)
+    _, got, want, launched = run(runner, linear(64, 16), [x, w], (m, 16))
+    assert launched == 1
+    np.testing.assert_allclose(got[:FEW], want[:FEW], atol=1e-4, rtol=1e-5)
+    assert np.all(got[FEW:] == 0) and np.abs(want[FEW:]).max() > 1
