@@ -100,9 +100,11 @@ def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap, r
     d, scale = 32, 0.125
     attrs = {"window": window, **({"softcap": cap} if cap else {})}
     prog = schedule_program(attention_program(n, h, kvh, d, scale, ring, **attrs), target)
-    assert prog.attrs["schedule"].rule == ("attention-split" if n == 1 and backend in SPLIT else "attention")
+    # the GPU presets: decode split over threads and blocks, prefill in tiles of 16 queries (attention_tiles.py)
+    form = ("attention-split" if n == 1 else "attention-tiles") if backend in SPLIT else "attention"
+    assert prog.attrs["schedule"].rule == form
     split = "sm_acc" in render(list(prog.attrs["schedule"].kernels), target)  # the threads' partials meet
-    assert split == (backend in SPLIT), "the form the presets take"
+    assert split == (form == "attention-split"), "the form the presets take"
     rng = np.random.default_rng(n * 1000 + total)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     k = rng.standard_normal((total, kvh, d)).astype(np.float32)
