@@ -107,3 +107,24 @@ def smollm2_path() -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
+
+
+@pytest.fixture(scope="session")
+def smollm2_cpu_package(smollm2_path, tmp_path_factory) -> Path:
+    """SmolLM2's default cpu package, what `make demo` compiles (`deploycc compile --device cpu --head-quantization
+    q8f16_0`: q4f16_2 with calibrated activations), compiled once per test run and shared by the xdist workers: the
+    first to take the lock compiles (about a minute), the others wait and reuse it. Tests only read it."""
+    import fcntl
+
+    require_cc()
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's directory, the workers' parent
+    out = root / "smollm2-cpu-default" / "smollm2"  # the server names the model by the package's folder
+    with open(root / "smollm2-cpu-default.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "manifest.json").exists():  # compile writes the package whole or not at all
+            r = subprocess.run([sys.executable, "-m", "deploycc", "compile", smollm2_path, "--device", "cpu",
+                                "--head-quantization", "q8f16_0", "-o", str(out), "--json"],
+                               capture_output=True, text=True, timeout=900)
+            assert r.returncode == 0, r.stderr[-3000:]
+    return out

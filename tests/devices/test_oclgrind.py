@@ -88,14 +88,14 @@ def compile_case(case: tuple, work: Path) -> Path:
 
     preset, name, edit = case
     overrides = SMALL + (AS_OPENCL if presets.load(preset).target.kind != "opencl" else ())
-    if edit == "no-barrier":  # the float tiled matmul (the GPU presets' default is 4-bit)
+    if edit == "no-barrier":  # float weights (the GPU presets' default is 4-bit)
         overrides += ("quantization=q0f32",)
     pkg = compile_model(str(make_tiny(name)), preset, overrides=overrides, out=str(work / "pkg"))
-    if edit == "no-barrier":  # adreno's tiled matmul without the barrier after its inner product
+    if edit == "no-barrier":  # adreno's few-row GEMV (the chunks of 8) without the second barrier of its lanes' tree
         cl = pkg / "kernels" / "kernels.cl"
         text = cl.read_text()
-        tile_loop = re.search(rf"(__kernel void linear\(.*?{BARRIER}.*?){BARRIER}", text, re.S)
-        assert tile_loop, "adreno's linear kernel has no second barrier: the schedule changed, update this control"
+        tile_loop = re.search(rf"(__kernel void linear_rows\(.*?{BARRIER}.*?){BARRIER}", text, re.S)
+        assert tile_loop, "adreno's linear_rows kernel has no second barrier: the schedule changed, update this control"
         cl.write_text(text[:tile_loop.end(1)] + text[tile_loop.end():])
         reseal(pkg)
     return pkg
@@ -128,7 +128,8 @@ def test_kernels_under_oclgrind(runs, case):
 
 @pytest.mark.parametrize("case", [CONTROL], ids=case_id)
 def test_oclgrind_reports_a_missing_barrier(runs, case):
-    """The check checks: adreno's tiled matmul with the barrier after its inner product deleted (the next tile's
-    loads overwrite local memory other work-items still read) is a data race Oclgrind reports."""
+    """The check checks: adreno's few-row GEMV (schedule/dispatch.py: the prefill chunks of 8 rows) with the second
+    barrier of its lanes' shared-memory tree deleted (a halving reads sums the last one has not written) is a data
+    race Oclgrind reports."""
     errors = runs[case].result()["errors"]
     assert "data race" in errors and "Kernel: linear" in errors, errors[:3000]

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_cc
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,12 +26,8 @@ def cli(*args, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def package(smollm2_path, tmp_path_factory):
-    require_cc()
-    out = tmp_path_factory.mktemp("default") / "smollm2"
-    r = cli("compile", smollm2_path, "--device", "cpu", "--head-quantization", "q8f16_0", "-o", out, "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out
+def package(smollm2_cpu_package):
+    return smollm2_cpu_package  # compiled by the CLI, once per run (tests/conftest.py)
 
 
 def test_greedy_answer_is_paris(package):

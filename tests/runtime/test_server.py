@@ -290,11 +290,8 @@ def test_serve_refuses_a_port_in_use_and_a_bad_queue(package, server):
 
 
 @pytest.mark.model
-def test_smollm2_chat_equals_deploycc_run(smollm2_path, tmp_path):
-    from deploycc.package import compile_model
-
-    require_cc()
-    pkg = compile_model(smollm2_path, "cpu", out=str(tmp_path / "smollm2"), context_window=512)
+def test_smollm2_chat_equals_deploycc_run(smollm2_cpu_package):
+    pkg = smollm2_cpu_package  # the default cpu package (tests/conftest.py), shared with tests/models
     question = "What is the capital of France?"
     r = subprocess.run([sys.executable, "-m", "deploycc", "run", str(pkg), "--prompt", question, "--max-tokens", "24",
                         "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300)
