@@ -2,10 +2,15 @@
 
 Applies to a program whose first block is a matmul (`C[rows, col] += A(rows, k) * B(col, k)`,
 where A and B may be inlined prologues such as a dequantize) followed only by elementwise
-epilogue blocks over the same output. A work-group of T x T threads computes a T x T output tile;
-for each K tile every thread stages one element of A and one of B in shared memory, a barrier
-follows, and the tile's products accumulate in a register. Tails (M, N, K not multiples of T) are
-guarded, with zeros staged. Decode (a single row) is left to the row rule, which is a GEMV.
+epilogue blocks over the same output. A work-group of 16 x 16 threads computes a 64 x 64 output tile,
+each thread 4 x 4 outputs in registers (register blocking, as every SIMT GEMM since Volkov and Demmel's):
+per K step of 16 the threads stage A's 64 x 16 and B's 64 x 16 in shared memory (a dequantize inlined in
+B runs once per weight, in the staging), a barrier, then 16 steps of 4 + 4 shared loads for 16
+multiply-adds, and a barrier before the next staging. Before (until 2026-11-27) a 16 x 16 tile made one
+output a thread: 2 shared loads per multiply-add and two barriers per 16 of K for 256 outputs, 16 times
+the barriers per multiply-add (which is what a CPU running GPU kernels, lavapipe or PoCL, pays most for).
+Tails (M, N, K not multiples of the tile) are guarded, with zeros staged. Decode (a single row) is left to
+the GEMV rules; a few rows known only at run time, to dispatch.py.
 """
 from __future__ import annotations
 
@@ -13,12 +18,17 @@ from dataclasses import dataclass
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, _value_syms, allocs_of, free_syms, global_buffers, strip_allocs
-from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, IterVar, Seq, Store, TensorProgram
+from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, IterVar, Seq, Stmt, Store, TensorProgram
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, unravel
 
-TILE = 16
+TILE = 16  # the fewest rows a constant-row program needs to take the tiles (below: the GEMVs)
+SIDE = 16  # a block is SIDE x SIDE threads
+TM = TN = 4  # each makes TM x TN outputs, in registers
+BM, BN, BK = SIDE * TM, SIDE * TN, 16  # a block's 64 x 64 outputs, K staged 16 at a time
+THREADS = SIDE * SIDE
+PADDED = BM + 1  # floats a staged row of k takes (see LD)
 
 
 @dataclass
@@ -67,64 +77,87 @@ def prefill_matmul(prog: TensorProgram, min_rows: int) -> Prefill | None:
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
-    if not target.tiled_matmul or target.max_threads_per_block < TILE * TILE:
+    if not target.tiled_matmul or target.max_threads_per_block < THREADS:
+        return None
+    if 2 * BK * PADDED * 4 > target.max_shared_memory:  # As and Bs
         return None
     p = prefill_matmul(prog, TILE)
     if p is None:
         return None
     mm, epilogues, rows, col, red, m_total, fa, fb, intermediates = (
         p.mm, p.epilogues, p.rows, p.col, p.red, p.m_total, p.fa, p.fb, p.intermediates)
-    spatial, col_var, out = mm.spatial, col.var, mm.body.buffer
-    T = TILE
-    n_ext, k_ext = col.extent, red.extent
-    tiles_n = sym.floordiv(n_ext + (T - 1), T)
-    groups = sym.floordiv(m_total + (T - 1), T) * tiles_n
+    spatial, out = mm.spatial, mm.body.buffer
+    n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
+    tiles_n = sym.floordiv(n_ext + (BN - 1), BN)
+    groups = sym.floordiv(m_total + (BM - 1), BM) * tiles_n
     g, t, kt, kk = (sym.SymVar(x) for x in ("g", "t", "kt", "kk"))
     G, Tt, KT, KK = (sym.as_expr(x) for x in (g, t, kt, kk))
-    ty, tx = sym.floordiv(Tt, T), sym.mod(Tt, T)
-    row = sym.floordiv(G, tiles_n) * T + ty
-    col_e = sym.mod(G, tiles_n) * T + tx
-    col_b = sym.mod(G, tiles_n) * T + ty  # the B row this thread stages
-    k_e = KT * T + tx
-    As = Buffer("As", (T, T), "float32", "shared")
-    Bs = Buffer("Bs", (T, T), "float32", "shared")
-    acc = Buffer("acc", (1,), "float32", "local")
-    z = (sym.as_expr(0),)
+    m0, n0 = sym.floordiv(G, tiles_n) * BM, sym.mod(G, tiles_n) * BN
+    ty, tx = sym.floordiv(Tt, SIDE), sym.mod(Tt, SIDE)
+    LD = BM + 1  # a staged tile is k-major, one float of padding a row: its transposed stores fall in different banks
+    As = Buffer("As", (BK * LD,), "float32", "shared")
+    Bs = Buffer("Bs", (BK * LD,), "float32", "shared")
+    acc = Buffer("acc", (TM * TN,), "float32", "local")
+    a_r = Buffer("a_r", (TM,), "float32", "local")
+    b_r = Buffer("b_r", (TN,), "float32", "local")
+    c = sym.as_expr
 
-    def operand(f, mapping):
-        return Substitute(syms=mapping, fresh=False).value(f)
+    def at_row(m):
+        return {it.var: v for it, v in zip(rows, unravel(m, [it.extent for it in rows]))}
 
-    row_vals = unravel(row, [it.extent for it in rows])
-    a_val = operand(fa, {**{it.var: v for it, v in zip(rows, row_vals)}, red.var: k_e})
-    b_val = operand(fb, {col_var: col_b, red.var: k_e})
-    k_ok = tir.index(k_e).cmp("lt", tir.index(k_ext))
-    stage = Seq((
-        IfThenElse(tir.V("and", "bool", (tir.index(row).cmp("lt", tir.index(m_total)), k_ok)),
-                   Store(As, (ty, tx), a_val), Store(As, (ty, tx), tir.const(0.0))),
-        IfThenElse(tir.V("and", "bool", (tir.index(col_b).cmp("lt", tir.index(n_ext)), k_ok)),
-                   Store(Bs, (ty, tx), b_val), Store(Bs, (ty, tx), tir.const(0.0))),
-        Barrier(),
-        For(kk, sym.as_expr(T), Store(acc, z, acc[0] + As[ty, KK] * Bs[tx, KK])),
-        Barrier(),
+    def staged(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr) -> Stmt:
+        """buf[kk * LD + r] = the operand at (first + r, k) for the step's 64 x BK elements (read along k, so a warp's
+        loads coalesce), zero past the operand's rows or K."""
+        e = sym.SymVar("e")
+        flat = sym.as_expr(e) * THREADS + Tt
+        r, kq = sym.floordiv(flat, BK), sym.mod(flat, BK)
+        k = KT * BK + kq
+        inside = tir.V("and", "bool", (tir.index(first + r).cmp("lt", tir.index(bound)),
+                                       tir.index(k).cmp("lt", tir.index(k_ext))))
+        return For(e, c(BM * BK // THREADS), IfThenElse(inside, Store(buf, (kq * LD + r,), value_at(first + r, k)),
+                                                       Store(buf, (kq * LD + r,), tir.const(0.0))))
+
+    def a_at(m, k):
+        return Substitute(syms={**at_row(m), red.var: k}, fresh=False).value(fa)
+
+    def b_at(n, k):
+        return Substitute(syms={col.var: n, red.var: k}, fresh=False).value(fb)
+
+    # thread (ty, tx) makes rows ty + SIDE i and columns tx + SIDE j of the tile: a step's reads of a column of As are
+    # one address for a row of threads (a broadcast), of Bs consecutive addresses
+    products = Seq((
+        *[Store(a_r, (c(i),), As[KK * LD + ty + SIDE * i]) for i in range(TM)],
+        *[Store(b_r, (c(j),), Bs[KK * LD + tx + SIDE * j]) for j in range(TN)],
+        *[Store(acc, (c(i * TN + j),), acc[i * TN + j] + a_r[i] * b_r[j]) for i in range(TM) for j in range(TN)],
     ))
-    fixed = {**{it.var: v for it, v in zip(rows, row_vals)}, col_var: col_e}
-    init_val = Substitute(syms=fixed, fresh=False).value(mm.init.value)
-    result_store = Store(out, tuple(Substitute(syms=fixed, fresh=False).expr(i) for i in mm.body.indices), acc[0])
-    tail = Seq((result_store,) + tuple(lower_block(e, {a.var: fixed[b.var] for a, b in zip(e.iters, spatial)}, f"e{i}")
-                                         for i, e in enumerate(epilogues)))
-    if out in intermediates:
-        local = Buffer(out.name, (1,), out.dtype, "local")
-        tail = Alloc(local, localize(tail, out, local, len(out.shape)))
-    in_range = tir.V("and", "bool", (tir.index(row).cmp("lt", tir.index(m_total)),
-                                     tir.index(col_e).cmp("lt", tir.index(n_ext))))
-    body = Alloc(As, Alloc(Bs, Alloc(acc, Seq((
-        Store(acc, z, init_val),
-        For(kt, sym.floordiv(k_ext + (T - 1), T), stage),
-        IfThenElse(in_range, tail),
-    )))))
-    body = For(g, groups, For(t, sym.as_expr(T * T), body, "thread", "local"), "thread", "group")
+    step = Seq((staged(As, a_at, m_total, m0), staged(Bs, b_at, n_ext, n0), Barrier(),
+                For(kk, c(BK), products), Barrier()))
+    tails = []
+    for i in range(TM):
+        for j in range(TN):
+            row, colv = m0 + ty + SIDE * i, n0 + tx + SIDE * j
+            fixed = {**at_row(row), col.var: colv}
+            sub = Substitute(syms=fixed, fresh=False)
+            result = Store(out, tuple(sub.expr(x) for x in mm.body.indices), sub.value(mm.init.value) + acc[i * TN + j])
+            tail: Stmt = Seq((result,) + tuple(
+                lower_block(ep, {a.var: fixed[b.var] for a, b in zip(ep.iters, spatial)}, f"e{q}")
+                for q, ep in enumerate(epilogues)))
+            if out in intermediates:
+                local = Buffer(out.name, (1,), out.dtype, "local")
+                tail = Alloc(local, localize(tail, out, local, len(out.shape)))
+            in_range = tir.V("and", "bool", (tir.index(row).cmp("lt", tir.index(m_total)),
+                                             tir.index(colv).cmp("lt", tir.index(n_ext))))
+            tails.append(IfThenElse(in_range, tail))
+    body: Stmt = Seq((
+        *[Store(acc, (c(q),), tir.const(0.0)) for q in range(TM * TN)],
+        For(kt, sym.floordiv(k_ext + (BK - 1), BK), step),
+        *tails,
+    ))
+    for buf in (b_r, a_r, acc, Bs, As):
+        body = Alloc(buf, body)
+    body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
-    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, T * T, written)
+    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, THREADS, written)
     return Schedule((k,), (), "matmul")
 
 

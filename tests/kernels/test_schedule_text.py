@@ -130,34 +130,136 @@ GEMV_OPENCL = """    # scheduled (row): 1 kernel(s)
 DISPATCH_HEADS = [
     "    # scheduled (gemv|matmul): 2 kernel(s)",
     "    kernel fused_dequantize_linear_add_rows(a0, a1, a2, a3, out, n: int), groups=2 * max(0, min(1, -n + 9)), threads=64:  # writes out",
-    "    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=((n + 15) // 16) * min(1, max(0, n - 8)), threads=256:  # writes out",
+    "    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=((n + 63) // 64) * min(1, max(0, n - 8)), threads=256:  # writes out",
 ]
 
 MATMUL = """    # scheduled (matmul): 1 kernel(s)
-    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=(n + 15) // 16, threads=256:  # writes out
-        for g in range((n + 15) // 16, thread "group"):
+    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=(n + 63) // 64, threads=256:  # writes out
+        for g in range((n + 63) // 64, thread "group"):
             for t in range(256, thread "local"):
-                As = alloc((16, 16), "float32", "shared")
-                Bs = alloc((16, 16), "float32", "shared")
-                acc = alloc((1,), "float32", "local")
+                As = alloc((1040,), "float32", "shared")
+                Bs = alloc((1040,), "float32", "shared")
+                acc = alloc((16,), "float32", "local")
+                a_r = alloc((4,), "float32", "local")
+                b_r = alloc((4,), "float32", "local")
                 acc[0] = 0.0
+                acc[1] = 0.0
+                acc[2] = 0.0
+                acc[3] = 0.0
+                acc[4] = 0.0
+                acc[5] = 0.0
+                acc[6] = 0.0
+                acc[7] = 0.0
+                acc[8] = 0.0
+                acc[9] = 0.0
+                acc[10] = 0.0
+                acc[11] = 0.0
+                acc[12] = 0.0
+                acc[13] = 0.0
+                acc[14] = 0.0
+                acc[15] = 0.0
                 for kt in range(1):
-                    if ((t // 16 + 16 * g < n) and (t % 16 + 16 * kt < 8)):
-                        As[t // 16, t % 16] = a2[t // 16 + 16 * g, t % 16 + 16 * kt]
-                    else:
-                        As[t // 16, t % 16] = 0.0
-                    if ((t // 16 < 16) and (t % 16 + 16 * kt < 8)):
-                        Bs[t // 16, t % 16] = (float32(a0[t // 16, t % 16 + 16 * kt]) * a1[t // 16])
-                    else:
-                        Bs[t // 16, t % 16] = 0.0
+                    for e in range(4):
+                        if ((t // 16 + 64 * g + 16 * e < n) and (t % 16 + 16 * kt < 8)):
+                            As[65 * (t % 16) + t // 16 + 16 * e] = a2[t // 16 + 64 * g + 16 * e, t % 16 + 16 * kt]
+                        else:
+                            As[65 * (t % 16) + t // 16 + 16 * e] = 0.0
+                    for e_1 in range(4):
+                        if ((t // 16 + 16 * e_1 < 16) and (t % 16 + 16 * kt < 8)):
+                            Bs[65 * (t % 16) + t // 16 + 16 * e_1] = (float32(a0[t // 16 + 16 * e_1, t % 16 + 16 * kt]) * a1[t // 16 + 16 * e_1])
+                        else:
+                            Bs[65 * (t % 16) + t // 16 + 16 * e_1] = 0.0
                     barrier("shared")
                     for kk in range(16):
-                        acc[0] = (acc[0] + (As[t // 16, kk] * Bs[t % 16, kk]))
+                        a_r[0] = As[t // 16 + 65 * kk]
+                        a_r[1] = As[t // 16 + 65 * kk + 16]
+                        a_r[2] = As[t // 16 + 65 * kk + 32]
+                        a_r[3] = As[t // 16 + 65 * kk + 48]
+                        b_r[0] = Bs[t % 16 + 65 * kk]
+                        b_r[1] = Bs[t % 16 + 65 * kk + 16]
+                        b_r[2] = Bs[t % 16 + 65 * kk + 32]
+                        b_r[3] = Bs[t % 16 + 65 * kk + 48]
+                        acc[0] = (acc[0] + (a_r[0] * b_r[0]))
+                        acc[1] = (acc[1] + (a_r[0] * b_r[1]))
+                        acc[2] = (acc[2] + (a_r[0] * b_r[2]))
+                        acc[3] = (acc[3] + (a_r[0] * b_r[3]))
+                        acc[4] = (acc[4] + (a_r[1] * b_r[0]))
+                        acc[5] = (acc[5] + (a_r[1] * b_r[1]))
+                        acc[6] = (acc[6] + (a_r[1] * b_r[2]))
+                        acc[7] = (acc[7] + (a_r[1] * b_r[3]))
+                        acc[8] = (acc[8] + (a_r[2] * b_r[0]))
+                        acc[9] = (acc[9] + (a_r[2] * b_r[1]))
+                        acc[10] = (acc[10] + (a_r[2] * b_r[2]))
+                        acc[11] = (acc[11] + (a_r[2] * b_r[3]))
+                        acc[12] = (acc[12] + (a_r[3] * b_r[0]))
+                        acc[13] = (acc[13] + (a_r[3] * b_r[1]))
+                        acc[14] = (acc[14] + (a_r[3] * b_r[2]))
+                        acc[15] = (acc[15] + (a_r[3] * b_r[3]))
                     barrier("shared")
-                if ((t // 16 + 16 * g < n) and (t % 16 < 16)):
+                if ((t // 16 + 64 * g < n) and (t % 16 < 16)):
                     t1_1 = alloc((1,), "float32", "local")
-                    t1_1[0] = acc[0]
-                    out[t // 16 + 16 * g, t % 16] = (t1_1[0] + a3[t // 16 + 16 * g, t % 16])
+                    t1_1[0] = (0.0 + acc[0])
+                    out[t // 16 + 64 * g, t % 16] = (t1_1[0] + a3[t // 16 + 64 * g, t % 16])
+                if ((t // 16 + 64 * g < n) and (t % 16 + 16 < 16)):
+                    t1_2 = alloc((1,), "float32", "local")
+                    t1_2[0] = (0.0 + acc[1])
+                    out[t // 16 + 64 * g, t % 16 + 16] = (t1_2[0] + a3[t // 16 + 64 * g, t % 16 + 16])
+                if ((t // 16 + 64 * g < n) and (t % 16 + 32 < 16)):
+                    t1_3 = alloc((1,), "float32", "local")
+                    t1_3[0] = (0.0 + acc[2])
+                    out[t // 16 + 64 * g, t % 16 + 32] = (t1_3[0] + a3[t // 16 + 64 * g, t % 16 + 32])
+                if ((t // 16 + 64 * g < n) and (t % 16 + 48 < 16)):
+                    t1_4 = alloc((1,), "float32", "local")
+                    t1_4[0] = (0.0 + acc[3])
+                    out[t // 16 + 64 * g, t % 16 + 48] = (t1_4[0] + a3[t // 16 + 64 * g, t % 16 + 48])
+                if ((t // 16 + 64 * g + 16 < n) and (t % 16 < 16)):
+                    t1_5 = alloc((1,), "float32", "local")
+                    t1_5[0] = (0.0 + acc[4])
+                    out[t // 16 + 64 * g + 16, t % 16] = (t1_5[0] + a3[t // 16 + 64 * g + 16, t % 16])
+                if ((t // 16 + 64 * g + 16 < n) and (t % 16 + 16 < 16)):
+                    t1_6 = alloc((1,), "float32", "local")
+                    t1_6[0] = (0.0 + acc[5])
+                    out[t // 16 + 64 * g + 16, t % 16 + 16] = (t1_6[0] + a3[t // 16 + 64 * g + 16, t % 16 + 16])
+                if ((t // 16 + 64 * g + 16 < n) and (t % 16 + 32 < 16)):
+                    t1_7 = alloc((1,), "float32", "local")
+                    t1_7[0] = (0.0 + acc[6])
+                    out[t // 16 + 64 * g + 16, t % 16 + 32] = (t1_7[0] + a3[t // 16 + 64 * g + 16, t % 16 + 32])
+                if ((t // 16 + 64 * g + 16 < n) and (t % 16 + 48 < 16)):
+                    t1_8 = alloc((1,), "float32", "local")
+                    t1_8[0] = (0.0 + acc[7])
+                    out[t // 16 + 64 * g + 16, t % 16 + 48] = (t1_8[0] + a3[t // 16 + 64 * g + 16, t % 16 + 48])
+                if ((t // 16 + 64 * g + 32 < n) and (t % 16 < 16)):
+                    t1_9 = alloc((1,), "float32", "local")
+                    t1_9[0] = (0.0 + acc[8])
+                    out[t // 16 + 64 * g + 32, t % 16] = (t1_9[0] + a3[t // 16 + 64 * g + 32, t % 16])
+                if ((t // 16 + 64 * g + 32 < n) and (t % 16 + 16 < 16)):
+                    t1_10 = alloc((1,), "float32", "local")
+                    t1_10[0] = (0.0 + acc[9])
+                    out[t // 16 + 64 * g + 32, t % 16 + 16] = (t1_10[0] + a3[t // 16 + 64 * g + 32, t % 16 + 16])
+                if ((t // 16 + 64 * g + 32 < n) and (t % 16 + 32 < 16)):
+                    t1_11 = alloc((1,), "float32", "local")
+                    t1_11[0] = (0.0 + acc[10])
+                    out[t // 16 + 64 * g + 32, t % 16 + 32] = (t1_11[0] + a3[t // 16 + 64 * g + 32, t % 16 + 32])
+                if ((t // 16 + 64 * g + 32 < n) and (t % 16 + 48 < 16)):
+                    t1_12 = alloc((1,), "float32", "local")
+                    t1_12[0] = (0.0 + acc[11])
+                    out[t // 16 + 64 * g + 32, t % 16 + 48] = (t1_12[0] + a3[t // 16 + 64 * g + 32, t % 16 + 48])
+                if ((t // 16 + 64 * g + 48 < n) and (t % 16 < 16)):
+                    t1_13 = alloc((1,), "float32", "local")
+                    t1_13[0] = (0.0 + acc[12])
+                    out[t // 16 + 64 * g + 48, t % 16] = (t1_13[0] + a3[t // 16 + 64 * g + 48, t % 16])
+                if ((t // 16 + 64 * g + 48 < n) and (t % 16 + 16 < 16)):
+                    t1_14 = alloc((1,), "float32", "local")
+                    t1_14[0] = (0.0 + acc[13])
+                    out[t // 16 + 64 * g + 48, t % 16 + 16] = (t1_14[0] + a3[t // 16 + 64 * g + 48, t % 16 + 16])
+                if ((t // 16 + 64 * g + 48 < n) and (t % 16 + 32 < 16)):
+                    t1_15 = alloc((1,), "float32", "local")
+                    t1_15[0] = (0.0 + acc[14])
+                    out[t // 16 + 64 * g + 48, t % 16 + 32] = (t1_15[0] + a3[t // 16 + 64 * g + 48, t % 16 + 32])
+                if ((t // 16 + 64 * g + 48 < n) and (t % 16 + 48 < 16)):
+                    t1_16 = alloc((1,), "float32", "local")
+                    t1_16[0] = (0.0 + acc[15])
+                    out[t // 16 + 64 * g + 48, t % 16 + 48] = (t1_16[0] + a3[t // 16 + 64 * g + 48, t % 16 + 48])
 """
 
 ROW = """    # scheduled (row): 1 kernel(s)
