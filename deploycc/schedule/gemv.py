@@ -109,7 +109,7 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     `p` is matmul.prefill_matmul's reading of the program."""
     if not target.workgroup_gemv:
         return None
-    mm, epilogues, rows, col, red = p.mm, p.epilogues, p.rows, p.col, p.red
+    mm, epilogues, col, red = p.mm, p.epilogues, p.col, p.red
     spatial, out, m_total = mm.spatial, mm.body.buffer, p.m_total
     T = 1
     while T * 2 <= min(target.threads_per_block, GROUP):
@@ -123,8 +123,7 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
     lane = sym.mod(Tt, L)
     cols = [G * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
-    at_row = [{it.var: v for it, v in zip(rows, unravel(sym.as_expr(r), [it.extent for it in rows]))}
-              for r in range(FEW)]
+    at_row = [p.at_row(sym.as_expr(r)) for r in range(FEW)]
     trips = sym.floordiv(k_ext + (L * V - 1), L * V)
     first = (KK * L + lane) * V
     acc = Buffer("acc", (FEW * W,), "float32", "local")
@@ -135,7 +134,7 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
 
     def weights(w) -> Stmt:
         """wts[w, :] = column w's V dequantized weights (zeros past the last column, whose rows are not stored)."""
-        values = [Substitute(syms={col.var: cols[w], red.var: first + v}, fresh=False).value(p.fb) for v in range(V)]
+        values = [p.b_at(cols[w], first + v) for v in range(V)]
         load = Seq(tuple(Store(wts, (sym.as_expr(w * V + v),), values[v]) for v in range(V)))
         if not w:  # the whole step is inside column 0's guard
             return load
@@ -143,7 +142,7 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
         return IfThenElse(below(cols[w], n_ext), load, zero)
 
     def row_terms(r) -> Stmt:
-        a = [Substitute(syms={**at_row[r], red.var: first + v}, fresh=False).value(p.fa) for v in range(V)]
+        a = [p.a_at(sym.as_expr(r), first + v) for v in range(V)]
         return Seq(tuple(Store(acc, (sym.as_expr(r * W + w),), acc[r * W + w] + a[v] * wts[w * V + v])
                          for v in range(V) for w in range(W)))
     step = Seq((*[weights(w) for w in range(W)],

@@ -46,6 +46,30 @@ class Prefill:
     fb: tir.V
     intermediates: list
 
+    def at_row(self, m: sym.Expr) -> dict:
+        """The row iterators' values at flat row m."""
+        return {it.var: v for it, v in zip(self.rows, unravel(m, [it.extent for it in self.rows]))}
+
+    def a_at(self, m: sym.Expr, k: sym.Expr) -> tir.V:
+        return Substitute(syms={**self.at_row(m), self.red.var: k}, fresh=False).value(self.fa)
+
+    def b_at(self, n: sym.Expr, k: sym.Expr) -> tir.V:
+        return Substitute(syms={self.col.var: n, self.red.var: k}, fresh=False).value(self.fb)
+
+
+def staged(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr, k_ext: sym.Expr, kt: sym.Expr, t: sym.Expr,
+           threads: int, rows: int, bk: int, at) -> Stmt:
+    """buf[at(r, kk)] = the operand at (first + r, kt * bk + kk) for a K step's rows x bk elements, rows * bk / threads
+    a thread, read along k (a warp's loads coalesce); zero past the operand's rows or K. `at` is the staged layout."""
+    e = sym.SymVar("e")
+    flat = sym.as_expr(e) * threads + t
+    r, kk = sym.floordiv(flat, bk), sym.mod(flat, bk)
+    k = kt * bk + kk
+    inside = tir.V("and", "bool", (tir.index(first + r).cmp("lt", tir.index(bound)),
+                                   tir.index(k).cmp("lt", tir.index(k_ext))))
+    return For(e, sym.as_expr(rows * bk // threads), IfThenElse(inside, Store(buf, (at(r, kk),), value_at(first + r, k)),
+                                                                Store(buf, (at(r, kk),), tir.const(0.0))))
+
 
 def prefill_matmul(prog: TensorProgram, min_rows: int) -> Prefill | None:
     """The program's matmul with epilogues, or None (also when M is a constant below min_rows: decode's GEMV)."""
@@ -84,8 +108,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     p = prefill_matmul(prog, TILE)
     if p is None:
         return None
-    mm, epilogues, rows, col, red, m_total, fa, fb, intermediates = (
-        p.mm, p.epilogues, p.rows, p.col, p.red, p.m_total, p.fa, p.fb, p.intermediates)
+    mm, epilogues, col, red, m_total, intermediates = p.mm, p.epilogues, p.col, p.red, p.m_total, p.intermediates
     spatial, out = mm.spatial, mm.body.buffer
     n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
     tiles_n = sym.floordiv(n_ext + (BN - 1), BN)
@@ -102,26 +125,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     b_r = Buffer("b_r", (TN,), "float32", "local")
     c = sym.as_expr
 
-    def at_row(m):
-        return {it.var: v for it, v in zip(rows, unravel(m, [it.extent for it in rows]))}
-
-    def staged(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr) -> Stmt:
-        """buf[kk * LD + r] = the operand at (first + r, k) for the step's 64 x BK elements (read along k, so a warp's
-        loads coalesce), zero past the operand's rows or K."""
-        e = sym.SymVar("e")
-        flat = sym.as_expr(e) * THREADS + Tt
-        r, kq = sym.floordiv(flat, BK), sym.mod(flat, BK)
-        k = KT * BK + kq
-        inside = tir.V("and", "bool", (tir.index(first + r).cmp("lt", tir.index(bound)),
-                                       tir.index(k).cmp("lt", tir.index(k_ext))))
-        return For(e, c(BM * BK // THREADS), IfThenElse(inside, Store(buf, (kq * LD + r,), value_at(first + r, k)),
-                                                       Store(buf, (kq * LD + r,), tir.const(0.0))))
-
-    def a_at(m, k):
-        return Substitute(syms={**at_row(m), red.var: k}, fresh=False).value(fa)
-
-    def b_at(n, k):
-        return Substitute(syms={col.var: n, red.var: k}, fresh=False).value(fb)
+    def stage(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr) -> Stmt:  # k-major: kk * LD + r
+        return staged(buf, value_at, bound, first, k_ext, KT, Tt, THREADS, BM, BK, lambda r, kq: kq * LD + r)
 
     # thread (ty, tx) makes rows ty + SIDE i and columns tx + SIDE j of the tile: a step's reads of a column of As are
     # one address for a row of threads (a broadcast), of Bs consecutive addresses
@@ -130,13 +135,13 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         *[Store(b_r, (c(j),), Bs[KK * LD + tx + SIDE * j]) for j in range(TN)],
         *[Store(acc, (c(i * TN + j),), acc[i * TN + j] + a_r[i] * b_r[j]) for i in range(TM) for j in range(TN)],
     ))
-    step = Seq((staged(As, a_at, m_total, m0), staged(Bs, b_at, n_ext, n0), Barrier(),
+    step = Seq((stage(As, p.a_at, m_total, m0), stage(Bs, p.b_at, n_ext, n0), Barrier(),
                 For(kk, c(BK), products), Barrier()))
     tails = []
     for i in range(TM):
         for j in range(TN):
             row, colv = m0 + ty + SIDE * i, n0 + tx + SIDE * j
-            fixed = {**at_row(row), col.var: colv}
+            fixed = {**p.at_row(row), col.var: colv}
             sub = Substitute(syms=fixed, fresh=False)
             result = Store(out, tuple(sub.expr(x) for x in mm.body.indices), sub.value(mm.init.value) + acc[i * TN + j])
             tail: Stmt = Seq((result,) + tuple(

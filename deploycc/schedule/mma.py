@@ -26,8 +26,8 @@ from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram
 from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block, unravel
-from .matmul import prefill_matmul
+from .lowering import localize, lower_block
+from .matmul import prefill_matmul, staged
 
 BM = BN = 64  # a block's output tile
 BK = 32  # K staged per step
@@ -43,8 +43,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     p = prefill_matmul(prog, 16)
     if p is None or p.fa.dtype != "float32" or p.fb.dtype != "float32":
         return None
-    mm, epilogues, rows, col, red, m_total, fa, fb, intermediates = (
-        p.mm, p.epilogues, p.rows, p.col, p.red, p.m_total, p.fa, p.fb, p.intermediates)
+    mm, epilogues, col, red, m_total, intermediates = p.mm, p.epilogues, p.col, p.red, p.m_total, p.intermediates
     spatial, out = mm.spatial, mm.body.buffer
     n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
     tiles_n = sym.floordiv(n_ext + (BN - 1), BN)
@@ -62,25 +61,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     acc = Buffer("acc", (4,), "float32", "wmma.accumulator")  # hi x hi
     small = Buffer("acc_small", (4,), "float32", "wmma.accumulator")  # lo x hi + hi x lo, added at the end
 
-    def staged(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr) -> Stmt:
-        """buf[r * LA + kk] = the operand at (first + r, k) for the step's 64 x 32 elements, 16 a thread; zero past
-        the operand's rows or K."""
-        e = sym.SymVar("e")
-        flat = sym.as_expr(e) * THREADS + Tt
-        r, kk = sym.floordiv(flat, BK), sym.mod(flat, BK)
-        k = KT * BK + kk
-        inside = tir.V("and", "bool", (tir.index(first + r).cmp("lt", tir.index(bound)),
-                                       tir.index(k).cmp("lt", tir.index(k_ext))))
-        return For(e, sym.as_expr(BM * BK // THREADS),
-                   IfThenElse(inside, Store(buf, (r * LA + kk,), value_at(first + r, k)),
-                              Store(buf, (r * LA + kk,), tir.const(0.0))))
-
-    def a_at(m, k):
-        return Substitute(syms={**{it.var: v for it, v in zip(rows, unravel(m, [it.extent for it in rows]))},
-                                red.var: k}, fresh=False).value(fa)
-
-    def b_at(n, k):
-        return Substitute(syms={col.var: n, red.var: k}, fresh=False).value(fb)
+    def stage(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr) -> Stmt:  # row-major: r * LA + kk, as wmma
+        return staged(buf, value_at, bound, first, k_ext, KT, Tt, THREADS, BM, BK, lambda r, kk: r * LA + kk)
 
     warp = sym.floordiv(Tt, 32)
     wm, wn = sym.floordiv(warp, 2) * 32, sym.mod(warp, 2) * 32
@@ -93,12 +75,12 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
                         (b_hi, b_lo)) for j in range(2)]
     products += [Intrin("wmma.mma3", (acc, small, a_hi, a_lo, b_hi, b_lo), (c(2 * i + j), c(i), c(j)), (acc, small))
                  for i in range(2) for j in range(2)]
-    step = Seq((staged(As, a_at, m_total, m0), staged(Bs, b_at, n_ext, n0), Barrier(),
+    step = Seq((stage(As, p.a_at, m_total, m0), stage(Bs, p.b_at, n_ext, n0), Barrier(),
                 For(ks, c(BK // FRAG_K), Seq(tuple(products))), Barrier()))
     e = sym.SymVar("e")
     flat = sym.as_expr(e) * THREADS + Tt
     r, cc = sym.floordiv(flat, BN), sym.mod(flat, BN)
-    fixed = {**{it.var: v for it, v in zip(rows, unravel(m0 + r, [it.extent for it in rows]))}, col.var: n0 + cc}
+    fixed = {**p.at_row(m0 + r), col.var: n0 + cc}
     sub = Substitute(syms=fixed, fresh=False)
     result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + Cs[r * LC + cc])
     tail: Stmt = Seq((result,) + tuple(lower_block(ep, {a.var: fixed[b.var] for a, b in zip(ep.iters, spatial)}, f"e{i}")

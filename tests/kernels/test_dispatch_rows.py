@@ -97,21 +97,6 @@ def test_every_row_count_around_the_threshold(runner, k, n):
     assert "linear_rows" in runner.sources[prog.name]
 
 
-@pytest.fixture(scope="module")
-def quantized_programs():
-    """A tiny Llama's fused prefill programs in q4f16_1 for h100 (dequantize inlined, some with a residual add)."""
-    import deploycc
-    from deploycc.export import export
-    from deploycc.pipeline import run as run_pipeline
-    from deploycc.quantization import quantize
-    from fixtures import make_tiny
-
-    model = quantize(deploycc.load_model(str(make_tiny("llama-gqa1"))), "q4f16_1", None, False)
-    fused = run_pipeline(export(model, 64), presets.load("h100").target, "fused")
-    return [p for name, p in fused.programs().items() if "dequantize" in name and not all(
-        sym.as_expr(d).is_const for b in p.params for d in b.shape)]
-
-
 def test_dequantized_weights_and_epilogues(runner, quantized_programs):
     rng = np.random.default_rng(0)
     assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)

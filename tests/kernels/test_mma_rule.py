@@ -72,22 +72,6 @@ def test_edges(runner, m, k, n):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def quantized_programs():
-    """A tiny Llama's fused prefill programs in q4f16_1 for h100: each linear reads 4-bit codes and fp16 scales (the
-    dequantize inlined in the B staging), some with a residual add (the epilogue), some behind a reshape."""
-    import deploycc
-    from deploycc.export import export
-    from deploycc.pipeline import run as run_pipeline
-    from deploycc.quantization import quantize
-    from fixtures import make_tiny
-
-    model = quantize(deploycc.load_model(str(make_tiny("llama-gqa1"))), "q4f16_1", None, False)
-    fused = run_pipeline(export(model, 64), presets.load("h100").target, "fused")
-    return [p for name, p in fused.programs().items() if "dequantize" in name and not all(
-        sym.as_expr(d).is_const for b in p.params for d in b.shape)]
-
-
 def test_dequantized_weights_and_epilogues(runner, quantized_programs):
     rng = np.random.default_rng(0)
     assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)
