@@ -109,21 +109,18 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     `p` is matmul.prefill_matmul's reading of the program."""
     if not target.workgroup_gemv:
         return None
-    mm, epilogues, col, red = p.mm, p.epilogues, p.col, p.red
-    spatial, out, m_total = mm.spatial, mm.body.buffer, p.m_total
     T = 1
     while T * 2 <= min(target.threads_per_block, GROUP):
         T *= 2
     L = min(LANES, T)
     W = ROWS
     R = T // L * W  # output columns per work-group
-    n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
+    n_ext, k_ext, m_total = sym.as_expr(p.col.extent), sym.as_expr(p.red.extent), p.m_total
     V = VECTOR if k_ext.is_const and k_ext.value % VECTOR == 0 else 1
     g, t, kk = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("kk")
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
     lane = sym.mod(Tt, L)
     cols = [G * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
-    at_row = [p.at_row(sym.as_expr(r)) for r in range(FEW)]
     trips = sym.floordiv(k_ext + (L * V - 1), L * V)
     first = (KK * L + lane) * V
     acc = Buffer("acc", (FEW * W,), "float32", "local")
@@ -152,15 +149,7 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(i),), acc[i]) for i in range(FEW * W)), "add", L))
     for r in range(FEW):
         for w in range(W):
-            fixed = {**at_row[r], col.var: cols[w]}
-            sub = Substitute(syms=fixed, fresh=False)
-            result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + acc[r * W + w])
-            tail: Stmt = Seq((result,) + tuple(
-                lower_block(e, {a.var: fixed[b.var] for a, b in zip(e.iters, spatial)}, f"e{i}")
-                for i, e in enumerate(epilogues)))
-            if out in p.intermediates:
-                local = Buffer(out.name, (1,), out.dtype, "local")
-                tail = Alloc(local, localize(tail, out, local, len(out.shape)))
+            tail = p.tail(sym.as_expr(r), cols[w], acc[r * W + w])
             ok = tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), below(cols[w], n_ext)))
             steps.append(IfThenElse(tir.V("and", "bool", (ok, below(r, m_total))), tail))
     body: Stmt = Alloc(acc, Alloc(wts, Seq(tuple(steps))))

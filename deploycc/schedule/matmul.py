@@ -56,6 +56,27 @@ class Prefill:
     def b_at(self, n: sym.Expr, k: sym.Expr) -> tir.V:
         return Substitute(syms={self.col.var: n, self.red.var: k}, fresh=False).value(self.fb)
 
+    def tiles(self, bm: int, bn: int, g: sym.Expr) -> tuple[sym.Expr, sym.Expr, sym.Expr]:
+        """(work-groups, first row, first column of group g) for output tiles of bm x bn."""
+        tiles_n = sym.floordiv(sym.as_expr(self.col.extent) + (bn - 1), bn)
+        return (sym.floordiv(self.m_total + (bm - 1), bm) * tiles_n, sym.floordiv(g, tiles_n) * bm,
+                sym.mod(g, tiles_n) * bn)
+
+    def tail(self, row: sym.Expr, col: sym.Expr, value: tir.V) -> Stmt:
+        """Output (flat row `row`, column `col`) = the matmul's initial value + `value`, then the epilogues there (an
+        intermediate result kept in a register). The caller guards the edges."""
+        mm, out = self.mm, self.mm.body.buffer
+        fixed = {**self.at_row(row), self.col.var: col}
+        sub = Substitute(syms=fixed, fresh=False)
+        result = Store(out, tuple(sub.expr(x) for x in mm.body.indices), sub.value(mm.init.value) + value)
+        stmt: Stmt = Seq((result,) + tuple(
+            lower_block(ep, {a.var: fixed[b.var] for a, b in zip(ep.iters, mm.spatial)}, f"e{q}")
+            for q, ep in enumerate(self.epilogues)))
+        if out in self.intermediates:
+            local = Buffer(out.name, (1,), out.dtype, "local")
+            stmt = Alloc(local, localize(stmt, out, local, len(out.shape)))
+        return stmt
+
 
 def staged(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr, k_ext: sym.Expr, kt: sym.Expr, t: sym.Expr,
            threads: int, rows: int, bk: int, at) -> Stmt:
@@ -108,14 +129,10 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     p = prefill_matmul(prog, TILE)
     if p is None:
         return None
-    mm, epilogues, col, red, m_total, intermediates = p.mm, p.epilogues, p.col, p.red, p.m_total, p.intermediates
-    spatial, out = mm.spatial, mm.body.buffer
-    n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
-    tiles_n = sym.floordiv(n_ext + (BN - 1), BN)
-    groups = sym.floordiv(m_total + (BM - 1), BM) * tiles_n
+    n_ext, k_ext, m_total = sym.as_expr(p.col.extent), sym.as_expr(p.red.extent), p.m_total
     g, t, kt, kk = (sym.SymVar(x) for x in ("g", "t", "kt", "kk"))
     G, Tt, KT, KK = (sym.as_expr(x) for x in (g, t, kt, kk))
-    m0, n0 = sym.floordiv(G, tiles_n) * BM, sym.mod(G, tiles_n) * BN
+    groups, m0, n0 = p.tiles(BM, BN, G)
     ty, tx = sym.floordiv(Tt, SIDE), sym.mod(Tt, SIDE)
     LD = BM + 1  # a staged tile is k-major, one float of padding a row: its transposed stores fall in different banks
     As = Buffer("As", (BK * LD,), "float32", "shared")
@@ -141,18 +158,9 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     for i in range(TM):
         for j in range(TN):
             row, colv = m0 + ty + SIDE * i, n0 + tx + SIDE * j
-            fixed = {**p.at_row(row), col.var: colv}
-            sub = Substitute(syms=fixed, fresh=False)
-            result = Store(out, tuple(sub.expr(x) for x in mm.body.indices), sub.value(mm.init.value) + acc[i * TN + j])
-            tail: Stmt = Seq((result,) + tuple(
-                lower_block(ep, {a.var: fixed[b.var] for a, b in zip(ep.iters, spatial)}, f"e{q}")
-                for q, ep in enumerate(epilogues)))
-            if out in intermediates:
-                local = Buffer(out.name, (1,), out.dtype, "local")
-                tail = Alloc(local, localize(tail, out, local, len(out.shape)))
             in_range = tir.V("and", "bool", (tir.index(row).cmp("lt", tir.index(m_total)),
                                              tir.index(colv).cmp("lt", tir.index(n_ext))))
-            tails.append(IfThenElse(in_range, tail))
+            tails.append(IfThenElse(in_range, p.tail(row, colv, acc[i * TN + j])))
     body: Stmt = Seq((
         *[Store(acc, (c(q),), tir.const(0.0)) for q in range(TM * TN)],
         For(kt, sym.floordiv(k_ext + (BK - 1), BK), step),

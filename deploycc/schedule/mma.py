@@ -24,9 +24,7 @@ from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
-from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram
-from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, TensorProgram
 from .matmul import prefill_matmul, staged
 
 BM = BN = 64  # a block's output tile
@@ -43,14 +41,10 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     p = prefill_matmul(prog, 16)
     if p is None or p.fa.dtype != "float32" or p.fb.dtype != "float32":
         return None
-    mm, epilogues, col, red, m_total, intermediates = p.mm, p.epilogues, p.col, p.red, p.m_total, p.intermediates
-    spatial, out = mm.spatial, mm.body.buffer
-    n_ext, k_ext = sym.as_expr(col.extent), sym.as_expr(red.extent)
-    tiles_n = sym.floordiv(n_ext + (BN - 1), BN)
-    groups = sym.floordiv(m_total + (BM - 1), BM) * tiles_n
+    n_ext, k_ext, m_total = sym.as_expr(p.col.extent), sym.as_expr(p.red.extent), p.m_total
     g, t, kt = (sym.SymVar(x) for x in ("g", "t", "kt"))
     G, Tt, KT = (sym.as_expr(x) for x in (g, t, kt))
-    m0, n0 = sym.floordiv(G, tiles_n) * BM, sym.mod(G, tiles_n) * BN
+    groups, m0, n0 = p.tiles(BM, BN, G)
     LA = BK + PAD  # leading dimension of the staged tiles
     LC = BN + PAD
     As = Buffer("As", (BM * LA,), "float32", "shared")
@@ -80,14 +74,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     e = sym.SymVar("e")
     flat = sym.as_expr(e) * THREADS + Tt
     r, cc = sym.floordiv(flat, BN), sym.mod(flat, BN)
-    fixed = {**p.at_row(m0 + r), col.var: n0 + cc}
-    sub = Substitute(syms=fixed, fresh=False)
-    result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + Cs[r * LC + cc])
-    tail: Stmt = Seq((result,) + tuple(lower_block(ep, {a.var: fixed[b.var] for a, b in zip(ep.iters, spatial)}, f"e{i}")
-                                       for i, ep in enumerate(epilogues)))
-    if out in intermediates:
-        local = Buffer(out.name, (1,), out.dtype, "local")
-        tail = Alloc(local, localize(tail, out, local, len(out.shape)))
+    tail = p.tail(m0 + r, n0 + cc, Cs[r * LC + cc])
     in_range = tir.V("and", "bool", (tir.index(m0 + r).cmp("lt", tir.index(m_total)),
                                      tir.index(n0 + cc).cmp("lt", tir.index(n_ext))))
     body: Stmt = Seq((
