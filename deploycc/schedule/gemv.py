@@ -105,7 +105,8 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     """The GEMV for a matmul of at most FEW rows (a batched step of a few sequences, a short prompt): laid out as the
     decode GEMV, each lane loading its V weights of W output columns once (dequantized into registers) and
     multiplying them with the V activations of every row p < M, FEW x W accumulators a lane, one SubgroupReduce for
-    all. Any M is correct (rows past FEW are never read), but only M <= FEW is made: dispatch.py guards the launch.
+    all. Rows past FEW are never made (the negative control of tests/kernels/test_dispatch_rows.py), so dispatch.py
+    launches it only where M <= FEW.
     `p` is matmul.prefill_matmul's reading of the program."""
     if not target.workgroup_gemv:
         return None
