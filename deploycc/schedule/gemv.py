@@ -139,20 +139,26 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
         zero = Seq(tuple(Store(wts, (sym.as_expr(w * V + v),), tir.const(0.0)) for v in range(V)))
         return IfThenElse(below(cols[w], n_ext), load, zero)
 
+    # the rows as a loop of FEW trips (a compiler unrolls it; written out, the kernel's text was 8 times longer and
+    # took software drivers, lavapipe and SwiftShader, minutes to compile in a whole package)
+    rv = sym.SymVar("r")
+    R_ = sym.as_expr(rv)
+
     def row_terms(r) -> Stmt:
-        a = [p.a_at(sym.as_expr(r), first + v) for v in range(V)]
-        return Seq(tuple(Store(acc, (sym.as_expr(r * W + w),), acc[r * W + w] + a[v] * wts[w * V + v])
+        a = [p.a_at(r, first + v) for v in range(V)]
+        return Seq(tuple(Store(acc, (r * W + w,), acc[r * W + w] + a[v] * wts[w * V + v])
                          for v in range(V) for w in range(W)))
-    step = Seq((*[weights(w) for w in range(W)],
-                *[IfThenElse(below(r, m_total), row_terms(r)) if r else row_terms(r) for r in range(FEW)]))
+    step = Seq((*[weights(w) for w in range(W)], For(rv, sym.as_expr(FEW), IfThenElse(below(R_, m_total), row_terms(R_)))))
     steps: list[Stmt] = [Store(acc, (sym.as_expr(i),), tir.const(0.0)) for i in range(FEW * W)]
     steps.append(IfThenElse(below(cols[0], n_ext), For(kk, trips, IfThenElse(below(first, k_ext), step))))
     steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(i),), acc[i]) for i in range(FEW * W)), "add", L))
-    for r in range(FEW):
-        for w in range(W):
-            tail = p.tail(sym.as_expr(r), cols[w], acc[r * W + w])
-            ok = tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), below(cols[w], n_ext)))
-            steps.append(IfThenElse(tir.V("and", "bool", (ok, below(r, m_total))), tail))
+    ro = sym.SymVar("ro")
+    RO = sym.as_expr(ro)
+    tails = []
+    for w in range(W):
+        ok = tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), below(cols[w], n_ext)))
+        tails.append(IfThenElse(tir.V("and", "bool", (ok, below(RO, m_total))), p.tail(RO, cols[w], acc[RO * W + w])))
+    steps.append(For(ro, sym.as_expr(FEW), Seq(tuple(tails))))
     body: Stmt = Alloc(acc, Alloc(wts, Seq(tuple(steps))))
     groups = sym.floordiv(n_ext + (R - 1), R)
     body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
