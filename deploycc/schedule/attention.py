@@ -21,7 +21,6 @@ from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
 from ..op.attention import capped, window_and_cap
-from . import attention_tiles
 from .lowering import reduce_lanes, thread_grid
 
 NEG = -1e30  # a finite -infinity: exp(NEG - s) == 0, and fast-math builds may assume no infinities
@@ -42,6 +41,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     if cores and (not paged or paged.size % BLOCK == 0):
         return _blocked(prog, target)
     if not cores and target.workgroup_gemv and not paged:
+        from . import attention_tiles  # here: it reads this module's constants
+
         tiles = attention_tiles.schedule(prog, target, t, row)  # prefill: 16 queries a block (attention_tiles.py)
         if tiles is not None:
             return tiles

@@ -24,11 +24,10 @@ from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
 from ..op.attention import capped, window_and_cap
+from .attention import NEG, STATIC_SHARED  # a key a query does not see scores NEG; CUDA's static __shared__ limit
 
 BQ = 16  # queries per block
 TD = 8  # threads per query: each makes head_dim / TD output elements and BK / TD scores per tile
-NEG = -1e30  # the score of a key a query does not see (exactly representable as float32's rounding of it)
-STATIC_SHARED = 48 * 1024
 
 
 def key_tile(target, d: int) -> int:

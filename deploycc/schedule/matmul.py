@@ -28,7 +28,7 @@ SIDE = 16  # a block is SIDE x SIDE threads
 TM = TN = 4  # each makes TM x TN outputs, in registers
 BM, BN, BK = SIDE * TM, SIDE * TN, 16  # a block's 64 x 64 outputs, K staged 16 at a time
 THREADS = SIDE * SIDE
-PADDED = BM + 1  # floats a staged row of k takes (see LD)
+LD = BM + 1  # a staged tile is k-major, one float of padding a row: its transposed stores fall in different banks
 
 
 @dataclass
@@ -124,7 +124,7 @@ def prefill_matmul(prog: TensorProgram, min_rows: int) -> Prefill | None:
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if not target.tiled_matmul or target.max_threads_per_block < THREADS:
         return None
-    if 2 * BK * PADDED * 4 > target.max_shared_memory:  # As and Bs
+    if 2 * BK * LD * 4 > target.max_shared_memory:  # As and Bs
         return None
     p = prefill_matmul(prog, TILE)
     if p is None:
@@ -134,7 +134,6 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     G, Tt, KT, KK = (sym.as_expr(x) for x in (g, t, kt, kk))
     groups, m0, n0 = p.tiles(BM, BN, G)
     ty, tx = sym.floordiv(Tt, SIDE), sym.mod(Tt, SIDE)
-    LD = BM + 1  # a staged tile is k-major, one float of padding a row: its transposed stores fall in different banks
     As = Buffer("As", (BK * LD,), "float32", "shared")
     Bs = Buffer("Bs", (BK * LD,), "float32", "shared")
     acc = Buffer("acc", (TM * TN,), "float32", "local")
