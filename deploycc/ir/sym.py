@@ -35,14 +35,40 @@ class Atom:
     var: SymVar | None = None
     args: tuple[Expr, ...] = ()
 
+    # Atoms and expressions are immutable: their sort keys and hashes are computed once and kept in the instance's
+    # __dict__ (not fields: equality, hashing and printing are unchanged). Compiling a model builds and compares
+    # millions of them, and recomputing both recursively was most of a compile's time.
     def sort_key(self) -> tuple:
-        if self.op == "var":
-            return (0, self.var.name, id(self.var))
-        return (1, self.op, tuple(a.sort_key() for a in self.args))
+        key = self.__dict__.get("_key")
+        if key is None:
+            if self.op == "var":
+                key = (0, self.var.name, id(self.var))
+            else:
+                key = (1, self.op, tuple(a.sort_key() for a in self.args))
+            self.__dict__["_key"] = key
+        return key
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.op, self.var, self.args))
+        return h
+
+
+_MONO_KEYS: dict[tuple[Atom, ...], tuple] = {}
 
 
 def _mono_key(mono: tuple[Atom, ...]) -> tuple:
-    return (len(mono), tuple(a.sort_key() for a in mono))
+    key = _MONO_KEYS.get(mono)
+    if key is None:
+        if len(_MONO_KEYS) >= 1 << 18:
+            _MONO_KEYS.clear()
+        key = _MONO_KEYS[mono] = (len(mono), tuple(a.sort_key() for a in mono))
+    return key
+
+
+def _by_monomial(mc: tuple) -> tuple:
+    return _mono_key(mc[0])
 
 
 @dataclass(frozen=True)
@@ -54,11 +80,22 @@ class Expr:
     # ---- construction -------------------------------------------------------------------
     @staticmethod
     def _make(d: Mapping[tuple[Atom, ...], int]) -> Expr:
-        items = sorted(((m, c) for m, c in d.items() if c != 0), key=lambda mc: _mono_key(mc[0]))
+        items = [(m, c) for m, c in d.items() if c != 0]
+        if len(items) > 1:
+            items.sort(key=_by_monomial)
         return Expr(tuple(items))
 
     def sort_key(self) -> tuple:
-        return tuple((_mono_key(m), c) for m, c in self.terms)
+        key = self.__dict__.get("_key")
+        if key is None:
+            key = self.__dict__["_key"] = tuple((_mono_key(m), c) for m, c in self.terms)
+        return key
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(self.terms)
+        return h
 
     # ---- queries --------------------------------------------------------------------------
     @property
@@ -80,15 +117,21 @@ class Expr:
         return None
 
     def free_vars(self) -> set[SymVar]:
-        out: set[SymVar] = set()
-        for mono, _ in self.terms:
-            for atom in mono:
-                if atom.op == "var":
-                    out.add(atom.var)
-                else:
-                    for a in atom.args:
-                        out |= a.free_vars()
-        return out
+        return set(self._free())
+
+    def _free(self) -> frozenset[SymVar]:
+        got = self.__dict__.get("_free_vars")
+        if got is None:
+            out: set[SymVar] = set()
+            for mono, _ in self.terms:
+                for atom in mono:
+                    if atom.op == "var":
+                        out.add(atom.var)
+                    else:
+                        for a in atom.args:
+                            out |= a._free()
+            got = self.__dict__["_free_vars"] = frozenset(out)
+        return got
 
     def const_part(self) -> int:
         return sum(c for m, c in self.terms if len(m) == 0)
@@ -390,10 +433,40 @@ def prove_eq(a: IntLike, b: IntLike) -> bool:
 
 def substitute(e: IntLike, mapping: Mapping[SymVar, IntLike]) -> Expr:
     e = as_expr(e)
-    if not mapping:
+    if not mapping or e._free().isdisjoint(mapping):
         return e
-    return _fold(e, lambda v: as_expr(mapping[v]) if v in mapping else as_expr(v),
-                 lambda op, args: _OPS[op](*args))
+    values = {v: as_expr(x) for v, x in mapping.items()}
+    return _substitute(e, values, {})
+
+
+def _substitute(e: Expr, values: Mapping[SymVar, Expr], memo: dict) -> Expr:
+    """substitute(): each monomial's product accumulated in one map, and the expression made once (what folding it
+    through Expr's + and * computes, without making and sorting an expression per step)."""
+    if e._free().isdisjoint(values):
+        return e
+    got = memo.get(e)
+    if got is not None:
+        return got
+    total: dict[tuple[Atom, ...], int] = {}
+    for mono, c in e.terms:
+        cur: dict[tuple[Atom, ...], int] = {(): c}
+        for atom in mono:
+            if atom.op == "var":
+                f = values.get(atom.var)
+                if f is None:
+                    f = _atom_expr(atom)
+            else:
+                f = _OPS[atom.op](*[_substitute(a, values, memo) for a in atom.args])
+            nxt: dict[tuple[Atom, ...], int] = {}
+            for m1, c1 in cur.items():
+                for m2, c2 in f.terms:
+                    m = m1 + m2 if not m1 or not m2 else tuple(sorted(m1 + m2, key=Atom.sort_key))
+                    nxt[m] = nxt.get(m, 0) + c1 * c2
+            cur = nxt
+        for m, k in cur.items():
+            total[m] = total.get(m, 0) + k
+    out = memo[e] = Expr._make(total)
+    return out
 
 
 def evaluate(e: IntLike, env: Mapping[SymVar, object], ops: Mapping[str, Callable] | None = None):
