@@ -69,9 +69,18 @@ class CStyleRenderer:
         return self.name(v, v.name)
 
     def int_expr(self, e) -> str:
-        if self.wide:  # every variable widened, so no product or sum of the expression is taken in 32 bits
-            return sym.to_c(e, lambda v: f"(({self.index_type}){self.sv(v)})")
-        return sym.to_c(e, self.sv)
+        # kept per kernel (its Namer): a kernel renders the same index expressions many times (a GEMV's lanes)
+        if self.__dict__.get("_int_names") is not self.names:
+            self._int_names, self._int_exprs = self.names, {}
+        key = (e, self.wide)
+        text = self._int_exprs.get(key)
+        if text is None:
+            if self.wide:  # every variable widened, so no product or sum of the expression is taken in 32 bits
+                text = sym.to_c(e, lambda v: f"(({self.index_type}){self.sv(v)})")
+            else:
+                text = sym.to_c(e, self.sv)
+            self._int_exprs[key] = text
+        return text
 
     # ---- buffers --------------------------------------------------------------------------------
     def flat_index(self, buf: Buffer, indices) -> str:
