@@ -130,9 +130,12 @@ class WGSLRenderer(CStyleRenderer):
         ind, ind2 = self.indent * depth, self.indent * (depth + 1)
         n, width, T = len(st.stores), st.width, self.threads
         dtype = st.stores[0].value.dtype
-        regs = [self.name(x, "sg") for x in st.stores]
         red = self.name(st, "sgred")
         self.scratch.append(f"var<workgroup> {red}: array<{self.ctype(dtype)}, {n * T}>;")
+        acc = subgroup.in_place(st)
+        if acc is not None:
+            return self.subgroup_reduce_array(st, self.name(acc, acc.name), red, depth)
+        regs = [self.name(x, "sg") for x in st.stores]
         lines = [f"{ind}var {r}: {self.ctype(dtype)} = {self.value(x.value)};" for r, x in zip(regs, st.stores)]
         o = width // 2
         while o >= 1:  # constant distances (Tint requires a uniform one), the partner's value ignored past S
@@ -151,6 +154,33 @@ class WGSLRenderer(CStyleRenderer):
         lines.append(ind + "}")
         lines += [ind + self.store(Store(x.buffer, x.indices, V("var", dtype, (), r))) for r, x in zip(regs, st.stores)]
         if st in self.in_loops:  # the next trip's writes wait for this trip's reads
+            lines.append(ind + self.barrier)
+        return lines
+
+    def subgroup_reduce_array(self, st, acc: str, red: str, depth: int) -> list[str]:
+        """subgroup_reduce() of a local array reduced in place (ir/subgroup.py's in_place): the same steps, each a
+        loop over the array's elements instead of a copy per element."""
+        ind, ind2, ind3 = (self.indent * (depth + i) for i in range(3))
+        n, width, T = len(st.stores), st.width, self.threads
+        dtype = st.stores[0].value.dtype
+        r, j = self.name(st.stores[0], "sg"), self.name(st.stores[0].value, "sg_j")
+        lines = [f"{ind}for (var {j}: i32 = 0; {j} < {n}; {j}++) {{", f"{ind2}var {r}: {self.ctype(dtype)} = {acc}[{j}];"]
+        o = width // 2
+        while o >= 1:
+            lines.append(f"{ind2}{r} = select({r}, {self.combine(st.combine, dtype, r, f'subgroupShuffleXor({r}, {o}u)')}, "
+                         f"{o}u < sg_size);")
+            o //= 2
+        lines += [f"{ind2}if (i32(sg_size) < {width} && sg_id == 0u) {{",
+                  f"{ind3}{red}[{j} * {T} + i32(lid.x) / i32(sg_size)] = {r};", ind2 + "}",
+                  f"{ind2}{acc}[{j}] = {r};", ind + "}", ind + self.barrier,
+                  f"{ind}if (i32(sg_size) < {width}) {{",
+                  f"{ind2}let sg_first = (i32(lid.x) / {width}) * ({width} / i32(sg_size));",
+                  f"{ind2}for (var {j}: i32 = 0; {j} < {n}; {j}++) {{",
+                  f"{ind3}var {r}: {self.ctype(dtype)} = {red}[{j} * {T} + sg_first];",
+                  f"{ind3}for (var sg_i: i32 = 1; sg_i < {width} / i32(sg_size); sg_i++) {{",
+                  f"{ind3}{self.indent}{r} = {self.combine(st.combine, dtype, r, f'{red}[{j} * {T} + sg_first + sg_i]')};",
+                  ind3 + "}", f"{ind3}{acc}[{j}] = {r};", ind2 + "}", ind + "}"]
+        if st in self.in_loops:
             lines.append(ind + self.barrier)
         return lines
 

@@ -149,7 +149,8 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
         return Seq(tuple(Store(acc, (r * W + w,), acc[r * W + w] + a[v] * wts[w * V + v])
                          for v in range(V) for w in range(W)))
     step = Seq((*[weights(w) for w in range(W)], For(rv, sym.as_expr(FEW), IfThenElse(below(R_, m_total), row_terms(R_)))))
-    steps: list[Stmt] = [Store(acc, (sym.as_expr(i),), tir.const(0.0)) for i in range(FEW * W)]
+    zi = sym.SymVar("z")
+    steps: list[Stmt] = [For(zi, sym.as_expr(FEW * W), Store(acc, (sym.as_expr(zi),), tir.const(0.0)))]
     steps.append(IfThenElse(below(cols[0], n_ext), For(kk, trips, IfThenElse(below(first, k_ext), step))))
     steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(i),), acc[i]) for i in range(FEW * W)), "add", L))
     ro = sym.SymVar("ro")

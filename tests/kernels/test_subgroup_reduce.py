@@ -111,10 +111,12 @@ def test_softmax_rows_max_then_sum(path, rows, length):
     check(runner, prog, "row_block", [x], (rows, length))
 
 
-def looped(width: int, trips: int, threads: int, combine: str) -> TensorProgram:
+def looped(width: int, trips: int, threads: int, combine: str, values: int = 1) -> TensorProgram:
     """y[g, i, t] = combine of x[g, i, u] over the aligned group of `width` threads u holding t: a SubgroupReduce in a
     serial loop (each trip reuses the tree's work-group memory: the lowering must wait for the reads before the next
-    trip's writes), scheduled by hand, with the same sum as a block program for the interpreter."""
+    trip's writes), scheduled by hand, with the same sum as a block program for the interpreter. With `values` > 1 the
+    reduction is of a local array in place (the GEMVs' form, written as loops over the array: ir/subgroup.py's
+    in_place), each element x, and y the mean of the first and last (exactly x's combination)."""
     G = sym.var("G")
     x, y = Buffer("x", (G, trips, threads)), Buffer("y", (G, trips, threads))
     g_, i_, t_, j_ = tir.iters("g i t j", (G, trips, threads, width), "SSSR")
@@ -124,20 +126,27 @@ def looped(width: int, trips: int, threads: int, combine: str) -> TensorProgram:
         y[gv, iv, tv], x[gv, iv, sym.floordiv(tv, width) * width + jv]))), Store(y, (gv, iv, tv), tir.const(init)))
     g, t, i = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("i")
     G_, T_, I_ = (sym.as_expr(v) for v in (g, t, i))
-    acc = Buffer("acc", (1,), "float32", "local")
-    z = (sym.as_expr(0),)
-    trip = tir.seq(Store(acc, z, x[G_, I_, T_]), SubgroupReduce((Store(acc, z, acc[0]),), combine, width),
-                   Store(y, (G_, I_, T_), acc[0]))
+    acc = Buffer("acc", (values,), "float32", "local")
+    at = [(sym.as_expr(j),) for j in range(values)]
+    out = acc[0] if values == 1 else (acc[0] + acc[values - 1]) * 0.5
+    trip = tir.seq(*[Store(acc, a, x[G_, I_, T_]) for a in at],
+                   SubgroupReduce(tuple(Store(acc, a, acc[a]) for a in at), combine, width), Store(y, (G_, I_, T_), out))
     body = For(g, G, For(t, sym.as_expr(threads), Alloc(acc, For(i, sym.as_expr(trips), trip)), "thread", "local"),
                "thread", "group")
     k = Kernel("looped", (x, y), (G.as_var,), body, G, threads, frozenset({y}))
     return TensorProgram("looped", (x, y), ref, (), 1, {"schedule": Schedule((k,), (), "by-hand")})
 
 
-@pytest.mark.parametrize("width,combine", [(32, "add"), (8, "max"), (16, "min")])
-def test_in_a_loop_each_trip_waits_for_the_last(path, width, combine):
+@pytest.mark.parametrize("width,combine,values", [(32, "add", 1), (8, "max", 1), (16, "min", 1), (32, "add", 4),
+                                                 (8, "max", 2)])
+def test_in_a_loop_each_trip_waits_for_the_last(path, width, combine, values):
     name, runner = path
-    prog = looped(width, 3, 64, combine)
+    prog = looped(width, 3, 64, combine, values)
+    if values > 1:  # the in-place form: written as loops over the array, on every path that lowers or renders it
+        from deploycc.ir.subgroup import in_place
+
+        (k,) = prog.attrs["schedule"].kernels
+        assert in_place(next(s for s in tir.walk(k.body) if isinstance(s, SubgroupReduce))) is not None
     x = RNG.standard_normal((5, 3, 64)).astype(np.float32)
     got, want = [x, np.zeros_like(x)], [x, np.zeros_like(x)]
     runner(prog, got, ())
@@ -145,9 +154,11 @@ def test_in_a_loop_each_trip_waits_for_the_last(path, width, combine):
     np.testing.assert_allclose(got[1], want[1], atol=1e-5, rtol=1e-5)
 
 
-def test_the_tree_without_its_last_barrier_fails_in_a_loop(monkeypatch):
-    """Negative control: the lowering's barrier after a looped reduction removed, the emulation's forward order lets
-    thread 0 overwrite its group's result with the next trip's value before the others read it."""
+@pytest.mark.parametrize("values", [1, 4])
+def test_the_tree_without_its_last_barrier_fails_in_a_loop(monkeypatch, values):
+    """Negative control: the lowering's barrier after a looped reduction removed (of one value, and of an array in
+    place), the emulation's forward order lets thread 0 overwrite its group's result with the next trip's value
+    before the others read it."""
     require_cxx()
     from deploycc.ir import subgroup
     from deploycc.runtime.devices import open_device
@@ -156,7 +167,7 @@ def test_the_tree_without_its_last_barrier_fails_in_a_loop(monkeypatch):
     monkeypatch.setattr(CUDARenderer, "subgroup_ops", False)
     monkeypatch.setattr(subgroup, "in_loops", lambda k: set())
     runner = KernelRunner(open_device("cuda", emulate="forward"), presets.load("h100").target)
-    prog = looped(32, 3, 64, "add")
+    prog = looped(32, 3, 64, "add", values)
     x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
     got, want = [x, np.zeros_like(x)], [x, np.zeros_like(x)]
     runner(prog, got, ())
