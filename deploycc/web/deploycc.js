@@ -383,9 +383,12 @@ export class Engine {
     }
     const sources = {};
     for (const [f, p] of Object.entries(files)) sources[f] = await p;
+    // the pipelines compile while the weights are fetched, checked and uploaded: a load takes the longer of the
+    // two, not their sum (a damaged shard is reported without waiting for the compiles)
     const t1 = performance.now();
-    const kernels = await gpu.build(sources, entries);
-    const buildMs = performance.now() - t1;
+    let buildMs = 0;
+    const building = gpu.build(sources, entries).then((k) => { buildMs = performance.now() - t1; return k; });
+    building.catch(() => {}); // awaited below; a weight error first leaves it unobserved
     const weights = {};
     let weightBytes = 0;
     for (const shard of [...new Set(manifest.params.map((p) => p.file))]) {
@@ -400,6 +403,7 @@ export class Engine {
       }
     }
     const tokenizer = await loadTokenizer(store, manifest);
+    const kernels = await building;
     const engine = new Engine(manifest, bytecode, gpu, kernels, weights, tokenizer);
     engine.load = { seconds: (performance.now() - t0) / 1000, buildSeconds: buildMs / 1000, weightBytes,
       fetched: store.fetched, cached: store.cached, cacheError: store.cacheError };

@@ -85,6 +85,33 @@ def browser(playwright):
     b.close()
 
 
+@pytest.fixture(scope="module")
+def llama_f32(site) -> Path:
+    """The tiny Llama as a q0f32 chrome-webgpu package, compiled once for the tests that read it as it is or edit a
+    copy of it."""
+    root, _ = site
+    out = root / "llama-gqa1-q0f32"
+    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama_f32_page(site, browser, llama_f32):
+    """One page with llama_f32's engine loaded, shared by the tests that only run it (a load compiles every
+    pipeline on SwiftShader, the bulk of a test's time); each of them starts with the engine's reset."""
+    _, server = site
+    page, err, _ = open_chat(browser, server.url(llama_f32.name))
+    assert err is None
+    yield page
+    page.close()
+
+
+def edited_copy(src: Path, name: str) -> Path:
+    out = src.parent / name
+    shutil.copytree(src, out)
+    return out
+
+
 def open_chat(browser, url: str, context=None, timeout_s: float = 300):
     """A page of the bundle once its engine loaded (or failed): (page, error or None, requested URLs)."""
     page = (context or browser).new_page()
@@ -104,15 +131,19 @@ LOGITS = """async (ids) => { const e = window.deploycc.engine; e.reset();
 
 @pytest.mark.parametrize("name, quant", [("llama-gqa1", "q0f32"), ("llama-gqa1", "q4f16_1"),
                                          ("gemma2-gqa2-softcap", "q4f16_1"), ("qwen3-gqa2-headdim-window", "q0f16")])
-def test_tiny_logits_match_reference(site, browser, name, quant):
+def test_tiny_logits_match_reference(request, site, browser, name, quant):
     root, server = site
     path = make_tiny(name)
-    compile_model(str(path), "chrome-webgpu", quant, context_window=64, out=str(root / f"{name}-{quant}"))
-    page, err, _ = open_chat(browser, server.url(f"{name}-{quant}"))
-    assert err is None
+    if (name, quant) == ("llama-gqa1", "q0f32"):
+        page = request.getfixturevalue("llama_f32_page")
+    else:
+        compile_model(str(path), "chrome-webgpu", quant, context_window=64, out=str(root / f"{name}-{quant}"))
+        page, err, _ = open_chat(browser, server.url(f"{name}-{quant}"))
+        assert err is None
     assert "software adapter (no GPU)" in page.inner_text("#loadText")  # chrome-webgpu's GPU kernels on SwiftShader
     got = page.evaluate(LOGITS, IDS)
-    page.close()
+    if (name, quant) != ("llama-gqa1", "q0f32"):
+        page.close()
     ref = reference_session(str(path), context_window=64, quantization=quant)
     want_all = ref.prefill(IDS, all_logits=True)
     want_dec = ref.decode(IDS[0])
@@ -150,18 +181,13 @@ def test_compatibility_adapter_through_angle(site, playwright):
     assert not got["subgroups"] and not got["adapterSubgroups"]
 
 
-def test_bad_requests_are_one_line_errors(site, browser):
+def test_bad_requests_are_one_line_errors(llama_f32_page):
     """A prompt that leaves no room in the context window, a token outside the vocabulary, no tokenizer."""
-    root, server = site
-    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(root / "bad"))
-    page, err, _ = open_chat(browser, server.url("bad"))
-    assert err is None
-    errors = page.evaluate("""async () => { const e = window.deploycc.engine; const out = [];
+    errors = llama_f32_page.evaluate("""async () => { const e = window.deploycc.engine; e.reset(); const out = [];
       for (const f of [() => e.generate(Array.from({length: 64}, () => 5)).next(), () => e.prefill([3, 1000]),
                        () => e.generate("hello").next()]) {
         try { await f(); out.push(null); } catch (x) { out.push(x.message); } }
       return out; }""")
-    page.close()
     assert "the prompt is 64 tokens, but the context window is 64" in errors[0]
     assert "token id 1000 is outside the vocabulary of 101" in errors[1]
     assert "no tokenizer.json" in errors[2]
@@ -236,14 +262,10 @@ def wait_for(url: str, proc, log: Path, timeout: float = 120) -> None:
     raise AssertionError(f"no answer from {url} within {timeout} s")
 
 
-def test_sampler(site, browser):
+def test_sampler(llama_f32_page):
     """deploycc.js's Sampler: softmax frequencies at temperature 1, top-k, top-p (the smallest head reaching p, as
     runtime/sampler.py), the repetition penalty, and a seed that repeats its draws."""
-    root, server = site
-    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(root / "sampler"))
-    page, err, _ = open_chat(browser, server.url("sampler"))
-    assert err is None
-    r = page.evaluate("""async () => { const { Sampler } = await import("./web/deploycc.js");
+    r = llama_f32_page.evaluate("""async () => { const { Sampler } = await import("./web/deploycc.js");
       const logits = Float32Array.from([Math.log(0.5), Math.log(0.3), Math.log(0.2)]);
       const draw = (opts, n, hist = []) => {
         const s = new Sampler(opts); return Array.from({length: n}, () => s.sample(logits, hist)); };
@@ -256,7 +278,6 @@ def test_sampler(site, browser):
                same: JSON.stringify(draw({temperature: 1, seed: 7}, 50)) === JSON.stringify(draw({temperature: 1, seed: 7}, 50)),
                other: JSON.stringify(draw({temperature: 1, seed: 7}, 50)) !== JSON.stringify(draw({temperature: 1, seed: 8}, 50)),
                bad: (() => { try { new Sampler({topP: 0}); return null; } catch (e) { return e.message; } })() }; }""")
-    page.close()
     assert np.allclose(r["t1"], [0.5, 0.3, 0.2], atol=0.015)
     assert r["k1"] == [1, 0, 0] and r["p5"] == [1, 0, 0]
     assert np.allclose(r["k2"], [0.625, 0.375, 0], atol=0.015)
@@ -265,15 +286,14 @@ def test_sampler(site, browser):
     assert r["bad"] == "top_p must be in (0, 1]"
 
 
-def test_adapter_limit_refused(site, browser):
+def test_adapter_limit_refused(site, browser, llama_f32):
     """A package that needs more of a limit than the adapter allows (its manifest edited and resealed) is refused
     in one line naming the limit, before any weight is fetched."""
     import hashlib
     import json
 
     root, server = site
-    out = root / "limits"
-    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(out))
+    out = edited_copy(llama_f32, "limits")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["kernels"]["requires"]["maxStorageBuffersPerShaderStage"] = 4096
     data = json.dumps(manifest, indent=1).encode()
@@ -286,10 +306,9 @@ def test_adapter_limit_refused(site, browser):
     assert not any("/params/" in u for u in requests)
 
 
-def test_damaged_weights_refused(site, browser):
+def test_damaged_weights_refused(site, browser, llama_f32):
     root, server = site
-    out = root / "damaged"
-    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(out))
+    out = edited_copy(llama_f32, "damaged")
     shard = next((out / "params").glob("*.safetensors"))
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
@@ -300,16 +319,15 @@ def test_damaged_weights_refused(site, browser):
     page.close()
 
 
-def test_second_load_from_cache_api(site, browser):
+def test_second_load_from_cache_api(site, browser, llama_f32):
     root, server = site
-    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q4f16_1", context_window=64, out=str(root / "cached"))
-    context = browser.new_context()
-    first, err, req1 = open_chat(browser, server.url("cached"), context)
+    context = browser.new_context()  # storage of its own: the shared page's cache is not this one's
+    first, err, req1 = open_chat(browser, server.url(llama_f32.name), context)
     assert err is None
     a = first.evaluate(LOGITS, IDS)
     load1 = first.evaluate("window.deploycc.engine.load")
     first.close()
-    second, err, req2 = open_chat(browser, server.url("cached"), context)
+    second, err, req2 = open_chat(browser, server.url(llama_f32.name), context)
     assert err is None
     load2 = second.evaluate("window.deploycc.engine.load")
     b = second.evaluate(LOGITS, IDS)
@@ -321,14 +339,13 @@ def test_second_load_from_cache_api(site, browser):
     assert a["all"] == b["all"] and a["dec"] == b["dec"]
 
 
-def test_quota_too_small_leaves_no_cache(site, browser):
+def test_quota_too_small_leaves_no_cache(site, browser, llama_f32):
     root, server = site
-    compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", context_window=64, out=str(root / "quota"))
     context = browser.new_context()
     page = context.new_page()
     cdp = context.new_cdp_session(page)
     cdp.send("Storage.overrideQuotaForOrigin", {"origin": server.base, "quotaSize": 64 * 1024})
-    page.goto(server.url("quota"))
+    page.goto(server.url(llama_f32.name))
     page.wait_for_function("window.deploycc && (window.deploycc.engine || window.deploycc.error)", timeout=120000)
     assert page.evaluate("window.deploycc.error") is None
     msg = page.evaluate("window.deploycc.engine.load.cacheError")
