@@ -2,7 +2,8 @@
 
 A cpu-target module is C source (targets/c.py) compiled into a shared object: at `deploycc compile`
 time for a package (the .so ships inside it, built for the preset's ISA), or by the cpu device's
-`build` for launch-by-launch use (tests), cached by the hash of source and flags. Loading checks
+`build` for launch-by-launch use (tests). Both go through a cache keyed by the hash of source, flags and
+compiler (its --version), so the same kernels are compiled once. Loading checks
 that this CPU has every instruction-set flag the object was built for before it is mapped, so a
 package for another CPU is a one-line error and never an illegal-instruction crash.
 
@@ -292,17 +293,64 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DEPLOYCC_HOME", Path.home() / ".cache" / "deploycc")) / "native"
 
 
+def compiler_id(cc: list[str]) -> str:
+    """The compiler's executable as installed (its resolved path, size and modification time): part of the cache
+    key, so that another compiler, or an upgraded one, builds anew. (No `cc --version` run: a stat costs nothing.)"""
+    exe = shutil.which(cc[0])
+    if exe is None:
+        return ""
+    real = os.path.realpath(exe)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return real
+    return f"{real} {st.st_size} {st.st_mtime_ns}"
+
+
+def cached_path(source: str, isa: str, fast_math: bool) -> Path:
+    """Where the cache keeps the shared object of `source` built with these flags by this compiler."""
+    cc = compiler()
+    key = hashlib.sha256("\0".join([source, isa, str(fast_math), " ".join(cc), compiler_id(cc),
+                                    " ".join(compile_flags(isa, fast_math))]).encode()).hexdigest()[:32]
+    return cache_dir() / f"{key}.so"
+
+
 def build_cached(source: str, isa: str, fast_math: bool) -> Path:
     """The shared object of `source`, compiled once per (source, flags, compiler) into the cache. The work
     directories of builds that were killed are removed first (those of builds still running are left alone)."""
-    key = hashlib.sha256("\0".join([source, isa, str(fast_math), " ".join(compiler()),
-                                    " ".join(compile_flags(isa, fast_math))]).encode()).hexdigest()[:32]
-    out = cache_dir() / f"{key}.so"
+    out = cached_path(source, isa, fast_math)
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         scratch.remove_stale(out.parent, CC_WORK)
         build_shared(source, out, isa, fast_math, out.parent)
     return out
+
+
+def build_package_library(source: str, out: Path, isa: str, fast_math: bool, work_in: Path) -> None:
+    """build_shared() for a package, through the cache: a library built before from the same source with the same
+    flags and compiler is copied (a whole shared object: check_elf), else the compiler builds it in `work_in` (the
+    package's staging directory, as build_shared says) and a copy goes into the cache. Recompiling a model, or
+    compiling it again for another output, runs the C compiler once. A cache that cannot be written is no error."""
+    hit = cached_path(source, isa, fast_math)
+    if hit.is_file():
+        try:
+            check_elf(hit)
+            shutil.copy(hit, out)  # with its mode, as the compiler wrote it
+            return
+        except (NativeError, OSError):
+            pass  # a damaged entry: built again below, and replaced
+    build_shared(source, out, isa, fast_math, work_in)
+    try:
+        hit.parent.mkdir(parents=True, exist_ok=True)
+        scratch.remove_stale(hit.parent, CC_WORK)
+        work = scratch.make(hit.parent, CC_WORK)  # a copy killed halfway is a stale work directory, never an entry
+        try:
+            shutil.copy(out, work / hit.name)
+            os.replace(work / hit.name, hit)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    except OSError:
+        pass
 
 
 def check_elf(path: Path) -> None:

@@ -84,7 +84,8 @@ class CpuBackend(Backend):
         src.write_text(source)
         isa = preset.target.isa
         try:  # the compiler works in tmp/kernels/.cc-XXXX: removed when done, or with the staging if killed
-            native.build_shared(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math, tmp / "kernels")
+            native.build_package_library(source, tmp / "kernels" / "kernels.so", isa, preset.target.fast_math,
+                                         tmp / "kernels")
         except native.NativeError as e:
             raise DeployError(str(e)) from None
         intrins = [s.name for k in lowered.kernels.values() for s in walk(k.body) if isinstance(s, Intrin)]

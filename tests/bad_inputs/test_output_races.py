@@ -310,9 +310,10 @@ def test_a_compile_killed_in_the_c_compiler_leaves_nothing_behind(model, tmp_pat
     require_cc()
     out = tmp_path / "dist" / "pkg"
     (tmp_path / "tmp").mkdir()
+    # a cache of its own: a library of these kernels built before would be copied, and no compiler would run
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "DEPLOYCC_HOME": str(tmp_path / "home")}
     killed = subprocess.run([sys.executable, "-c", KILL_IN_CC, str(tmp_path / "pids"), "compile", str(model), "--device",
-                             "cpu", "-o", str(out), "--json"], capture_output=True, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+                             "cpu", "-o", str(out), "--json"], capture_output=True, text=True, env=env)
     assert killed.returncode == -9, killed.stderr
     assert_all_ended(tmp_path / "pids")
     assert list((tmp_path / "tmp").iterdir()) == []
