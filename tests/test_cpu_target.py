@@ -396,3 +396,39 @@ def test_profile_gives_the_native_calls_back(compiled):
     assert_same(engine.prefill(ids), fresh.prefill(ids), "prefill after profiling")
     assert_same(engine.decode(7), fresh.decode(7), "decode after profiling")
     assert counts == {"prefill": 1, "prefill_all": 0, "decode": 1}
+
+
+def test_the_same_kernels_are_compiled_once(tmp_path, monkeypatch):
+    """kernels.so goes through the native cache (runtime/native.py build_package_library): a second compile of the
+    same model copies the library the first built (the C compiler, a wrapper that logs its runs, runs once); a
+    damaged cache entry is built again and replaced; another compiler (the wrapper changed) builds anew."""
+    require_cc()
+    from deploycc.package import compile_model
+    from deploycc.runtime import native
+
+    cc, log = native.compiler(), tmp_path / "cc.log"
+    wrapper = tmp_path / "cc"
+    wrapper.write_text(f'#!/bin/sh\necho run >> "{log}"\nexec {" ".join(cc)} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    monkeypatch.setenv("DEPLOYCC_HOME", str(tmp_path / "home"))
+    src = make_tiny("gpt2-odd")
+
+    def compile_to(name: str) -> bytes:
+        out = compile_model(str(src), "cpu", quantization="q0f32", out=str(tmp_path / name))
+        return (out / "kernels" / "kernels.so").read_bytes()
+
+    def runs() -> int:
+        return len(log.read_text().split())
+    first = compile_to("a")
+    assert runs() == 1
+    assert compile_to("b") == first and runs() == 1
+    [entry] = (tmp_path / "home" / "native").glob("*.so")
+    assert entry.read_bytes() == first
+    entry.write_bytes(first[:4096])  # truncated: not a whole shared object
+    assert compile_to("c") == first and runs() == 2
+    assert entry.read_bytes() == first
+    wrapper.write_text(wrapper.read_text() + "\n")  # another compiler (size and time changed)
+    assert compile_to("d") == first and runs() == 3
+    assert [p.name for p in (tmp_path / "home" / "native").iterdir()
+            if p.name.startswith(native.CC_WORK)] == []  # no work directory left in the cache
