@@ -51,7 +51,10 @@ def package(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("structured")
     model = with_tokenizer(make_tiny("llama-gqa1"), root / "model", CORPUS)  # an alphabet with JSON's characters
-    return compile_model(str(model), "cpu", out=str(root / "pkg"))
+    # a context of 4096 (the weights do not depend on it): room for a reply that lasts seconds (the gauges' test)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return compile_model(str(model), "cpu", out=str(root / "pkg"), context_window=4096)
 
 
 @pytest.fixture(scope="module")
@@ -269,10 +272,11 @@ def test_gateway_metrics_while_a_request_runs(client):
                 if line.startswith("vllm:")}
 
     require_module("llguidance")
-    # 200 letters before the reply may end (a random reply could end in its first tokens, before the gauges are read)
-    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=200,
+    # 3000 letters before the reply may end (a random reply could end in its first tokens, before the gauges are
+    # read; 200 letters, a few hundred milliseconds here, once ended first on a loaded machine)
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3000,
                                             temperature=1.0, seed=1, stream=True,
-                                            extra_body={"grammar": "start: /[a-z]{200}/"})
+                                            extra_body={"grammar": "start: /[a-z]{3000}/"})
     next(iter(stream))
     during = gauges()
     stream.close()
