@@ -3,7 +3,7 @@
 A cpu-target module is C source (targets/c.py) compiled into a shared object: at `deploycc compile`
 time for a package (the .so ships inside it, built for the preset's ISA), or by the cpu device's
 `build` for launch-by-launch use (tests). Both go through a cache keyed by the hash of source, flags and
-compiler (its --version), so the same kernels are compiled once. Loading checks
+compiler (its installed executable), so the same kernels are compiled once. Loading checks
 that this CPU has every instruction-set flag the object was built for before it is mapped, so a
 package for another CPU is a one-line error and never an illegal-instruction crash.
 
