@@ -203,17 +203,22 @@ def _tensor_kernels(pkg: Path, manifest: dict) -> set:
 
 
 def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
-    """{the kernel of each program that does its arithmetic (the last; each of a dispatched schedule's alternatives,
-    of which one runs): the program's body} from kernels/programs.json."""
+    """{the kernel of each program that does its arithmetic: the program's body} from kernels/programs.json. That
+    kernel is the last (each of a dispatched schedule's alternatives, of which one runs), but where the work is split
+    over blocks (attention's `_part` kernel, schedule/attention.py) the blocks' kernel rather than the combine after
+    it (the program's last kernel, or a page pool's `_merge`)."""
     rel = manifest["kernels"].get("programs")
     if rel is None:
         return {}
     doc = json.loads((pkg / rel).read_text())
     out = {}
     for p in doc["programs"]:
-        ks = p["schedule"]["kernels"]
-        for k in ks if p["schedule"].get("dispatched") else ks[-1:]:
-            out[k["name"]] = p["body"]
+        ks = [k["name"] for k in p["schedule"]["kernels"]]
+        parts = [k for k in ks if k.endswith("_part")]  # the split form: its combine after it does none
+        if p["schedule"].get("dispatched"):
+            ks = [k for k in ks if not k.endswith("_merge")]
+        for k in ks if p["schedule"].get("dispatched") else parts or ks[-1:]:
+            out[k] = p["body"]
     return out
 
 

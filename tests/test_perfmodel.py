@@ -17,6 +17,8 @@ from deploycc import presets
 from deploycc.errors import DeployError
 from deploycc.perfmodel import IN_FLIGHT, LATENCY_US, LAUNCH_US, TF32_PRODUCTS, Launch, _time, predict, rows, summary
 from deploycc.runtime.validate import nbytes
+from deploycc.schedule.attention import SPLIT_ROWS
+from deploycc.schedule.gemv import FEW
 from fixtures import make_tiny
 
 H100 = presets.load("h100").hardware
@@ -30,14 +32,23 @@ def package(tmp_path_factory):
                          out=str(tmp_path_factory.mktemp("perf") / "pkg"))
 
 
-def launch_sites(package, fname: str) -> tuple[int, set]:
-    """(the launches a step makes: its launch instructions, one of each dispatched pair; the dispatched kernels)."""
+def launch_sites(package, fname: str, rows: int) -> tuple[int, set]:
+    """(the launches a step of `rows` rows makes, the dispatched kernels): its launch instructions, of a dispatched
+    schedule's alternatives the one the rows choose: the few-row GEMV (`_rows`) up to FEW rows, else the tiles; a page
+    pool's attention split over blocks (`_part`, `_merge`) up to SPLIT_ROWS queries, else one block a row."""
     m = json.loads((package / "manifest.json").read_text())
     doc = json.loads((package / m["kernels"]["programs"]).read_text())
     paired = {k["name"] for p in doc["programs"] if p["schedule"].get("dispatched") for k in p["schedule"]["kernels"]}
     bc = json.loads((package / "bytecode.json").read_text())
     names = [ins["args"][0]["k"] for ins in bc["functions"][fname]["instructions"] if ins.get("fn") == "vm.launch"]
-    return sum(n not in paired for n in names) + sum(n in paired for n in names) // 2, paired
+
+    def runs(name: str) -> bool:
+        if name.endswith(("_part", "_merge")):
+            return rows <= SPLIT_ROWS
+        if name.startswith("attention"):
+            return rows > SPLIT_ROWS
+        return (rows <= FEW) == name.endswith("_rows")
+    return sum(n not in paired or runs(n) for n in names), paired
 
 
 def test_every_launch_of_both_steps_is_modelled(package):
@@ -47,7 +58,7 @@ def test_every_launch_of_both_steps_is_modelled(package):
     m = json.loads((package / "manifest.json").read_text())
     for fname, tokens in (("decode", 1), ("prefill", 16)):
         step = pred["steps"][fname]
-        launches, paired = launch_sites(package, fname)
+        launches, paired = launch_sites(package, fname, tokens)
         assert len(step.launches) == launches and step.tokens == tokens
         assert not any(x.kernel.endswith("_rows") for x in step.launches) and paired
         for x in step.launches:
@@ -89,20 +100,27 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
     sequences' page tables point (B x pages x page size rows), not whole."""
     pred = predict(package, context=48, sequences=(1, 4, 12))
     m = json.loads((package / "manifest.json").read_text())
-    launches, paired = launch_sites(package, "step")
     kv, pool = m["kv_cache"], m["kv_cache"]["pool"]
     row = kv["kv_heads"] * kv["head_dim"] * 4
     for b in (1, 4):
         step = pred["steps"][f"step{b}"]
+        launches, paired = launch_sites(package, "step", b)
         assert len(step.launches) == launches and step.tokens == b
-        attention = [x for x in step.launches if x.kernel.startswith("attention")]
+        # the keys split over blocks (a few queries): the kernel that reads the pages, then the partials' combine
+        names = [x.kernel for x in step.launches if x.kernel.startswith("attention")]
+        pairs = list(zip(names[::2], names[1::2]))
+        assert names and len(names) == 2 * len(pairs) and all(b == a[:-5] + "_merge" for a, b in pairs)
+        attention = [x for x in step.launches if x.kernel in {a for a, _ in pairs}]
+        assert all(a.endswith("_part") for a, _ in pairs)
         rows = min(b * -(-48 // pool["page_size"]) * pool["page_size"], pool["pages"] * pool["page_size"])
         read = rows * row * 2  # keys and values: the named pages, at most the pool
         assert attention and all(read <= x.bytes < read + 4096 for x in attention), (read, [x.bytes for x in attention])
+        merges = [x for x in step.launches if x.kernel.startswith("attention") and x.kernel.endswith("_merge")]
+        assert all(x.flops > 0 for x in attention) and not any(x.flops for x in merges)  # the blocks do the work
     assert pred["steps"]["step1"].bytes < pred["steps"]["step4"].bytes
     # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs; past FEW rows, the tiles
     for b, few in ((1, True), (4, True), (12, False)):
-        chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired]
+        chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired and not x.kernel.startswith("attention")]
         assert chosen and all(x.kernel.endswith("_rows") == few and x.flops > 0 for x in chosen), b
 
 

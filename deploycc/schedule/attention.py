@@ -13,7 +13,8 @@ so keys outside it cost nothing; a score cap c replaces a score s by c * tanh(s 
 A page pool (a batched step, attrs "page_size" S) holds key j of query i's sequence at row
 pages[seq[i], j // S] * S + j % S and lets query i see keys up to pos[i]: the loop runs over the keys the
 page table can name and skips those the query does not see (the cpu form: whole blocks of keys, BLOCK
-dividing S, so a block is contiguous rows of one page).
+dividing S, so a block is contiguous rows of one page; the GPU form: those keys split over blocks, flash-decoding,
+for a step of up to SPLIT_ROWS queries, see _split).
 """
 from __future__ import annotations
 
@@ -275,16 +276,45 @@ def split_threads(target, d: int) -> int:
 
 
 def _split(prog: TensorProgram, target) -> Schedule:
-    """The GPU form: one block of T threads per (head, query); the threads split its keys (thread u takes keys
+    """The GPU form: blocks of T threads per (head, query); the threads split its keys (thread u takes keys
     u, u + T, ...), each keeping its own online-softmax maximum, sum and accumulator in registers, so a decode
     step works T threads per head instead of one. One barrier, then the partials meet in shared memory:
     thread u writes out elements c = u, u + T, ... of the head, each the T accumulators weighed by
     exp(m_u - max) over the T sums weighed alike (flash-decoding's combine, inside one block).
 
-    With one query per head (a decode step's contiguous cache) the keys are also split over blocks (flash-decoding
-    proper): S = ceil(keys / C) blocks a head, block s taking keys sC .. sC + C - 1 (C = 2T); each writes its partial
-    (maximum, sum, unnormalised accumulator) to a workspace, and a second kernel, one thread per output element,
-    combines a head's S partials the same way. A 2048-key decode step on h100 then runs 8 blocks a head, not one."""
+    Where a step has few queries, the keys are also split over blocks (flash-decoding proper): S = ceil(keys / C)
+    blocks a (head, query), block s taking keys sC .. sC + C - 1 (C = 2T); each writes its partial (maximum, sum,
+    unnormalised accumulator) to a workspace, and a second kernel, one thread per output element, combines the S
+    partials the same way. A 2048-key decode step on h100 then runs 8 blocks a head, not one.
+    - a contiguous cache with one query (the decode step): always;
+    - a page pool (the batched step, whose row count `seq_len` is known only at run time): dispatched by that
+      count (schedule/dispatch.py's guards), the split pair up to SPLIT_ROWS rows (the sequences decoding, a short
+      chunk), one block a (head, query) above, where the rows alone fill the GPU and a workspace of every row's
+      partials would grow with the prefill chunk. A block whose keys a query does not see (past its position in
+      a table as wide as the step's longest sequence) only tests them; its partial weighs nothing."""
+    n = prog.params[0].shape[0]
+    if Paged.of(prog) is None:
+        kernels, workspace = _split_form(prog, target, n.is_const and n.value == 1)
+        return Schedule(kernels, workspace, "attention-split" if workspace else "attention")
+    from .dispatch import above, at_most
+
+    pair, workspace = _split_form(prog, target, True)
+    rows, _ = _split_form(prog, target, False)
+    guarded = tuple(_guarded(k, at_most(n, SPLIT_ROWS)) for k in pair) + (_guarded(rows[0], above(n, SPLIT_ROWS)),)
+    return Schedule(guarded, workspace, "attention-split|attention", dispatched=True)
+
+
+SPLIT_ROWS = 16  # a page pool's step splits keys over blocks up to this many queries (h100's step: 16 sequences)
+
+
+def _guarded(k: Kernel, on: sym.Expr) -> Kernel:
+    """k launched with zero work-groups where `on` is 0 (schedule/dispatch.py)."""
+    return Kernel(k.name, k.buffers, k.scalars, k.body, k.groups * on, k.threads, k.written)
+
+
+def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel, ...], tuple[Buffer, ...]]:
+    """_split's kernels and workspace: with `splits`, the keys over S blocks a (head, query) and the combine (for a
+    page pool, its rows bounded by SPLIT_ROWS); else one block a (head, query)."""
     Q, K, Vb = prog.params[:3]
     O = prog.params[-1]
     n, h, d = Q.shape
@@ -297,7 +327,11 @@ def _split(prog: TensorProgram, target) -> Schedule:
     T = split_threads(target, D)
     g, u = sym.SymVar("g"), sym.SymVar("u")
     G, U = sym.as_expr(g), sym.as_expr(u)
-    hh, i = sym.floordiv(G, n), sym.mod(G, n)
+    C = SPLIT_KEYS_PER_THREAD * T  # keys per block of the split form
+    S = sym.floordiv(t + (C - 1), C) if splits else sym.as_expr(1)
+    r = sym.floordiv(G, S) if splits else G  # the (head, query) row of block g
+    sidx = sym.mod(G, S) if splits else sym.as_expr(0)
+    hh, i = sym.floordiv(r, n), sym.mod(r, n)
     kv = sym.floordiv(hh, group)
     z = (sym.as_expr(0),)
     m, l, sc, corr, pr, mx, tot, out = (Buffer(x, (1,), "float32", "local")
@@ -313,18 +347,6 @@ def _split(prog: TensorProgram, target) -> Schedule:
 
     lanes = reduce_lanes(target)
     over_d = _over_d(D, lanes)
-
-    # One query per head (a decode step): the keys are split over S blocks per head as well (flash-decoding: each
-    # block's partial maximum, sum and accumulator go to a workspace, and a second kernel combines the S), so a
-    # step at a long context has S times the threads; else one block walks them all.
-    splits = not paged and n.is_const and n.value == 1
-    C = SPLIT_KEYS_PER_THREAD * T  # keys per block of the split form
-    S = sym.floordiv(t + (C - 1), C) if splits else sym.as_expr(1)
-    sidx = sym.mod(G, S) if splits else sym.as_expr(0)
-    if splits:
-        hh = sym.floordiv(G, S)
-        i = sym.as_expr(0)
-        kv = sym.floordiv(hh, group)
 
     def step(J) -> Stmt:
         return key_step(Q, K, Vb, i, hh, kv, J, scale, cap, (m, l, sc, corr, pr, acc), over_d, lanes)
@@ -349,7 +371,8 @@ def _split(prog: TensorProgram, target) -> Schedule:
         return Seq((threads_merged(c), Store(O, (i, hh, c), out[0] / tot[0])))
 
     W = D + 2  # a block's partial in the workspace: maximum, sum, then the accumulator
-    part = Buffer("part", (h * S * W,), "float32", "global")
+    bound = sym.smin(n, SPLIT_ROWS) if paged else n  # the rows whose partials the workspace holds
+    part = Buffer("part", (h * bound * S * W,), "float32", "global")
 
     def partial(c) -> Stmt:
         """The block's partial (split form): maximum and sum (thread 0), accumulator element c, all over the block's
@@ -378,15 +401,15 @@ def _split(prog: TensorProgram, target) -> Schedule:
         body = Alloc(buf, body)
     for buf in (sm_m, sm_l, sm_acc):
         body = Alloc(buf, body)
-    rows = h * n
-    blocks = h * S if splits else rows
+    blocks = h * n * S
     body = For(g, blocks, For(u, sym.as_expr(T), body, "thread", "local"), "thread", "group")
     params = list(prog.params) + ([part] if splits else [])
     bufs, written = global_buffers(body, params)
     k = Kernel(prog.name + ("_part" if splits else ""), bufs, tuple(free_syms(body)), body, blocks, T, written)
     if not splits:
-        return Schedule((k,), (), "attention")
-    return Schedule((k, _combine_splits(prog, target, part, S, W)), (part,), "attention-split")
+        return (k,), ()
+    name = prog.name + ("_merge" if paged else "")  # a page pool's row kernel keeps the program's name
+    return (k, _combine_splits(prog, target, part, S, W, name)), (part,)
 
 
 def merge(n, m_of, l_of, acc_of, into) -> Stmt:
@@ -410,22 +433,23 @@ def merge(n, m_of, l_of, acc_of, into) -> Stmt:
 SPLIT_KEYS_PER_THREAD = 2  # a block of the split form takes 2 T keys: a 2048-key decode on h100 is 8 blocks a head
 
 
-def _combine_splits(prog: TensorProgram, target, part: Buffer, S: sym.Expr, W: int) -> Kernel:
-    """The second kernel of the split form: output element (head, c) from the head's S partials, one thread each."""
+def _combine_splits(prog: TensorProgram, target, part: Buffer, S: sym.Expr, W: int, name: str) -> Kernel:
+    """The second kernel of the split form: output element (query, head, c) from its S partials, one thread each."""
     O = prog.params[-1]
-    h, D = O.shape[1], O.shape[2].value
+    n, h, D = O.shape[0], O.shape[1], O.shape[2].value
     mx, tot, out = (Buffer(x, (1,), "float32", "local") for x in ("mx", "tot", "o"))
 
-    def body_of(r):
-        hh, c = sym.floordiv(r, D), sym.mod(r, D)
-        base = lambda s: (hh * S + s) * W  # noqa: E731
+    def body_of(x):
+        r, c = sym.floordiv(x, D), sym.mod(x, D)  # r: the (head, query) row, as the partials' blocks number them
+        base = lambda s: (r * S + s) * W  # noqa: E731
         merged = merge(S, lambda s: part[base(s)], lambda s: part[base(s) + 1], lambda s: part[base(s) + 2 + c],
                        (mx, tot, out))
-        return Alloc(mx, Alloc(tot, Alloc(out, Seq((merged, Store(O, (sym.as_expr(0), hh, c), out[0] / tot[0]))))))
+        at = (sym.mod(r, n), sym.floordiv(r, n), c)
+        return Alloc(mx, Alloc(tot, Alloc(out, Seq((merged, Store(O, at, out[0] / tot[0]))))))
 
-    body, groups = thread_grid(h * D, target.threads_per_block, body_of)
+    body, groups = thread_grid(h * n * D, target.threads_per_block, body_of)
     bufs, written = global_buffers(body, [part, O])
-    return Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, target.threads_per_block, written)
+    return Kernel(name, bufs, tuple(free_syms(body)), body, groups, target.threads_per_block, written)
 
 
 def _kernel(prog: TensorProgram, target, rows, body_of) -> Schedule:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require_cc, require_device
+from conftest import require_cc, require_cxx, require_device
 
 from deploycc import presets
 from deploycc.ir import annotation as A
@@ -19,12 +19,27 @@ from deploycc.ir.module import IRModule
 from deploycc.ir.op import get as get_op
 from deploycc.kernel_runner import KernelRunner, render
 from deploycc.op.attention import RefPagedCache, paged_attention_reference
-from deploycc.schedule import schedule_program
+from deploycc.schedule import attention, schedule_program
 from deploycc.vm.lower import kv_copy_paged_program
 
 # the cpu and cpu-opencl presets take the one-thread-per-row form; adreno (on PoCL), cpu-webgpu and h100 the
-# split form (a block of threads per row splits the keys and combines in shared memory)
-PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "adreno": "adreno", "webgpu": "cpu-webgpu", "cuda": "h100"}
+# split form (a block of threads per row splits the keys and combines in shared memory), its keys also split over
+# blocks (flash-decoding: a partial per block, then a combine) up to SPLIT_ROWS queries; cuda-emu: h100's CUDA
+# under the CPU emulation of CUDA's thread model, threads in reverse order
+PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "adreno": "adreno", "webgpu": "cpu-webgpu", "cuda": "h100",
+           "cuda-emu": "h100"}
+GPU = ("adreno", "webgpu", "cuda", "cuda-emu")
+
+
+def device_for(backend: str, target):
+    if backend == "cuda-emu":
+        require_cxx()
+        from deploycc.runtime.devices import open_device
+
+        return open_device("cuda", emulate="reverse")
+    if backend == "cpu":
+        require_cc()
+    return require_device(target.kind)
 
 
 def paged_program(n: int, h: int, kvh: int, d: int, rows: int, **attrs):
@@ -64,13 +79,14 @@ def scatter(rng, starts, counts, page_size, pages, kvh, d):
     ([0, 20, 3], [7, 1, 13], 4, 1, 0, 2.0),    # ragged: two prefills beside a decode, scores capped
     ([30, 0], [5, 9], 8, 2, 6, 0.0),           # a sliding window shorter than both
     ([47], [17], 2, 2, 20, 50.0),              # one prefill crossing pages, window and cap
+    ([3, 40, 0, 17], [4, 4, 4, 4], 4, 2, 0, 0.0),  # SPLIT_ROWS (16) queries: the last count split over blocks
+    ([300, 5, 120], [1, 2, 1], 6, 2, 0, 0.0),  # a table of 19 pages: keys over several blocks, most past 6 and 121
+    ([290], [3], 4, 4, 100, 30.0),             # a window across two blocks' keys, capped
 ])
 def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, window, cap):
-    if backend == "cpu":
-        require_cc()
     target = presets.load(PRESETS[backend]).target
-    device = require_device(target.kind)
-    d, scale, size, pages = 32, 0.125, 16, 24
+    device = device_for(backend, target)
+    d, scale, size, pages = 32, 0.125, 16, 48
     attrs = {"scale": scale, "page_size": size, **({"window": window} if window else {}),
              **({"softcap": cap} if cap else {})}
     rng = np.random.default_rng(sum(starts) * 31 + sum(counts))
@@ -85,11 +101,17 @@ def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, wind
         v[rows] = rng.standard_normal((len(j), kvh, d)).astype(np.float32)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     prog = schedule_program(paged_program(n, h, kvh, d, pages * size, **attrs), target)
-    assert prog.attrs["schedule"].rule == "attention"
-    split = "sm_acc" in render(list(prog.attrs["schedule"].kernels), target)  # the threads' partials meet
-    assert split == (backend in ("adreno", "webgpu", "cuda")), "the form the presets take"
+    sched = prog.attrs["schedule"]
+    gpu = backend in GPU
+    split = "sm_acc" in render(list(sched.kernels), target)  # the threads' partials meet
+    assert split == gpu, "the form the presets take"
+    assert sched.rule == ("attention-split|attention" if gpu else "attention")
+    assert [k.name for k in sched.kernels] == (["attention_part", "attention_merge", "attention"] if gpu else ["attention"])
     out = np.zeros((n, h, d), np.float32)
-    KernelRunner(device, target)(prog, [q, k, v, m["pages"], m["seq"], m["pos"], out], [])
+    runner = KernelRunner(device, target)
+    runner(prog, [q, k, v, m["pages"], m["seq"], m["pos"], out], [])
+    if gpu:  # the split pair up to SPLIT_ROWS queries, the one-block-a-row kernel above: their guards choose
+        assert runner.launches == (2 if n <= attention.SPLIT_ROWS else 1), n
     want = paged_attention_reference(q, k, v, m["pages"], m["seq"], m["pos"], scale, size, window, cap)
     assert np.abs(want).max() < 10  # no garbage row was read by the reference
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 if backend == "cpu" else 1e-5)
@@ -97,10 +119,8 @@ def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, wind
 
 @pytest.mark.parametrize("backend", sorted(PRESETS))
 def test_kv_copy_paged_writes_the_slots(backend):
-    if backend == "cpu":
-        require_cc()
     target = presets.load(PRESETS[backend]).target
-    device = require_device(target.kind)
+    device = device_for(backend, target)
     rng = np.random.default_rng(7)
     cache = scatter(rng, [5, 0, 30], [3, 1, 9], 16, 12, 2, 8)
     slot = cache.meta["slot"]

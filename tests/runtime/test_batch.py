@@ -32,11 +32,11 @@ X32 = "qwen3-x32"  # every matmul on the integer kernels (tests/fixtures.py)
 PRESETS = {"cpu": "cpu", "opencl": "cpu-opencl", "webgpu": "cpu-webgpu", "cuda-emu": "h100"}
 
 
-def compiled(tmp_path_factory, model: str, preset: str, quant: str = "q0f32", pool: int = 64):
-    """ctx 64, steps of 16 tokens, a pool of `pool` tokens (pages of 16) for up to 4 sequences."""
+def compiled(tmp_path_factory, model: str, preset: str, quant: str = "q0f32", pool: int = 64, chunk: int = 16):
+    """ctx 64, steps of `chunk` tokens, a pool of `pool` tokens (pages of 16) for up to 4 sequences."""
     out = tmp_path_factory.mktemp(f"{model}-{preset}") / "pkg"
     return compile_model(str(make_tiny(model)), preset, quant, context_window=64, out=str(out),
-                         overrides=("prefill_chunk=16", "max_num_sequences=4", f"kv_pool_tokens={pool}"))
+                         overrides=(f"prefill_chunk={chunk}", "max_num_sequences=4", f"kv_pool_tokens={pool}"))
 
 
 def prompts(vocab: int, lengths=(5, 21, 1, 12), seed: int = 0) -> list[list[int]]:
@@ -118,19 +118,36 @@ def test_a_batch_gives_each_sequence_its_own_logits_bit_for_bit(tmp_path_factory
 def test_batched_steps_match_the_single_sequence_engine(tmp_path_factory, monkeypatch, backend):
     """On every backend (native C, PoCL, lavapipe, the CUDA emulation of an h100 package), q0f32: each sequence of a
     concurrent batch within 1e-4 of the single-sequence engine's logits for the same tokens. The GPU presets' steps
-    of up to 8 rows take the few-row GEMVs, the 17-token prompt's chunks the tiles (schedule/dispatch.py)."""
+    of up to 8 rows take the few-row GEMVs, those with the 17-token prompt the tiles (schedule/dispatch.py); their
+    attention, up to 16 rows, the keys split over blocks and a combine, above, a block a row (steps of 32 tokens, so
+    that both run; checked on the emulation by the kernels launched)."""
+    launched: set = set()
     if backend == "cpu":
         require_cc()
     elif backend == "cuda-emu":
         require_cxx()
         monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "shuffle")
+        from deploycc.runtime.devices.cuda import CUDADevice
+
+        def spy(self, kernel, launcher=CUDADevice.launcher):
+            site = launcher(self, kernel)
+
+            def launch(*args):
+                launched.add(kernel.name)
+                return site(*args)
+            return launch
+        monkeypatch.setattr(CUDADevice, "launcher", spy)
     else:
         require_device(backend)
-    pkg = compiled(tmp_path_factory, "qwen3-gqa2-headdim-window", PRESETS[backend], pool=256)
+    pkg = compiled(tmp_path_factory, "qwen3-gqa2-headdim-window", PRESETS[backend], pool=256, chunk=32)
     engine = Engine.load(pkg, paged=True)
     batcher = Batcher(engine)
     work = prompts(engine.vocab_size, (9, 3, 17))
     together = concurrently(batcher, work, 5)
+    if backend == "cuda-emu":
+        attention = {k for k in launched if k.startswith("attention")}
+        assert {k for k in attention if k.endswith("_part")} and {k for k in attention if k.endswith("_merge")}
+        assert {k for k in attention if not k.endswith(("_part", "_merge"))}, attention
     single = Engine.load(pkg)
     for ids, got in zip(work, together):
         single.reset()
