@@ -7,6 +7,7 @@ real vocabulary and widths) and a step of L layers is T(1) + (T(2) - T(1)) x (L 
 host's, the bytes and the FLOPs alike: an 8B model needs no 16 GB checkpoint.
 
     .venv/bin/python benchmarks/gpu_model.py [--context 512] [--prefill 512] [--sequences 1,4,16] [--json]
+        [--shapes SmolLM2-135M-shaped,...] [--presets h100,rtx4090] [--no-graphs]
 
 With --sequences, also the server's batched step over the page pool (one token for each of B sequences after
 `--context` tokens each): its aggregate tok/s per B.
@@ -67,12 +68,14 @@ def extrapolate(one: dict, two: dict, layers: int) -> dict:
     return {k: one[k] + (two[k] - one[k]) * (layers - 1) if k != "tokens" else one[k] for k in one}
 
 
-def predict_shape(shape: str, preset: str, context: int, prefill: int, sequences: tuple[int, ...] = ()) -> dict:
+def predict_shape(shape: str, preset: str, context: int, prefill: int, sequences: tuple[int, ...] = (),
+                  graphs: bool = True) -> dict:
     from deploycc import presets
     from deploycc.perfmodel import predict
 
     layers = SHAPES[shape]["num_hidden_layers"]
-    preds = [predict(package(shape, n, preset), context=context, prefill=prefill, sequences=sequences) for n in (1, 2)]
+    preds = [predict(package(shape, n, preset), context=context, prefill=prefill, sequences=sequences, graphs=graphs)
+             for n in (1, 2)]
     steps = {}
     for fname in ("decode", "prefill", *(f"step{n}" for n in sequences)):
         steps[fname] = extrapolate(*(step_totals(pred, fname) for pred in preds), layers)
@@ -95,11 +98,15 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--sequences", default="", help="batched steps of these many sequences, e.g. 1,4,16")
+    ap.add_argument("--shapes", default=",".join(ORDER), help="of " + ", ".join(ORDER))
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--no-graphs", action="store_true", help="the decode step launch by launch, not as a CUDA graph")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seqs = tuple(int(x) for x in args.sequences.split(",") if x)
     t0 = time.time()
-    out = [predict_shape(s, p, args.context, args.prefill, seqs) for s in ORDER for p in PRESETS]
+    out = [predict_shape(s, p, args.context, args.prefill, seqs, not args.no_graphs)
+           for s in args.shapes.split(",") for p in args.presets.split(",")]
     if args.json:
         print(json.dumps(out, indent=2))
         return

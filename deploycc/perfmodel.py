@@ -22,8 +22,9 @@ launch:
             about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
             (a decode attention over 9 heads: 9 blocks). Its two constants were fitted on an H100 (docs/gpu.md:
             attention 30 us at 256 keys, about 180 at 2048). The host's time to enqueue the step's launches
-            (HOST_US each, measured there with the Python VM and CuPy) runs beside the device's; a step takes the
-            longer of the two.
+            (HOST_US each, measured there with the Python VM and CuPy; for the decode step, run as a CUDA graph,
+            GRAPH_HOST_US + GRAPH_INT_US per int argument + GRAPH_LAUNCH_US) runs beside the device's; a step takes
+            the longer of the two.
 
 The batched step (the server's, `predict(..., sequences=(1, 16))`) is modelled alike, one token for each sequence
 after `context`. A decode step's predicted tokens per second is 1 / its time, and its fraction of the HBM roofline is the bytes it
@@ -39,11 +40,19 @@ from pathlib import Path
 
 from .errors import DeployError
 from .runtime.dryrun import _DryRun
+from .runtime.engine import GRAPH_FUNCTIONS
 from .runtime.symexpr import compile_expr
 from .runtime.validate import nbytes
 
 LAUNCH_US = 3.0  # a kernel's least time on the GPU, back to back in a stream (launch and drain)
 HOST_US = 9.0  # the host's time per launch: Python VM + CuPy, measured on an H100 (3.57 ms / 394 launches)
+# a step run as a CUDA graph (runtime/graphs.py; the decode step): the VM binds the shapes and evaluates the graph's int
+# arguments, then one graph launch. GRAPH_HOST_US + GRAPH_INT_US per int argument: the VM's part measured on a 2-vCPU
+# Xeon (Sapphire Rapids kind) without the launch (SmolLM2-135M-shaped h100, 30 layers: docs/gpu.md); the graph launch's
+# own host time (cudaGraphLaunch) is taken as GRAPH_LAUNCH_US, not measured
+GRAPH_HOST_US = 10.5
+GRAPH_INT_US = 0.22
+GRAPH_LAUNCH_US = 10.0
 LATENCY_US = 0.5  # a load's round trip to device memory
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
@@ -116,6 +125,8 @@ class StepPrediction:
     tokens: int
     context: int
     launches: list = field(default_factory=list)
+    graph: bool = False  # run as a CUDA graph (runtime/graphs.py)
+    int_args: int = 0  # its launches' int arguments
 
     @property
     def device_s(self) -> float:
@@ -123,6 +134,8 @@ class StepPrediction:
 
     @property
     def host_s(self) -> float:
+        if self.graph:
+            return (GRAPH_HOST_US + GRAPH_INT_US * self.int_args + GRAPH_LAUNCH_US) * 1e-6
         return len(self.launches) * HOST_US * 1e-6
 
     @property
@@ -145,6 +158,7 @@ class _Recorder(_DryRun):
         super().__init__(*a, **kw)
         self.launches: list[Launch] = []
         self.ints: list[dict] = []  # each launch's int arguments by name (the program's sizes)
+        self.int_args = 0  # the int arguments of the step's launches (a graph's table: runtime/graphs.py)
 
     def vm_launch(self, w: str, args: list) -> None:
         super().vm_launch(w, args)
@@ -153,6 +167,8 @@ class _Recorder(_DryRun):
         sig = entry["args"]
         sep = next(i for i, a in enumerate(args) if a.get("str") == "|")
         ints = dict(zip(sig["scalars"], (self.ev(a["s"]) for a in args[sep + 1:])))
+        if self.ev(args[1]["s"]):  # launched: the VM skips a launch of no work-groups
+            self.int_args += len(args) - sep - 1
         total = weights = 0
         kv = self.m["kv_cache"]
         for a, decl in zip(args[3:sep], sig["buffers"]):
@@ -223,10 +239,12 @@ def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
 
 
 def predict(pkg: str | Path, context: int | None = None, prefill: int | None = None,
-            sequences: tuple[int, ...] = ()) -> dict:
+            sequences: tuple[int, ...] = (), graphs: bool = True) -> dict:
     """The decode step after `context` tokens (default: the context window's half) and the prefill step of `prefill`
     tokens (default: the prefill chunk, at most 512) of a CUDA package, on its preset's hardware; and for each count
-    in `sequences`, the batched step (the server's) of that many sequences, one token each, after `context`."""
+    in `sequences`, the batched step (the server's) of that many sequences, one token each, after `context`. graphs:
+    the decode step's host time as a CUDA graph's (runtime/graphs.py), as the runtime runs it, or launch by launch
+    (DEPLOYCC_CUDA_GRAPHS=0)."""
     from . import presets
     from .runtime.package import read_manifest
 
@@ -253,7 +271,8 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     for key, fname, s, cached, batch in runs:
         rec = _Recorder(fname, bc["functions"][fname], m, s, cached, {}, batch)
         rec.run()
-        step = StepPrediction(fname, s, context if batch else cached + s)
+        step = StepPrediction(fname, s, context if batch else cached + s, graph=graphs and fname in GRAPH_FUNCTIONS,
+                              int_args=rec.int_args)
         for launch, ints in zip(rec.launches, rec.ints):
             if launch.kernel in bodies:
                 launch.flops = program_flops(bodies[launch.kernel], ints)
@@ -263,7 +282,9 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             step.launches.append(launch)
         steps[key] = step
     return {"package": str(pkg), "preset": preset.name, "hardware": hw, "steps": steps,
-            "model": {"launch_us": LAUNCH_US, "host_us": HOST_US, "latency_us": LATENCY_US, "in_flight": IN_FLIGHT}}
+            "model": {"launch_us": LAUNCH_US, "host_us": HOST_US, "latency_us": LATENCY_US, "in_flight": IN_FLIGHT,
+                      "graphs": graphs, "graph_host_us": GRAPH_HOST_US, "graph_int_us": GRAPH_INT_US,
+                      "graph_launch_us": GRAPH_LAUNCH_US}}
 
 
 def _time(x: Launch, hw: dict) -> None:

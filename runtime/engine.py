@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 from pathlib import Path
 
@@ -21,12 +22,15 @@ from .safetensors_io import SafetensorsError
 from .validate import PAGED_FUNCTIONS
 from .vm import NP, VM, DTensor, VMError
 
+GRAPH_FUNCTIONS = ("decode",)  # run as CUDA graphs where the device captures them (runtime/graphs.py)
+
 
 class Engine:
     def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict, native_steps: bool = True,
-                 paged: bool = False):
+                 paged: bool = False, graphs: bool = True):
         """paged: run batched steps over the package's page pool (runtime/batch.py) instead of prefill and decode
-        of one sequence."""
+        of one sequence. graphs: run the decode step as CUDA graphs where the device captures them (runtime/graphs.py;
+        DEPLOYCC_CUDA_GRAPHS=0 turns them off)."""
         self.path = path
         self.manifest = manifest
         self.device = device
@@ -76,14 +80,23 @@ class Engine:
         self.native_steps = False
         if self.kind.native and native_steps:
             self._bind_native(weights, storages)
+        self.graphs = {}  # function -> StepGraphs: its steps run as CUDA graphs (runtime/graphs.py)
+        if graphs and os.environ.get("DEPLOYCC_CUDA_GRAPHS", "1") != "0":
+            for fname in GRAPH_FUNCTIONS:
+                if self.vm.use_graphs(fname, bytecode["functions"][fname]):
+                    self.graphs[fname] = self.vm.functions[fname].graphs
         self._tokenizer = None
         self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0,
                       "step_tokens": 0, "step_seconds": 0.0}
 
     @property
     def variants(self) -> dict:
-        """Which kernel variants run, for reports (WebGPU: f16 and subgroups); empty for the other kinds."""
-        return {"f16": self.f16, "subgroups": self.subgroups} if self.f16 else {}
+        """Which kernel variants run, for reports (WebGPU: f16 and subgroups; CUDA: the functions run as graphs, and
+        their graphs' counts); empty for the other kinds."""
+        out = {"f16": self.f16, "subgroups": self.subgroups} if self.f16 else {}
+        if self.graphs:
+            out["cuda_graphs"] = {f: g.stats() for f, g in self.graphs.items()}
+        return out
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod

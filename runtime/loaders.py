@@ -54,6 +54,7 @@ def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict)
         built = device.build(source, [entries[n]["entry"] for n in names], options)
         for n in names:
             out[n] = built[entries[n]["entry"]]
+            out[n].meta["source"] = source  # a CUDA graph's kernel variants are made from it (runtime/graphs.py)
             if "split" in entries[n]:  # buffers bound as several ranges (binding_ranges)
                 out[n].meta["split"] = {int(i): tuple(v) for i, v in entries[n]["split"].items()}
     f16 = ("packed" if "packed" in used else "native" if used else "none") if kind.f16_variants else None

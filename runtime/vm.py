@@ -84,9 +84,13 @@ class Function:
         self.nregs = spec["registers"]
         self.heap_names: list[str] = []
         self.static = _static_registers(spec)
+        self.symbolic_groups: list = []  # the work-group counts of its launch sites that depend on shapes, in order
         self.code = [vm.prepare(ins, self) for ins in spec["instructions"]]
+        self.ops = [ins.get("fn", ins["op"]) for ins in spec["instructions"]]
         self.preset: dict[int, object] = {}
         self.native = None  # (prologue, epilogue, call, heap slots, int array): set by use_native
+        self.graphs = None  # StepGraphs (runtime/graphs.py): set by VM.use_graphs
+        self.graph_code = None  # (prologue, the rest, epilogue) of a function run as graphs: set by VM.use_graphs
 
     def use_native(self, info: dict, call, heap_values) -> None:
         """Run this function as one native call (deploycc/vm/capture.py): the prologue instructions in
@@ -116,6 +120,7 @@ class VM:
         self.max_grid = max_grid
         self.bounds = bounds or {}
         self.launches = 0
+        self.recording: list | None = None  # the launches of a step run as a CUDA graph, while it runs
         self.functions = {name: Function(name, spec, self) for name, spec in bytecode["functions"].items()}
 
     # ---- preparation ------------------------------------------------------------------------
@@ -229,6 +234,8 @@ class VM:
     def _prep_launch(self, args: list, fn: Function):
         kernel = self.kernels[args[0]["k"]]
         groups = compile_expr(args[1]["s"], fn.slot)
+        if not isinstance(args[1]["s"], int):
+            fn.symbolic_groups.append(groups)
         threads = args[2]["i"]
         sep = next(i for i, a in enumerate(args) if a.get("str") == "|")
         bufs = [self.operand(a, fn) for a in args[3:sep]]
@@ -257,7 +264,10 @@ class VM:
                 bs = captured[0]
                 for i, b in dynamic:
                     bs[i] = _buf(b(regs, heap))
-                site(bs, [s(heap) for s in scalars], grid, block)
+                if vm.recording is not None:  # a step run as a CUDA graph (runtime/graphs.py)
+                    vm.recording.append((kernel, grid, block, list(bs), [s(heap) for s in scalars], scalars))
+                else:
+                    site(bs, [s(heap) for s in scalars], grid, block)
                 vm.launches += 1
             return replay
 
@@ -279,6 +289,64 @@ class VM:
             vm.launches += 1
         return run
 
+    # instructions a function run as a CUDA graph may hold: none of them touches the device, so its launches can
+    # wait for the end of the run
+    GRAPH_SAFE = frozenset({"vm.match_shape", "vm.move", "vm.alloc", "vm.launch", "kv.begin", "kv.view", "kv.pages",
+                            "kv.meta"})
+    # the instructions that may start such a function, before any view, buffer or launch: they bind the shapes
+    GRAPH_PROLOGUE = frozenset({"vm.match_shape", "vm.move", "kv.begin", "kv.pages", "kv.meta"})
+
+    def use_graphs(self, name: str, spec: dict, limit: int = 32) -> bool:
+        """Run function `name` (its bytecode `spec`) as CUDA graphs (runtime/graphs.py) where the device can capture
+        them, every instruction is one of GRAPH_SAFE and every shape is bound in the prologue, before the first
+        buffer; whether it does. Such a function runs as:
+        - the prologue (binds and checks the shapes, begins the cache's step);
+        - if a graph was captured for the inputs' buffers and the work-group counts the shapes give: the int arguments
+          of its launches, evaluated from the shapes, into its table, the graph launched, and the epilogue (the
+          instructions the returned value depends on). No other instruction runs;
+        - else the rest of the function, its launches recorded, then captured as a graph and launched."""
+        from .graphs import StepGraphs
+
+        fn = self.functions.get(name)
+        if fn is None or not hasattr(self.device, "capture") or fn.native is not None:
+            return False
+        if any(getattr(k, "meta", {}).get("split") for k in self.kernels.values()):
+            return False  # buffers bound as several ranges (WebGPU's): launched as before
+        if not set(fn.ops) - {"ret"} <= self.GRAPH_SAFE:
+            return False
+        ins = spec["instructions"]
+        start = next(i for i, op in enumerate(fn.ops) if op not in self.GRAPH_PROLOGUE)
+        if any("bind" in a for x in ins[start:] for a in x.get("args", ())):
+            return False
+        ret = len(ins) - 1
+        if fn.ops[ret] != "ret" or "ret" in fn.ops[:ret]:
+            return False
+        needed, wanted = set(), {a["r"] for a in ins[ret]["args"] if "r" in a}
+        for i in range(ret - 1, start - 1, -1):  # the instructions the returned value depends on
+            if ins[i].get("dst") in wanted:
+                needed.add(i)
+                wanted |= {a["r"] for a in ins[i]["args"] if "r" in a}
+        fn.graph_code = (fn.code[:start], fn.code[start:], [fn.code[i] for i in sorted(needed)] + [fn.code[ret]])
+        fn.graphs = StepGraphs(self.device, name, limit)
+        return True
+
+    def _run_graphs(self, fn: Function, regs: list, heap: list):
+        prologue, rest, epilogue = fn.graph_code
+        _execute(prologue, regs, heap)
+        key = (tuple(id(_buf(regs[i])) for i in range(fn.num_inputs)), tuple(g(heap) for g in fn.symbolic_groups))
+        replayed = fn.graphs.replay(key, heap)
+        if replayed is not None:
+            self.launches += replayed
+            return _execute(epilogue, regs, heap)
+        self.recording = []
+        try:
+            out = _execute(rest, regs, heap)
+            launches = self.recording
+        finally:
+            self.recording = None
+        fn.graphs.run(key, launches)
+        return out
+
     def _no_groups(self, kernel, g: int, max_groups: int) -> None:
         """A launch of no work-groups does nothing; more than a 2-D grid holds is a package fault."""
         if g > max_groups:
@@ -295,7 +363,9 @@ class VM:
         for i, v in enumerate(inputs):
             regs[i] = v
         heap = [0] * max(len(fn.heap_names), 1)
-        if fn.native is None:
+        if fn.graphs is not None and getattr(self.device, "events", None) is None:  # not while profiling launches
+            out = self._run_graphs(fn, regs, heap)
+        elif fn.native is None:
             out = _execute(fn.code, regs, heap)
         else:  # the prologue binds the shape heap, one native call runs every launch, the epilogue ends in ret
             prologue, epilogue, call, slots, values = fn.native

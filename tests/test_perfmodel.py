@@ -15,7 +15,21 @@ from bad_inputs.common import assert_one_line_error, cli
 
 from deploycc import presets
 from deploycc.errors import DeployError
-from deploycc.perfmodel import IN_FLIGHT, LATENCY_US, LAUNCH_US, TF32_PRODUCTS, Launch, _time, predict, rows, summary
+from deploycc.perfmodel import (
+    GRAPH_HOST_US,
+    GRAPH_INT_US,
+    GRAPH_LAUNCH_US,
+    HOST_US,
+    IN_FLIGHT,
+    LATENCY_US,
+    LAUNCH_US,
+    TF32_PRODUCTS,
+    Launch,
+    _time,
+    predict,
+    rows,
+    summary,
+)
 from deploycc.runtime.validate import nbytes
 from deploycc.schedule.attention import SPLIT_ROWS
 from deploycc.schedule.gemv import FEW
@@ -122,6 +136,22 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
     for b, few in ((1, True), (4, True), (12, False)):
         chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired and not x.kernel.startswith("attention")]
         assert chosen and all(x.kernel.endswith("_rows") == few and x.flops > 0 for x in chosen), b
+
+
+def test_the_decode_step_runs_as_a_graph(package):
+    """The decode step's host time as the runtime runs it (runtime/graphs.py): one graph launch and its int arguments
+    evaluated, not a launch each; prefill and the batched step launch by launch. graphs=False: the decode step too."""
+    pred, direct = predict(package, context=48, sequences=(1,)), predict(package, context=48, sequences=(1,),
+                                                                       graphs=False)
+    d, d0 = pred["steps"]["decode"], direct["steps"]["decode"]
+    assert d.graph and not d0.graph and d.int_args == d0.int_args > 0
+    assert d.int_args < sum(1 for _ in d.launches) * 4  # a few ints a launch (sizes), some launches none
+    assert d.host_s == pytest.approx((GRAPH_HOST_US + GRAPH_INT_US * d.int_args + GRAPH_LAUNCH_US) * 1e-6)
+    assert d0.host_s == pytest.approx(len(d0.launches) * HOST_US * 1e-6) and d.host_s < d0.host_s / 10
+    assert d.device_s == d0.device_s  # the same kernels
+    for name in ("prefill", "step1"):
+        step = pred["steps"][name]
+        assert not step.graph and step.host_s == pytest.approx(len(step.launches) * HOST_US * 1e-6)
 
 
 def test_inspect_prints_the_model(package):

@@ -195,6 +195,36 @@ class CUDADevice(Device):
         self.events = None
         return out
 
+    # -- CUDA graphs (runtime/graphs.py) ---------------------------------------------------------------
+    def graph_kernels(self, kernels: list[Kernel]) -> dict[str, Kernel]:
+        """{name: the kernel's graph variant (graph_source: its int arguments read from a device table)} for kernels
+        built from a source of this device (their meta["source"]), one build per source."""
+        by_source: dict[int, list[Kernel]] = {}
+        for k in kernels:
+            by_source.setdefault(id(k.meta["source"]), []).append(k)
+        out = {}
+        for ks in by_source.values():
+            names = [k.name for k in ks]
+            built = self.build(graph_source(ks[0].meta["source"], names), [n + GRAPH_SUFFIX for n in names])
+            out |= {n: built[n + GRAPH_SUFFIX] for n in names}
+        return out
+
+    def capture(self, calls: list) -> object:
+        """A CUDA graph of `calls` ((kernel handle, grid, block, args), in order), captured on a stream of its own
+        (nothing runs while it is captured); returns `launch()`, which enqueues the whole graph on the legacy default
+        stream, so it is ordered after every earlier copy and launch and before every later one, as a launch is."""
+        cupy = self._cupy
+        with self.cu_device:
+            stream = cupy.cuda.Stream(non_blocking=True)
+            stream.begin_capture()
+            try:
+                for fn, grid, block, args in calls:
+                    fn(grid, block, args, stream=stream)
+            finally:
+                graph = stream.end_capture()
+        null = cupy.cuda.Stream.null
+        return lambda: graph.launch(stream=null)
+
     def gate(self):
         """Nothing to hold back: launches are asynchronous and the GPU shares no cores with the host, so the host's
         own time to run a step's bytecode is what the caller measures anyway."""
@@ -223,6 +253,36 @@ class CUDADevice(Device):
             self.cu_device.synchronize()
         except self._cupy.cuda.runtime.CUDARuntimeError as e:
             raise DeviceError(f"CUDA synchronize failed (a kernel faulted?): {first_lines(str(e), 1)}") from None
+
+
+GRAPH_SUFFIX = "__g"  # a kernel's graph variant: NAME__g
+_KERNEL_HEAD = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\) \{\n')
+
+
+def graph_source(source: str, names: list[str]) -> str:
+    """The CUDA C of a graph variant of each named kernel of `source` (as the CUDA renderer writes kernels: the
+    header on one line, the body up to a closing brace at the line's start), NAME__g: the same body, with its
+    buffer parameters and then `const int* dcc_ints, int dcc_at` in place of its int parameters, which it reads from
+    dcc_ints[dcc_at], dcc_ints[dcc_at + 1], ... . A captured graph keeps its launches' arguments; a decode step's
+    sizes (the tokens cached) change every step, so the graph's kernels read them from a table the host writes
+    before each replay (runtime/graphs.py)."""
+    heads = {m[1]: m for m in _KERNEL_HEAD.finditer(source)}
+    preamble = source[:min((m.start() for m in heads.values()), default=len(source))]
+    out = [preamble]
+    for name in names:
+        m = heads.get(name)
+        if m is None:
+            raise DeviceError(f"CUDA graphs: no kernel {name!r} in its source")
+        end = source.index("\n}\n", m.end() - 2)
+        params = [p.strip() for p in m[2].split(",") if p.strip()]
+        ints = [p for p in params if "*" not in p]
+        if not all(re.fullmatch(r"(const )?int \w+", p) for p in ints):
+            raise DeviceError(f"CUDA graphs: kernel {name} has a parameter outside the ABI: {m[2]}")
+        head = ", ".join([p for p in params if "*" in p] + ["const int* __restrict__ dcc_ints", "int dcc_at"])
+        loads = "".join(f"  const int {p.split()[-1]} = dcc_ints[dcc_at + {i}];\n" for i, p in enumerate(ints))
+        out.append(f'extern "C" __global__ void {name}{GRAPH_SUFFIX}({head}) {{\n{loads}'
+                   f'{source[m.end():end + 3]}\n')
+    return "".join(out)
 
 
 def _launch_failed(kernel: Kernel, grid, block, e) -> DeviceError:

@@ -213,6 +213,15 @@ class CUDAEmulator(CUDADevice):
                                          f"buffer argument {k} ({n} bytes)")
         return call
 
+    def capture(self, calls: list) -> object:
+        """A graph as the emulation keeps one: the calls, each checked and run in order at every launch()."""
+        calls = list(calls)
+
+        def launch():
+            for fn, grid, block, args in calls:
+                fn(grid, block, args)
+        return launch
+
     def start_profile(self) -> None:
         raise DeviceError("the CUDA emulation has no device timers: profile on a GPU")
 
