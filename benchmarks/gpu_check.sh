@@ -10,7 +10,8 @@
 #   apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (into .gl)
 #   .gpu/tok: SmolLM2's tokenizer.json, tokenizer_config.json, chat_template.jinja
 #   .gpu/npm: the web bundle's npm tarballs (from $DEPLOYCC_HOME/npm), for the tests that compile chrome-webgpu
-# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide|split]; logs and JSON land in $OUT.
+# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide|split|graphs]; logs and JSON land in $OUT.
+# graphs: the decode step as CUDA graphs (runtime/graphs.py) against launch by launch (DEPLOYCC_CUDA_GRAPHS=0), interleaved.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
@@ -62,11 +63,24 @@ elif [ "$STAGE" != packages ]; then
   timeout ${TESTS_S:-240} $PY -m pytest -q -p no:cacheprovider -n 8 -rs --durations=5 \
       tests/kernels/test_model_kernels.py tests/kernels/test_paged_attention.py tests/kernels/test_cpu_attention.py \
       tests/kernels/test_packed_and_half.py tests/kernels/test_cuda_kernels.py tests/devices/test_cuda_compile.py \
-      tests/kernels/test_subgroup_reduce.py tests/kernels/test_mma_rule.py \
-      -k "cuda or h100 or webgpu or rtx4090 or compile or include" 2>&1 | tee "$LOGS/tests.log" | grep -v "PytestBenchmarkWarning\|warner(" | tail -30
+      tests/kernels/test_subgroup_reduce.py tests/kernels/test_mma_rule.py tests/runtime/test_cuda_graphs.py \
+      -k "cuda or h100 or webgpu or rtx4090 or compile or include or gpu" 2>&1 | tee "$LOGS/tests.log" | grep -v "PytestBenchmarkWarning\|warner(" | tail -30
 fi
 wait $CKPT; tail -3 "$LOGS/checkpoints.log"
 [ "$STAGE" = tests ] && exit 0
+if [ "$STAGE" = graphs ]; then  # the decode step as CUDA graphs against launch by launch, interleaved
+  for m in SmolLM2-135M-shaped Llama-3.2-1B-shaped; do
+    $PY -m deploycc compile "$DEPLOYCC_HOME/models/$m" --device h100 -o /tmp/pkg/$m >"$LOGS/compile-$m.log" 2>&1 || tail -2 "$LOGS/compile-$m.log"
+    timeout 60 $PY -m deploycc verify /tmp/pkg/$m --steps 4 2>&1 | tail -1
+    for g in 0 1 0 1; do
+      stamp "bench $m DEPLOYCC_CUDA_GRAPHS=$g"
+      DEPLOYCC_CUDA_GRAPHS=$g timeout 60 $PY -m deploycc bench /tmp/pkg/$m --repeat 2 --prompt-len 128 --gen-len 128 --json \
+        2>>"$LOGS/bench.err" | tee -a "$OUT/graphs-bench.jsonl" | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); \
+print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s', 'cuda_graphs')})" || tail -3 "$LOGS/bench.err"
+    done
+  done
+  stamp "done"; exit 0
+fi
 if [ "$STAGE" = split ]; then
   m=SmolLM2-135M-shaped
   $PY -m deploycc compile "$DEPLOYCC_HOME/models/$m" --device h100 -o /tmp/pkg/$m >"$LOGS/compile.log" 2>&1 || tail -2 "$LOGS/compile.log"

@@ -6,8 +6,9 @@ the step's launches change there (two graphs). Checked: the logits of the same s
 as graphs are the same bit for bit (both run the same kernels in the same order; the graph's read their int
 arguments from a table), every decode step replays a graph, and each kernel runs as often either way; the
 negative control: a table written only when its graph is captured (the ints of a later step never reach the
-kernels) gives other logits. Off with DEPLOYCC_CUDA_GRAPHS=0; a capture that fails is said once and the steps run
-launch by launch. The graph variants of every kernel of the package compile with nvcc and assemble with ptxas.
+kernels) gives other logits. Both run on a CUDA GPU too where there is one (CuPy's capture; skipped here, with the
+reason). Off with DEPLOYCC_CUDA_GRAPHS=0; a capture that fails is said once and the steps run launch by launch. The
+graph variants of every kernel of the package compile with nvcc and assemble with ptxas.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import require_cxx, require_nvcc
+from conftest import require_cxx, require_device, require_nvcc
 
 from deploycc.package import compile_model
 from deploycc.runtime.devices.cuda import GRAPH_SUFFIX, compile_cuda, graph_source, ptxas_check
@@ -41,30 +42,41 @@ def greedy(engine: Engine) -> list[np.ndarray]:
     return out
 
 
-def load(package, monkeypatch, graphs: bool = True, order: str = "shuffle") -> Engine:
-    require_cxx()
-    monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", order)
+def load(package, monkeypatch, graphs: bool = True, order: str | None = "shuffle") -> Engine:
+    """The package on the CUDA emulation (threads in `order`), or with order None on a CUDA GPU."""
+    if order is None:
+        require_device("cuda")
+        monkeypatch.delenv("DEPLOYCC_CUDA_EMULATE", raising=False)
+    else:
+        require_cxx()
+        monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", order)
     monkeypatch.setenv("DEPLOYCC_CUDA_GRAPHS", "1" if graphs else "0")
     return Engine.load(package)
 
 
-def test_graphs_give_the_launches_logits_bit_for_bit(package, monkeypatch):
-    direct = load(package, monkeypatch, graphs=False)
+ON = {"emulation": "shuffle", "gpu": None}  # the gpu cases run where there is one (benchmarks/gpu_check.sh)
+
+
+@pytest.mark.parametrize("on", sorted(ON))
+def test_graphs_give_the_launches_logits_bit_for_bit(package, monkeypatch, on):
+    direct = load(package, monkeypatch, graphs=False, order=ON[on])
     assert direct.graphs == {} and "cuda_graphs" not in direct.variants
     want = greedy(direct)
-    engine = load(package, monkeypatch)
+    engine = load(package, monkeypatch, order=ON[on])
     got = greedy(engine)
     for step, (a, b) in enumerate(zip(want, got)):
         assert np.array_equal(a, b), f"step {step}: {float(np.abs(a - b).max())}"
     stats = engine.variants["cuda_graphs"]["decode"]
     assert stats == {"captured": 2, "replayed": DECODES - 2, "kept": 2}  # 1 and 2 attention blocks a head
-    assert engine.device.launches == direct.device.launches  # every kernel ran as often, none twice
+    if on == "emulation":
+        assert engine.device.launches == direct.device.launches  # every kernel ran as often, none twice
     assert engine.vm.launches == direct.vm.launches
 
 
-def test_a_table_written_only_at_capture_is_wrong(package, monkeypatch):
+@pytest.mark.parametrize("on", sorted(ON))
+def test_a_table_written_only_at_capture_is_wrong(package, monkeypatch, on):
     """The negative control: the ints of the step that captured a graph, kept for every replay."""
-    want = greedy(load(package, monkeypatch, graphs=False))
+    want = greedy(load(package, monkeypatch, graphs=False, order=ON[on]))
     written: set = set()
 
     def once(self, table, ints, set_ints=StepGraphs.set_ints):
@@ -72,7 +84,7 @@ def test_a_table_written_only_at_capture_is_wrong(package, monkeypatch):
             written.add(id(table))
             set_ints(self, table, ints)
     monkeypatch.setattr(StepGraphs, "set_ints", once)
-    got = greedy(load(package, monkeypatch))
+    got = greedy(load(package, monkeypatch, order=ON[on]))
     assert all(np.array_equal(a, b) for a, b in zip(want[:2], got[:2]))  # the prefill, the capturing step
     assert not all(np.array_equal(a, b) for a, b in zip(want, got))
 
