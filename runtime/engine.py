@@ -22,15 +22,15 @@ from .safetensors_io import SafetensorsError
 from .validate import PAGED_FUNCTIONS
 from .vm import NP, VM, DTensor, VMError
 
-GRAPH_FUNCTIONS = ("decode",)  # run as CUDA graphs where the device captures them (runtime/graphs.py)
+GRAPH_FUNCTIONS = ("decode", "step")  # run as CUDA graphs where the device captures them (runtime/graphs.py)
 
 
 class Engine:
     def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict, native_steps: bool = True,
                  paged: bool = False, graphs: bool = True):
         """paged: run batched steps over the package's page pool (runtime/batch.py) instead of prefill and decode
-        of one sequence. graphs: run the decode step as CUDA graphs where the device captures them (runtime/graphs.py;
-        DEPLOYCC_CUDA_GRAPHS=0 turns them off)."""
+        of one sequence. graphs: run the decode and batched steps as CUDA graphs where the device captures them
+        (runtime/graphs.py; DEPLOYCC_CUDA_GRAPHS=0 turns them off)."""
         self.path = path
         self.manifest = manifest
         self.device = device
@@ -83,7 +83,8 @@ class Engine:
         self.graphs = {}  # function -> StepGraphs: its steps run as CUDA graphs (runtime/graphs.py)
         if graphs and os.environ.get("DEPLOYCC_CUDA_GRAPHS", "1") != "0":
             for fname in GRAPH_FUNCTIONS:
-                if self.vm.use_graphs(fname, bytecode["functions"][fname]):
+                if (fname in PAGED_FUNCTIONS) == paged and fname in bytecode["functions"] and \
+                        self.vm.use_graphs(fname, bytecode["functions"][fname]):
                     self.graphs[fname] = self.vm.functions[fname].graphs
         self._tokenizer = None
         self.stats = {"prefill_tokens": 0, "prefill_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0,

@@ -1,4 +1,4 @@
-"""CUDA graphs for a step function: Relax's graph capture and replay, at run time, for the decode step.
+"""CUDA graphs for a step function: Relax's graph capture and replay, at run time, for the decode and batched steps.
 
 A decode step of a CUDA package is hundreds of launches, and the Python VM with CuPy spends about 9 us of host time
 on each (measured on an H100: docs/gpu.md), as long as the GPU takes for the whole step of a small model. A CUDA
@@ -12,8 +12,9 @@ of launching; then `StepGraphs.run` launches the list as a graph:
   runtime/devices/cuda.py), and the host writes the step's ints into the table before each replay, on the same
   stream, so they are in place before any kernel reads them;
 - a step whose launches differ in anything else (a kernel, a grid, a buffer: the split attention takes one more
-  block a head every 256 keys on h100) gets a graph of its own, captured the first time it is seen: at most
-  `limit` per function are kept, the least recently used dropped first;
+  block a head every 256 keys on h100; the server's step, its rows and its widest page table) gets a graph of its
+  own, captured the second time it is seen (a step seen once is launched kernel by kernel): at most `limit` per
+  function are kept, the least recently used dropped first;
 - a step is launched without a graph when the device has none (the kind's capture failed: the first failure is
   reported once on stderr and the step launched as before, every launch checked).
 
@@ -28,6 +29,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+SEEN = 256
+
 
 class StepGraphs:
     """The graphs of one step function on one CUDA device, by the step's key: the inputs' buffers and the work-group
@@ -36,6 +39,7 @@ class StepGraphs:
     def __init__(self, device, name: str, limit: int = 32):
         self.device, self.name, self.limit = device, name, limit
         self.graphs: OrderedDict = OrderedDict()  # key -> Graph
+        self.seen: OrderedDict = OrderedDict()  # keys seen once, launched without a graph (at most SEEN, the oldest go)
         self.variants: dict = {}  # kernel name -> graph variant
         self.captured = 0
         self.replayed = 0
@@ -56,8 +60,13 @@ class StepGraphs:
 
     def run(self, key, launches: list) -> None:
         """Capture one step's recorded launches ((kernel, grid, block, buffers, ints, int closures) each) as the
-        graph of `key` and launch it, or launch them one by one where the device's capture failed."""
-        if self.failed is None:
+        graph of `key` and launch it, the second time the key is seen; the first time, or where the device's capture
+        failed, launch them one by one (a shape seen once, such as a prompt's last chunk, costs no capture)."""
+        again = key in self.seen
+        self.seen[key] = True
+        if len(self.seen) > SEEN:
+            self.seen.popitem(last=False)
+        if self.failed is None and again:
             try:
                 graph = self._capture(launches)
             except Exception as e:  # noqa: BLE001  (a kind's capture that fails: launched as before, said once)

@@ -31,7 +31,7 @@ PROMPT, DECODES = 50, 30
 def package(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"graphs-{request.param}") / "pkg"
     return compile_model(str(make_tiny("qwen3-x32")), request.param, "q4f16_1", out=str(out),
-                         overrides=("target.threads_per_block=32", "prefill_chunk=64"))
+                         overrides=("target.threads_per_block=32", "prefill_chunk=64", "kv_pool_tokens=512"))
 
 
 def greedy(engine: Engine) -> list[np.ndarray]:
@@ -67,7 +67,8 @@ def test_graphs_give_the_launches_logits_bit_for_bit(package, monkeypatch, on):
     for step, (a, b) in enumerate(zip(want, got)):
         assert np.array_equal(a, b), f"step {step}: {float(np.abs(a - b).max())}"
     stats = engine.variants["cuda_graphs"]["decode"]
-    assert stats == {"captured": 2, "replayed": DECODES - 2, "kept": 2}  # 1 and 2 attention blocks a head
+    # 1 and 2 attention blocks a head: each step's launches the first time, captured the second, replayed after
+    assert stats == {"captured": 2, "replayed": DECODES - 4, "kept": 2}
     if on == "emulation":
         assert engine.device.launches == direct.device.launches  # every kernel ran as often, none twice
     assert engine.vm.launches == direct.vm.launches
@@ -85,7 +86,7 @@ def test_a_table_written_only_at_capture_is_wrong(package, monkeypatch, on):
             set_ints(self, table, ints)
     monkeypatch.setattr(StepGraphs, "set_ints", once)
     got = greedy(load(package, monkeypatch, order=ON[on]))
-    assert all(np.array_equal(a, b) for a, b in zip(want[:2], got[:2]))  # the prefill, the capturing step
+    assert all(np.array_equal(a, b) for a, b in zip(want[:3], got[:3]))  # the prefill, a step seen, the capture
     assert not all(np.array_equal(a, b) for a, b in zip(want, got))
 
 
@@ -102,6 +103,43 @@ def test_a_failed_capture_launches_as_before(package, monkeypatch, capsys):
     assert stats["captured"] == 0 and "no graphs here" in stats["failed"]
     err = capsys.readouterr().err
     assert err.count("CUDA graphs are off for decode") == 1 and "\n" == err[-1] and err.count("\n") == 1
+
+
+def batched(engine: Engine) -> list[np.ndarray]:
+    """The server's steps over the page pool: three prompts (20, 7 and 33 tokens, in chunks of the step), then 12 steps
+    decoding all three (the same launches every step: one graph, captured at the second)."""
+    cache, rng = engine.cache, np.random.default_rng(1)
+    tables = [cache.take(cache.pages_for(33 + 12)) for _ in range(3)]
+    out, tokens = [], []
+    for table, n in zip(tables, (20, 7, 33)):
+        ids = rng.integers(0, engine.vocab_size, n).tolist()
+        for at in range(0, n, engine.prefill_chunk):
+            chunk = ids[at:at + engine.prefill_chunk]
+            out.append(engine.step(chunk, [table], [at], [len(chunk)]))
+        tokens.append(int(np.argmax(out[-1][0])))
+    for k in range(12):
+        out.append(engine.step(tokens, tables, [20 + k, 7 + k, 33 + k], [1, 1, 1]))
+        tokens = [int(t) for t in np.argmax(out[-1], axis=1)]
+    for table in tables:
+        cache.give(table)
+    return out
+
+
+@pytest.mark.parametrize("on", sorted(ON))
+def test_the_servers_steps_as_graphs(package, monkeypatch, on):
+    """The batched step as graphs: the same logits bit for bit as launch by launch; the decode steps of three
+    sequences replay graphs, a prompt's chunks (each shape seen once) launch kernel by kernel."""
+    def paged(graphs):
+        monkeypatch.setenv("DEPLOYCC_CUDA_GRAPHS", "1" if graphs else "0")
+        return Engine.load(package, paged=True)
+    load(package, monkeypatch, order=ON[on])  # the device's environment
+    want, engine = batched(paged(False)), paged(True)
+    got = batched(engine)
+    for step, (a, b) in enumerate(zip(want, got)):
+        assert np.array_equal(a, b), f"step {step}: {float(np.abs(a - b).max())}"
+    stats = engine.variants["cuda_graphs"]["step"]
+    assert stats == {"captured": 1, "replayed": 10, "kept": 1}, stats
+    assert set(engine.graphs) == {"step"}
 
 
 def test_the_graph_variants_compile_and_assemble(package):
