@@ -227,7 +227,8 @@ def _print_predicted(pkg: Path, context: int | None, as_json: bool) -> None:
         console.print(table)
     f = figures
     click.echo(f"decode: {f['decode_launches']} launches, {f['decode_bytes'] / 1e6:.1f} MB, device "
-               f"{f['decode_device_ms']:.2f} ms, host {f['decode_host_ms']:.2f} ms: {f['decode_tok_s']:.0f} tok/s, "
+               f"{f['decode_device_ms']:.2f} ms, host {f['decode_host_ms']:.2f} ms"
+               f"{' (a CUDA graph)' if f['decode_graph'] else ''}: {f['decode_tok_s']:.0f} tok/s, "
                f"{f['decode_roofline_fraction']:.1%} of the HBM roofline ({f['roofline_tok_s']:.0f} tok/s)")
     click.echo(f"prefill: {f['prefill_tokens']} tokens in {f['prefill_launches']} launches: "
                f"{f['prefill_tok_s']:.0f} tok/s ({f['prefill_tflops']:.1f} TFLOP/s)")

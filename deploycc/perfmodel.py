@@ -311,6 +311,7 @@ def summary(pred: dict) -> dict:
     roof = d.bytes / (hw["bandwidth_gb_s"] * 1e9)
     return {"decode_tok_s": 1 / d.seconds, "decode_roofline_fraction": roof / d.seconds,
             "decode_device_ms": d.device_s * 1e3, "decode_host_ms": d.host_s * 1e3, "decode_launches": len(d.launches),
+            "decode_graph": d.graph,
             "decode_bytes": d.bytes, "roofline_tok_s": 1 / roof,
             "prefill_tok_s": p.tokens / p.seconds, "prefill_tokens": p.tokens, "prefill_launches": len(p.launches),
             "prefill_tflops": p.flops / p.seconds / 1e12, "context": d.context}

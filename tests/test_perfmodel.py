@@ -161,6 +161,7 @@ def test_inspect_prints_the_model(package):
     assert doc["preset"] == "h100" and doc["hardware"] == H100 and doc["decode"] and doc["prefill"]
     r = cli("inspect", package, "--kernels")
     assert r.returncode == 0 and "of the HBM roofline" in r.stdout and "prefill:" in r.stdout
+    assert "host" in r.stdout and "(a CUDA graph)" in r.stdout and doc["summary"]["decode_graph"] is True
 
 
 def test_occupancy_and_the_roofline_terms():
