@@ -207,12 +207,15 @@ class CUDADevice(Device):
             names = [k.name for k in ks]
             built = self.build(graph_source(ks[0].meta["source"], names), [n + GRAPH_SUFFIX for n in names])
             out |= {n: built[n + GRAPH_SUFFIX] for n in names}
+        for k in out.values():  # loaded now, not inside a capture (CUDA loads a module's kernels lazily)
+            getattr(k.handle, "num_regs", None)
         return out
 
     def capture(self, calls: list) -> object:
         """A CUDA graph of `calls` ((kernel handle, grid, block, args), in order), captured on a stream of its own
-        (nothing runs while it is captured); returns `launch()`, which enqueues the whole graph on the legacy default
-        stream, so it is ordered after every earlier copy and launch and before every later one, as a launch is."""
+        (nothing runs while it is captured); returns `launch()`, which enqueues the whole graph on CuPy's current
+        stream, the one every copy and launch of this device goes to, so it is ordered after every earlier one and
+        before every later one, as a launch is."""
         cupy = self._cupy
         with self.cu_device:
             stream = cupy.cuda.Stream(non_blocking=True)
@@ -222,8 +225,7 @@ class CUDADevice(Device):
                     fn(grid, block, args, stream=stream)
             finally:
                 graph = stream.end_capture()
-        null = cupy.cuda.Stream.null
-        return lambda: graph.launch(stream=null)
+        return graph.launch
 
     def gate(self):
         """Nothing to hold back: launches are asynchronous and the GPU shares no cores with the host, so the host's
