@@ -59,9 +59,10 @@ class StepGraphs:
         return graph.count
 
     def run(self, key, launches: list) -> None:
-        """Capture one step's recorded launches ((kernel, grid, block, buffers, ints, int closures) each) as the
-        graph of `key` and launch it, the second time the key is seen; the first time, or where the device's capture
-        failed, launch them one by one (a shape seen once, such as a prompt's last chunk, costs no capture)."""
+        """Capture one step's recorded launches ((kernel, grid, block, buffers, ints, int closures, launch site)
+        each) as the graph of `key` and launch it, the second time the key is seen; the first time, or where the
+        device's capture failed, launch them one by one through their sites (a shape seen once, such as a prompt's
+        last chunk, costs no capture)."""
         again = key in self.seen
         self.seen[key] = True
         if len(self.seen) > SEEN:
@@ -81,21 +82,21 @@ class StepGraphs:
                     self.set_ints(graph.table, [i for x in launches for i in x[4]])
                 graph.launch()
                 return
-        for kernel, grid, block, bufs, ints, _ in launches:
-            self.device.launch(kernel, [*bufs, *ints], grid, block)
+        for _, grid, block, bufs, ints, _, site in launches:  # through the launch sites, as the VM launches
+            site(bufs, ints, grid, block)
 
     def set_ints(self, table, ints: list[int]) -> None:
         """The step's int arguments into the graph's table, on the stream the graph is launched on, before it."""
         self.device.write(table, np.asarray(ints, np.int32))
 
     def _capture(self, launches: list) -> Graph:
-        need = list({k.name: k for k, _, _, _, ints, _ in launches if ints and k.name not in self.variants}.values())
+        need = list({k.name: k for k, _, _, _, ints, *_ in launches if ints and k.name not in self.variants}.values())
         if need:
             self.variants |= self.device.graph_kernels(need)
         scalars = [f for x in launches if x[4] for f in x[5]]
         table = self.device.alloc(4 * max(1, len(scalars)))
         calls, at = [], 0
-        for kernel, grid, block, bufs, ints, _ in launches:
+        for kernel, grid, block, bufs, ints, *_ in launches:
             args = [b.handle for b in bufs]
             if ints:
                 calls.append((self.variants[kernel.name].handle, grid, block, (*args, table.handle, np.int32(at))))

@@ -265,7 +265,7 @@ class VM:
                 for i, b in dynamic:
                     bs[i] = _buf(b(regs, heap))
                 if vm.recording is not None:  # a step run as a CUDA graph (runtime/graphs.py)
-                    vm.recording.append((kernel, grid, block, list(bs), [s(heap) for s in scalars], scalars))
+                    vm.recording.append((kernel, grid, block, list(bs), [s(heap) for s in scalars], scalars, site))
                 else:
                     site(bs, [s(heap) for s in scalars], grid, block)
                 vm.launches += 1
