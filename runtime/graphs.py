@@ -4,9 +4,11 @@ A decode step of a CUDA package is hundreds of launches, and the Python VM with 
 on each (measured on an H100: docs/gpu.md), as long as the GPU takes for the whole step of a small model. A CUDA
 graph is the step captured once and then enqueued with one call.
 
-The bytecode still runs every step (it binds and checks the shapes, builds the views and evaluates each launch's
-work-group count and int arguments), but with `vm.recording` set a launch site appends its launch to a list instead
-of launching; then `StepGraphs.run` launches the list as a graph:
+A step's key is its inputs' buffers and the work-group counts that depend on its shapes (runtime/vm.py:
+VM._run_graphs). A step whose key has a graph runs only the bytecode's prologue (it binds and checks the shapes and
+begins the cache's step), evaluates the graph's int arguments from the shapes (`replay`) and runs the instructions its
+returned value depends on. A step whose key has none runs the rest of its bytecode with `vm.recording` set, each
+launch site appending its launch to a list instead of launching, and `run` launches the list:
 - a graph keeps its launches' arguments, and a decode step's int arguments change every step (the tokens cached).
   So the graph's kernels are variants that read their int arguments from a device table (graph_source,
   runtime/devices/cuda.py), and the host writes the step's ints into the table before each replay, on the same
