@@ -28,7 +28,7 @@ from ..ir import sym, tir
 from ..ir.expr import Call, CallPyFunc, CallTIR, Constant, Function, If, MatchCast, SeqExpr, TupleGetItem, Var
 from ..ir.kernel import Kernel, scheduled
 from ..ir.module import IRModule
-from ..ir.tir import Block, Store, TensorProgram
+from ..ir.tir import Block, Seq, Store, TensorProgram
 from ..transform.plan_memory import program_sym_map
 
 FORMAT_VERSION = 1
@@ -84,6 +84,7 @@ class Lowered:
     kv_copy: TensorProgram | None = None
     kv_copy_ring: TensorProgram | None = None
     kv_copy_paged: TensorProgram | None = None
+    kv_pairs: dict = field(default_factory=dict)  # GPU presets: "plain", "ring", "paged" -> kv_pair_program's
     kv_rows: dict = field(default_factory=dict)  # layer -> rows of its ring (sliding-window layers that keep one)
     merged_params: dict = field(default_factory=dict)  # parameter -> its parts (transform/merge_matmuls.py)
     # every program launched, and where: its variables in the step function's (deploycc/vm/programs.py)
@@ -104,6 +105,29 @@ def kv_copy_program(ring: bool = False) -> TensorProgram:
     row = sym.mod(i + OFF, CAP) if ring else i + OFF
     body = Block(name, its, Store(dst, (row, j, c), src[i, j, c]))
     return TensorProgram(name, (src, dst), body, (off,), 1, {"op": name})
+
+
+def kv_pair_program(paged: bool = False, ring: bool = False) -> TensorProgram:
+    """kv_copy (or kv_copy_paged) of a layer's keys and values at once: two blocks over the same points, which the GPU
+    presets make one kernel (schedule/fallback.py: side by side), one launch per layer instead of two."""
+    n, h, d = (sym.SymVar(x) for x in ("n", "h", "d"))
+    N, H, D = (sym.as_expr(x) for x in (n, h, d))
+    cap = sym.SymVar("rows" if paged else "cap")
+    k, v = tir.Buffer("k", (N, H, D)), tir.Buffer("v", (N, H, D))
+    k_cache, v_cache = tir.Buffer("k_cache", (sym.as_expr(cap), H, D)), tir.Buffer("v_cache", (sym.as_expr(cap), H, D))
+    its = tir.iters("i j c", (N, H, D))
+    i, j, c = (tir.v(x) for x in its)
+    name = "kv_pair_paged" if paged else "kv_pair_ring" if ring else "kv_pair"
+    if paged:
+        slot = tir.Buffer("slot", (N,), "int32")
+        row, params, syms = slot[i], (k, v, slot, k_cache, v_cache), ()
+    else:
+        off = sym.SymVar("offset")
+        row = sym.mod(i + sym.as_expr(off), sym.as_expr(cap)) if ring else i + sym.as_expr(off)
+        params, syms = (k, v, k_cache, v_cache), (off,)
+    body = Seq((Block(f"{name}_k", its, Store(k_cache, (row, j, c), k[i, j, c])),
+                Block(f"{name}_v", its, Store(v_cache, (row, j, c), v[i, j, c]))))
+    return TensorProgram(name, params, body, syms, 2, {"op": name})
 
 
 def kv_copy_paged_program() -> TensorProgram:
@@ -243,7 +267,27 @@ class _FnLowering:
     def kv_append(self, v: Call, dst: int) -> None:
         cache = self.arg(v.args[0])
         layer, rows = v.attrs["layer"], v.attrs.get("rows", 0)
-        if len(v.args) == 4:  # into a page pool
+        paged = len(v.args) == 4
+        if self.out.kv_pairs:  # keys and values in one launch
+            prog = self.out.kv_pairs["paged" if paged else "ring" if rows else "plain"]
+            if rows:
+                self.out.kv_rows[layer] = rows
+            k_src, v_src, *rest = prog.params
+            n, h, d = v.args[1].ann.shape
+            env = {k_src.shape[0].as_var: n, k_src.shape[1].as_var: h, k_src.shape[2].as_var: d,
+                   rest[-1].shape[0].as_var: sym.as_expr(self.pool_rows if paged else rows or self.ctx)}
+            if not paged:
+                env[prog.sym_params[0]] = self.fn_total - n
+            args = [self.arg(v.args[1]), self.arg(v.args[2])] + ([self.arg(v.args[3])] if paged else []) + [
+                {"kv": [cache["r"], "k", layer]}, {"kv": [cache["r"], "v", layer]}]
+            regs = dict(zip(prog.params, args))
+            self.site(prog, env)
+            for k in scheduled(prog).kernels:
+                self.out.kernels[k.name] = k
+                self.launch(k, [regs[b] for b in k.buffers], env)
+            self.emit("vm.move", [cache], dst)
+            return
+        if paged:  # into a page pool
             k = scheduled(self.out.kv_copy_paged).kernels[0]
             self.out.kernels[k.name] = k
             src, _, pool = self.out.kv_copy_paged.params
@@ -324,6 +368,9 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
     out.kv_copy = schedule_program(kv_copy_program(), target)
     out.kv_copy_ring = schedule_program(kv_copy_program(ring=True), target)
     out.kv_copy_paged = schedule_program(kv_copy_paged_program(), target)
+    if target.workgroup_gemv:  # keys and values in one launch (the CPU presets keep their kernels byte for byte)
+        out.kv_pairs = {kind: schedule_program(kv_pair_program(kind == "paged", kind == "ring"), target)
+                        for kind in ("plain", "ring", "paged")}
     out.merged_params = dict(mod.attrs.get("merged_params", {}))
     ctx = mod.attrs["context_window"]
     # Functions never run at the same time: storage i of every function shares one buffer,

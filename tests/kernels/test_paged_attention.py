@@ -20,7 +20,7 @@ from deploycc.ir.op import get as get_op
 from deploycc.kernel_runner import KernelRunner, render
 from deploycc.op.attention import RefPagedCache, paged_attention_reference
 from deploycc.schedule import attention, schedule_program
-from deploycc.vm.lower import kv_copy_paged_program
+from deploycc.vm.lower import kv_copy_paged_program, kv_pair_program
 
 # the cpu and cpu-opencl presets take the one-thread-per-row form; adreno (on PoCL), cpu-webgpu and h100 the
 # split form (a block of threads per row splits the keys and combines in shared memory), its keys also split over
@@ -131,3 +131,31 @@ def test_kv_copy_paged_writes_the_slots(backend):
     want = cache.k[0].copy()
     want[slot] = src
     np.testing.assert_array_equal(pool, want)
+
+
+@pytest.mark.parametrize("backend", sorted(GPU))
+@pytest.mark.parametrize("kind", ["plain", "ring", "paged"])
+def test_keys_and_values_in_one_launch(backend, kind):
+    """The GPU presets' kv.append (vm/lower.py: kv_pair_program): keys and values into their caches by one kernel
+    (schedule/fallback.py: blocks side by side), at an offset, around a ring, or into a page pool's slots."""
+    target = presets.load(PRESETS[backend]).target
+    device = device_for(backend, target)
+    prog = schedule_program(kv_pair_program(paged=kind == "paged", ring=kind == "ring"), target)
+    assert [k.name for k in prog.attrs["schedule"].kernels] == [prog.name]  # one launch
+    rng = np.random.default_rng(3)
+    n, h, d, rows, offset = 5, 2, 8, 12, 9
+    k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for _ in range(2))
+    caches = [rng.standard_normal((rows, h, d)).astype(np.float32) for _ in range(2)]
+    want = [c.copy() for c in caches]
+    if kind == "paged":
+        slot = rng.permutation(rows)[:n].astype(np.int32)
+        at, args, syms = slot, [k, v, slot, *caches], []
+    else:
+        at = (offset + np.arange(n)) % rows if kind == "ring" else offset - 5 + np.arange(n)
+        args, syms = [k, v, *caches], [int(offset if kind == "ring" else offset - 5)]
+    want[0][at], want[1][at] = k, v
+    runner = KernelRunner(device, target)
+    runner(prog, args, syms)
+    assert runner.launches == 1
+    np.testing.assert_array_equal(caches[0], want[0])
+    np.testing.assert_array_equal(caches[1], want[1])
