@@ -12,7 +12,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     stmts = strip_allocs(prog.body)
     if not all(isinstance(s, Block) for s in stmts):
         return None
-    if getattr(target, "workgroup_gemv", False) and _side_by_side(stmts):
+    if getattr(target, "workgroup_gemv", False) and not allocs_of(prog.body) and _side_by_side(stmts):
         return _one_kernel(prog, stmts, target)
     workspace = [Buffer(b.name, b.shape, b.dtype, "global") for b in allocs_of(prog.body)]
     from ..ir.tir_rewrite import Substitute
