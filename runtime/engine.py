@@ -27,9 +27,9 @@ GRAPH_FUNCTIONS = ("decode", "step")  # run as CUDA graphs where the device capt
 
 class Engine:
     def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict, native_steps: bool = True,
-                 paged: bool = False, graphs: bool = True):
+                 paged: bool = False):
         """paged: run batched steps over the package's page pool (runtime/batch.py) instead of prefill and decode
-        of one sequence. graphs: run the decode and batched steps as CUDA graphs where the device captures them
+        of one sequence. The decode and batched steps run as CUDA graphs where the device captures them
         (runtime/graphs.py; DEPLOYCC_CUDA_GRAPHS=0 turns them off)."""
         self.path = path
         self.manifest = manifest
@@ -81,7 +81,7 @@ class Engine:
         if self.kind.native and native_steps:
             self._bind_native(weights, storages)
         self.graphs = {}  # function -> StepGraphs: its steps run as CUDA graphs (runtime/graphs.py)
-        if graphs and os.environ.get("DEPLOYCC_CUDA_GRAPHS", "1") != "0":
+        if os.environ.get("DEPLOYCC_CUDA_GRAPHS", "1") != "0":
             for fname in GRAPH_FUNCTIONS:
                 if (fname in PAGED_FUNCTIONS) == paged and fname in bytecode["functions"] and \
                         self.vm.use_graphs(fname, bytecode["functions"][fname]):

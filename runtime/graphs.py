@@ -18,7 +18,7 @@ launch site appending its launch to a list instead of launching, and `run` launc
   own, captured the second time it is seen (a step seen once is launched kernel by kernel): at most `limit` per
   function are kept, the least recently used dropped first;
 - a step is launched without a graph when the device has none (the kind's capture failed: the first failure is
-  reported once on stderr and the step launched as before, every launch checked).
+  reported once on stderr and the step launched as before, through its launch sites).
 
 What the emulation (runtime/devices/cuda_emu.py) checks of this: the graph variants' text and the ints they read,
 the keys, the table written before each replay (tests/runtime/test_cuda_graphs.py: logits the same bit for bit
