@@ -28,6 +28,7 @@ from .transform.fuse_tensor import fuse_tensor
 from .transform.merge_matmuls import merge_matmuls
 from .transform.plan_memory import plan_memory
 from .vm import lower_vm
+from .vm.kv_fuse import sink_producers
 
 STAGES = ("exported", "legalized", "fused", "scheduled")
 STOPS = (*STAGES, "vm")  # where compile() may stop
@@ -98,6 +99,8 @@ def compile(exported: IRModule, target, prefill_chunk: int | None = None, stop_a
         raise DeployError("the vm stage needs a device preset (--device)")
     mod = run(exported, target, "scheduled")
     fnames = ("prefill", "prefill_all", "decode") + tuple(f for f in ("step", "step_all") if f in exported.functions)
+    if target.workgroup_gemv:  # kv.append's producers next to it, to join it in one launch (vm/kv_fuse.py)
+        mod = sink_producers(mod, fnames)
     bounds = {f: function_bounds(mod[f], prefill_chunk) for f in fnames}
     plans = {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}) for f in fnames}
     return Compiled("vm", mod, plans, lower_vm(mod, plans, target, bounds, fnames))

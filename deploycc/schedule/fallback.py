@@ -2,9 +2,9 @@
 serial loop in the thread. Always correct; intermediates live in global workspace buffers."""
 from __future__ import annotations
 
-from ..ir import sym
+from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers, strip_allocs
-from ..ir.tir import Block, Buffer, Seq, TensorProgram, V, loads
+from ..ir.tir import Block, Buffer, IfThenElse, Seq, TensorProgram, V, loads
 from .lowering import lower_block, thread_grid, unravel
 
 
@@ -39,17 +39,17 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 
 
 def _side_by_side(stmts: list) -> bool:
-    """Several blocks over the same points, none of them a reduction, none reading or writing what another writes
-    (kv.append's keys and values into the cache: vm/lower.py's pair programs)."""
+    """Several blocks, none of them a reduction, none reading what another writes, and two writing one buffer only
+    at parts of it that cannot meet (a rope's two halves); one of them at least as many points as each other
+    (vm/lower.py's kv.append programs: the keys and values into the cache, with the programs that make them)."""
     if len(stmts) < 2 or any(it.kind != "spatial" for b in stmts for it in b.iters):
         return False
-    extents = [sym.as_expr(it.extent) for it in stmts[0].iters]
-    if any(len(b.iters) != len(extents) or not all(sym.prove_eq(sym.as_expr(it.extent), e)
-                                                    for it, e in zip(b.iters, extents)) for b in stmts[1:]):
+    if _largest(stmts) is None:
         return False
     written = [b.body.buffer for b in stmts]
-    if len(set(map(id, written))) != len(written):
-        return False
+    for i, a in enumerate(stmts):
+        if any(b.body.buffer is a.body.buffer and not _apart(a, b) for b in stmts[i + 1:]):
+            return False
     for b in stmts:
         read = loads(b.body.value) + [x for i in b.body.indices if isinstance(i, V) for x in loads(i)]
         if any(ld.arg[0] is w for ld in read for w in written):
@@ -57,17 +57,53 @@ def _side_by_side(stmts: list) -> bool:
     return True
 
 
-def _one_kernel(prog: TensorProgram, stmts: list, target) -> Schedule:
-    """Blocks side by side as one kernel on a GPU target: each thread makes its point of every block (one launch
-    instead of one per block)."""
-    first = stmts[0]
+def _points(b: Block) -> sym.Expr:
     total = sym.as_expr(1)
-    for it in first.iters:
+    for it in b.iters:
         total = total * it.extent
+    return total
+
+
+def _largest(stmts: list) -> int | None:
+    """The block with as many points as each other block, whatever the variables (each at least 0)."""
+    totals = [_points(b) for b in stmts]
+    bounds = sym.Bounds()
+    return next((i for i, t in enumerate(totals) if all(bounds.prove_le(u, t) for u in totals)), None)
+
+
+def _apart(a: Block, b: Block) -> bool:
+    """Do two blocks store at indices that differ in some dimension for every pair of their points?"""
+    def span(blk: Block, i) -> tuple[float, float] | None:
+        if isinstance(i, V):
+            return None
+        bounds, e = sym.Bounds(), sym.as_expr(i)
+        for it in blk.iters:
+            if it.var in e.free_vars():
+                if not sym.as_expr(it.extent).is_const:
+                    return None
+                bounds.declare(it.var, 0, sym.as_expr(it.extent).value - 1)
+        return bounds.range_of(e)
+
+    for i, j in zip(a.body.indices, b.body.indices):
+        sa, sb = span(a, i), span(b, j)
+        if sa is not None and sb is not None and (sa[1] < sb[0] or sb[1] < sa[0]):
+            return True
+    return False
+
+
+def _one_kernel(prog: TensorProgram, stmts: list, target) -> Schedule:
+    """Blocks side by side as one kernel on a GPU target: thread r makes point r of every block that has one (one
+    launch instead of one per block)."""
+    totals = [_points(b) for b in stmts]
+    total = totals[_largest(stmts)]
 
     def body_of(r):
-        vals = unravel(r, [it.extent for it in first.iters])
-        return Seq(tuple(lower_block(b, {it.var: v for it, v in zip(b.iters, vals)}, "acc") for b in stmts))
+        parts = []
+        for b, t in zip(stmts, totals):
+            vals = unravel(r, [it.extent for it in b.iters])
+            s = lower_block(b, {it.var: v for it, v in zip(b.iters, vals)}, "acc")
+            parts.append(s if sym.prove_eq(t, total) else IfThenElse(tir.index(r).cmp("lt", tir.index(t)), s))
+        return Seq(tuple(parts))
 
     body, groups = thread_grid(total, target.threads_per_block, body_of)
     bufs, written = global_buffers(body, list(prog.params))

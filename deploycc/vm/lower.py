@@ -25,11 +25,14 @@ from dataclasses import dataclass, field
 from ..errors import DeployError
 from ..ir import annotation as A
 from ..ir import sym, tir
-from ..ir.expr import Call, CallPyFunc, CallTIR, Constant, Function, If, MatchCast, SeqExpr, TupleGetItem, Var
+from ..ir.expr import Binding, Call, CallPyFunc, CallTIR, Constant, Function, If, MatchCast, SeqExpr, TupleGetItem, Var
 from ..ir.kernel import Kernel, scheduled
 from ..ir.module import IRModule
+from ..ir.printer import program_text
 from ..ir.tir import Block, Seq, Store, TensorProgram
+from ..transform.dce import used_vars
 from ..transform.plan_memory import program_sym_map
+from . import kv_fuse
 
 FORMAT_VERSION = 1
 
@@ -85,6 +88,7 @@ class Lowered:
     kv_copy_ring: TensorProgram | None = None
     kv_copy_paged: TensorProgram | None = None
     kv_pairs: dict = field(default_factory=dict)  # GPU presets: "plain", "ring", "paged" -> kv_pair_program's
+    kv_fused: dict = field(default_factory=dict)  # GPU presets: vm/kv_fuse.py's programs, by their text
     kv_rows: dict = field(default_factory=dict)  # layer -> rows of its ring (sliding-window layers that keep one)
     merged_params: dict = field(default_factory=dict)  # parameter -> its parts (transform/merge_matmuls.py)
     # every program launched, and where: its variables in the step function's (deploycc/vm/programs.py)
@@ -147,6 +151,8 @@ class _FnLowering:
         self.regs: dict[object, int] = {}
         self.code: list[dict] = []
         self.names: dict[sym.SymVar, str] = {}
+        self.fused: dict = {}  # kv.append binding -> (its kv_fuse.Fused, the shared program and its n and offset)
+        self.absorbed: set = set()  # bindings launched with the kv.append after them
 
     def name(self, v: sym.SymVar) -> str:
         if v not in self.names:
@@ -229,17 +235,79 @@ class _FnLowering:
             self.reg(p)
         for p in fn.params[:num_inputs]:
             self.match(self.regs[p], p.ann, defined)
-        for block in fn.body.blocks:
-            for b in block.bindings:
-                self.binding(b, defined)
+        flat = [b for block in fn.body.blocks for b in block.bindings]
+        if self.out.kv_pairs:  # GPU presets: kv.append with the programs that make its keys and values
+            self.fuse_appends(flat)
+        for b in flat:
+            self.binding(b, defined)
         self.code.append({"op": "ret", "args": [self.arg(fn.body.result)]})
         consts = sorted((k[1], r) for k, r in self.regs.items() if isinstance(k, tuple) and k[0] == "const")
         return {"params": [p.name for p in fn.params], "num_inputs": num_inputs, "registers": len(self.regs),
                 "constants": consts, "instructions": self.code}
 
+    def fuse_appends(self, flat: list) -> None:
+        from ..schedule import schedule_program
+
+        uses = used_vars(self.fn)
+        for i, b in enumerate(flat):
+            if not (isinstance(b, Binding) and isinstance(b.value, Call) and b.value.op == "kv.append"):
+                continue
+            run = kv_fuse.members_of(flat, i, self.mod, uses, self.storages_of)
+            append = b.value
+            paged, ring = len(append.args) == 4, append.attrs.get("rows", 0)
+            fused = run and kv_fuse.fuse(run, append, self.mod, paged, self.pool_rows if paged else ring or self.ctx)
+            if not fused:
+                continue
+            text = program_text(fused.prog, name="_")
+            if text not in self.out.kv_fused:  # the first of its text: named, scheduled, launched by every layer
+                p = fused.prog
+                p = TensorProgram(f"kv_append{len(self.out.kv_fused)}", p.params, p.body, p.sym_params, p.num_outputs,
+                                  p.attrs)
+                self.out.kv_fused[text] = (schedule_program(p, self.target), fused.n, fused.offset)
+            self.fused[b] = (fused, self.out.kv_fused[text])
+            self.absorbed.update(run)
+
+    def storages_of(self, var) -> set[int]:
+        """The storage ids the plan gave `var` (a parameter or constant: none) and its call's workspace."""
+        own = self.plan.tensors.get(var)
+        fields = self.plan.tuple_tensors.get(var, ())
+        return ({own} if isinstance(own, int) else set()) | set(fields) | set(self.plan.workspace.get(var, []))
+
+    def fused_append(self, b: Binding, dst: int) -> None:
+        """kv.append and the programs that make its keys and values, one launch (vm/kv_fuse.py)."""
+        f, (prog, n, offset) = self.fused[b]
+        append = b.value
+        cache, layer = self.arg(append.args[0]), append.attrs["layer"]
+        if append.attrs.get("rows", 0):
+            self.out.kv_rows[layer] = append.attrs["rows"]
+        tokens = sym.as_expr(append.args[1].ann.shape[0])
+        env = {n: tokens}
+        if offset is not None:
+            env[offset] = self.fn_total - tokens
+        ours = {v.name: v for v in kv_fuse.shape_vars(f.prog)}
+        for v in kv_fuse.shape_vars(prog):  # the function's own (seq_len), by name: the same text, maybe another function
+            env.setdefault(v, sym.as_expr(ours[v.name]))
+        args = [self.arg(x) for x in f.inputs]
+        for m in f.outputs:
+            r = self.regs[m.var]
+            self.alloc(self.storage(m.var), m.var.ann, r)
+            args.append({"r": r})
+        args += [{"kv": [cache["r"], "k", layer]}, {"kv": [cache["r"], "v", layer]}]
+        regs = dict(zip(prog.params, args))
+        self.site(prog, env)
+        for k in scheduled(prog).kernels:
+            self.out.kernels[k.name] = k
+            self.launch(k, [regs[x] for x in k.buffers], env)
+        self.emit("vm.move", [cache], dst)
+
     def binding(self, b, defined: set) -> None:
         v = b.value
         dst = self.reg(b.var)
+        if b in self.absorbed:  # launched with the kv.append after it (fused_append)
+            return
+        if b in self.fused:
+            self.fused_append(b, dst)
+            return
         if isinstance(b, MatchCast):
             self.emit("vm.move", [self.arg(v)], dst)
             self.match(dst, b.ann, defined)
@@ -382,7 +450,7 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
             out.storages[st.id]["bytes"] = max(out.storages[st.id]["bytes"], int(st.bound))
     for fname in functions:
         fl = _FnLowering(mod[fname], mod, out, plans[fname], bounds[fname])
-        fl.ctx, fl.fname = ctx, fname
+        fl.ctx, fl.fname, fl.target = ctx, fname, target
         fl.fn_total = _total_len(mod[fname])
         pool = mod.attrs.get("pool")
         fl.pool_rows = pool["pages"] * pool["page_size"] if pool else 0
