@@ -14,9 +14,10 @@ keys' and values' producers are found, members are the programs of spatial block
 intermediate) with one output: the keys' and values' producers, read by nothing else, and those whose result nothing
 reads before the append. No member reads another's result, every block stores at its token iterator first, and
 nothing allocated from the first member to the append takes the storage of what a member reads (its reads move to
-the append). Anything else (a norm of the keys, Qwen3's, is a reduction) keeps
-the launches it had; a norm between (Qwen3's queries' norm) stays where it is. The token count is the program's `n` and the first row `offset`, as in kv_copy, so the
-package's checks (runtime/dryrun.py) see which rows it writes.
+the append). A program between them that is not a member stays where it is and launches before (Qwen3's norms of
+the queries and keys: the ropes after them join the append; sink_producers moves the values' slice, made before the
+norms, down to the append before the memory plan is made). The token count is the program's `n` and the first row
+`offset`, as in kv_copy, so the package's checks (runtime/dryrun.py) see which rows it writes.
 """
 from __future__ import annotations
 
