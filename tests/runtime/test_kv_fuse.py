@@ -7,9 +7,9 @@ the page pool with two sequences at once. On the CUDA emulation the single-seque
 within 1e-6 of the largest logit (its JIT may fuse multiply-adds differently in another kernel); the batched steps'
 within 1e-5 (which sequences share a step is the threads' timing, and a step of two rows takes other GEMVs).
 The fused package launches no rope or kv_pair kernel: one kv_append launch a layer in each step, three launches a
-layer fewer than the other package. The models: a Llama (rope on queries and keys), a Mistral whose sliding window keeps a ring of rows,
-a Qwen3 whose queries and keys are normed before the rope (the values' slice moves down to join the append:
-kv_fuse.sink_producers) and GPT-2 (no rope: slices with a bias).
+layer fewer than the other package. The models: a Llama (rope on queries and keys), a Mistral whose sliding window
+keeps a ring of rows, a Qwen3 whose queries and keys are normed before the rope (the values' slice moves down to join
+the append: kv_fuse.sink_producers) and GPT-2 (no rope: slices with a bias).
 """
 from __future__ import annotations
 
