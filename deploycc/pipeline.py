@@ -25,6 +25,7 @@ from .transform.absorb_rounding import absorb_rounding
 from .transform.annotate_patterns import annotate_patterns
 from .transform.fuse_ops import fuse_ops
 from .transform.fuse_tensor import fuse_tensor
+from .transform.inline_prologue import inline_prologues
 from .transform.merge_matmuls import merge_matmuls
 from .transform.plan_memory import plan_memory
 from .vm import lower_vm
@@ -55,9 +56,12 @@ def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IR
         for p in first:
             m = p(m)
         return legalize(m)
+    def fused(m: IRModule) -> IRModule:
+        m = fuse_tensor(fuse_ops(annotate_patterns(m)))
+        return inline_prologues(m) if target is not None and target.workgroup_gemv else m
     return [
         ("legalized", legalized),
-        ("fused", lambda m: fuse_tensor(fuse_ops(annotate_patterns(m)))),
+        ("fused", fused),
         ("scheduled", lambda m: schedule(m, target)),
     ]
 

@@ -26,3 +26,38 @@ def test_smollm2_decode_launches(smollm2_path):
     r = report(smollm2_path)  # 30 layers
     assert r["decode_launches_unfused"] == 604
     assert r["decode_launches"] <= 334
+
+
+@pytest.mark.parametrize("model", ["llama-gqa1", "gemma2-gqa2-softcap"])
+def test_gpu_decode_gemvs_read_the_gated_product(model):
+    """GPU presets (transform/inline_prologue.py): the down projection of decode reads silu(gate) * up (GELU's for
+    Gemma 2) where it loads its input, one launch a layer fewer; prefill keeps its program (the tiles would recompute
+    it per tile), and the cpu presets' module is the one they had. The graph interpreter runs both modules' decode
+    steps to the same logits (1e-6 of the largest: the same float operations in one program instead of two)."""
+    import numpy as np
+
+    from deploycc.interp import Interpreter
+    from deploycc.op.attention import RefKVCache
+    from deploycc.pipeline import launches
+    from deploycc.pipeline import run as run_pipeline
+    from deploycc.transform.merge_matmuls import function_params
+
+    loaded = deploycc.load_model(str(make_tiny(model)))
+    exported = export(loaded, 32)
+    gpu = run_pipeline(exported, presets.load("h100").target, "fused")
+    cpu = run_pipeline(exported, presets.load("cpu-opencl").target, "fused")
+    layers = loaded.config.num_hidden_layers
+    assert len(launches(gpu, "decode")) == len(launches(cpu, "decode")) - layers
+    assert len(launches(gpu, "prefill")) == len(launches(cpu, "prefill"))
+    names = [p for p, _ in launches(gpu, "decode")]
+    gated = [p for p in names if "silu" in p or "gelu" in p]
+    assert len(gated) == layers and all("linear" in p for p in gated), names
+    assert str(run_pipeline(exported, presets.load("cpu").target, "fused")) == str(cpu)
+    cfg = loaded.config
+    params = [np.ascontiguousarray(a, np.float32) for a in function_params(gpu, loaded.params())]
+    logits = []
+    for mod in (gpu, cpu):
+        interp, cache = Interpreter(mod), RefKVCache(layers, 32, cfg.num_key_value_heads, cfg.head_dim)
+        interp.run("prefill", np.array([[3, 1, 4, 1, 5]], np.int32), cache, *params)
+        logits.append(interp.run("decode", np.array([[9]], np.int32), cache, *params)[0, -1])
+    assert np.abs(logits[0] - logits[1]).max() <= 1e-6 * np.abs(logits[1]).max()
