@@ -21,8 +21,8 @@ from .verify import Against
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
 @click.option("--device", default=None, help="Compile an uncompiled MODEL for this preset first (cached).")
 @click.option("--profile", is_flag=True,
-              help="Also break a decode step down: device time per kernel, host (VM + enqueue) time (cpu, OpenCL, "
-                   "CUDA).")
+              help="Also break a decode step down (with --sequences: the batched step of each count): device time per "
+                   "kernel, host (VM + enqueue) time (cpu, OpenCL, CUDA).")
 @click.option("--roofline", is_flag=True,
               help="cpu and cuda: with --profile's table, the read bandwidth before and after (cpu: one thread, all "
                    "threads; cuda: the GPU's memory), the bytes a decode step reads, achieved GB/s and the fraction "
@@ -34,7 +34,7 @@ from .verify import Against
 def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline, as_json, sequences, trust):
     """Prefill and decode tokens per second of PACKAGE (medians after a warm-up), peak RSS, device memory; with
     --sequences, the aggregate decode tok/s of batched steps over that many sequences."""
-    from .runtime.bench import batch_bench, batch_bench_lines, parse_counts, profile_decode
+    from .runtime.bench import batch_bench, batch_bench_lines, parse_counts, profile_decode, profile_steps
     from .runtime.bench import bench as run_bench
 
     counts = None
@@ -43,16 +43,20 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline,
             counts = parse_counts(sequences)
         except ValueError as e:
             raise DeployError(str(e)) from None
-        if profile or roofline:
-            raise DeployError("--profile and --roofline break down a single-sequence decode step; they do not combine "
-                              "with --sequences")
+        if roofline:
+            raise DeployError("--roofline breaks down a single-sequence decode step; it does not combine with "
+                              "--sequences (--profile does: the batched step, kernel by kernel)")
     opened = open_package(package, device, None, None, as_json, paged=counts is not None, trust=trust_policy(trust))
     if opened is None:
         raise DeployError(f"{package} is not a compiled package; compile it (deploycc compile {package} --device PRESET) "
                           f"or pass --device PRESET")
     if counts is not None:
         r = batch_bench(opened[0], counts, prompt_len, gen_len, seed)
+        if profile:
+            r["profiles"] = profile_steps(opened[0], counts, prompt_len)
         click.echo(json.dumps(r, indent=2) if as_json else "\n".join(batch_bench_lines(r)))
+        for pr in r.get("profiles", []) if not as_json else ():
+            _profile_table(pr, f"batched step of {pr['sequences']} sequence(s)", "step", None)
         return
     r = run_bench(opened[0], prompt_len, gen_len, repeat, seed)
     if roofline:
@@ -84,23 +88,32 @@ def bench(package, prompt_len, gen_len, repeat, seed, device, profile, roofline,
         t.add_row(k, v)
     Console().print(t)
     if "profile" in r:
-        pr = r["profile"]
-        pt = Table(title=(f"decode step: {pr['wall_ms_per_token']:.2f} ms wall, {pr['kernel_ms_per_token']:.2f} ms in "
-                          f"{pr['launches_per_token']:.0f} kernels, {pr['host_ms_per_token']:.2f} ms host (VM + enqueue, "
-                          f"overlapping the kernels)"))
         roof = r.get("roofline")
-        from .runtime import roofline as rl
-
-        cols = ("kernel", "launches / token", "us each", "ms / token", "share") + (rl.COLUMNS if roof else ())
-        for col in cols:
-            pt.add_column(col, justify="left" if col == "kernel" else "right")
-        for k in pr["kernels"][:15]:
-            extra = rl.kernel_cells(k) if roof else ()
-            pt.add_row(k["kernel"], f"{k['launches_per_token']:.0f}", f"{k['us_each']:.1f}", f"{k['ms_per_token']:.2f}",
-                       f"{100 * k['share']:.1f}%", *extra)
-        Console(width=max(Console().width, 150)).print(pt)
+        _profile_table(r["profile"], "decode step", "token", roof)
         if roof:
+            from .runtime import roofline as rl
+
             click.echo("\n".join(rl.roofline_lines(roof)))
+
+
+def _profile_table(pr: dict, what: str, per: str, roof: dict | None) -> None:
+    """A profile (runtime/bench.py profile_decode, profile_steps) as a table of its 15 costliest kernels."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .runtime import roofline as rl
+
+    pt = Table(title=(f"{what}: {pr['wall_ms_per_token']:.2f} ms wall, {pr['kernel_ms_per_token']:.2f} ms in "
+                      f"{pr['launches_per_token']:.0f} kernels, {pr['host_ms_per_token']:.2f} ms host (VM + enqueue, "
+                      f"overlapping the kernels)"))
+    cols = ("kernel", f"launches / {per}", "us each", f"ms / {per}", "share") + (rl.COLUMNS if roof else ())
+    for col in cols:
+        pt.add_column(col, justify="left" if col == "kernel" else "right")
+    for k in pr["kernels"][:15]:
+        extra = rl.kernel_cells(k) if roof else ()
+        pt.add_row(k["kernel"], f"{k['launches_per_token']:.0f}", f"{k['us_each']:.1f}", f"{k['ms_per_token']:.2f}",
+                   f"{100 * k['share']:.1f}%", *extra)
+    Console(width=max(Console().width, 150)).print(pt)
 
 
 @click.command(short_help="Perplexity of a package on a text file (sliding windows).")

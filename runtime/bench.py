@@ -172,6 +172,12 @@ def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
         timed = dev.take_profile()
         for f, n in native.items():
             engine.vm.functions[f].native = n
+    return _profile_rows(timed, steps, wall, host)
+
+
+def _profile_rows(timed: list, steps: int, wall: float, host: list[float]) -> dict:
+    """The profile of `steps` steps: `timed` (kernel, seconds[, weight bytes]) launch by launch, `wall` seconds per
+    step, `host` the host's seconds of each step."""
     kernels: dict[str, list] = {}
     weight_bytes: dict[str, int] = {}
     for name, sec, *streamed in timed:  # cpu: also the bytes of weights the launch read
@@ -185,6 +191,98 @@ def profile_decode(engine, prompt_len: int = 128, steps: int = 32) -> dict:
     return {"steps": steps, "wall_ms_per_token": 1e3 * wall, "kernel_ms_per_token": 1e3 * total,
             "host_ms_per_token": 1e3 * float(np.median(host)), "launches_per_token": len(timed) / steps,
             "kernels": rows}
+
+
+def profile_steps(engine, sequences: list[int], prompt_len: int = 128, steps: int = 16) -> list[dict]:
+    """profile_decode for the server's batched step (an engine loaded with paged=True): for each count of sequences,
+    each prefilled with its own random prompt, the step that decodes one token of every one of them: wall time, the
+    device time of every kernel (launch by launch), and the host's time to run the step's bytecode (the device held
+    idle; on cpu, the step outside its one native call). Its "per token" figures are per step."""
+    dev, cache = engine.device, engine.cache
+    if not hasattr(dev, "start_profile"):
+        raise UsageError(f"--profile needs the opencl, cuda or cpu backend; this package runs on "
+                         f"{engine.manifest['preset']['backend']}")
+    need = prompt_len + 3 * steps + 4
+    if need > engine.context_window:
+        raise UsageError(f"--prompt-len {prompt_len} leaves no room for {3 * steps + 4} profiled steps in the context "
+                         f"window of {engine.context_window}")
+    pages = cache.pages_for(need)
+    if max(sequences) > cache.sequences or max(sequences) * pages > cache.available:
+        raise UsageError(f"{max(sequences)} sequences of {need} tokens do not fit this package's step and page pool; "
+                         f"recompile with --override max_num_sequences=N and kv_pool_tokens=N")
+    rng = np.random.default_rng(0)
+    out = []
+    for n in sequences:
+        tables = [cache.take(pages) for _ in range(n)]
+        try:
+            tokens = []
+            for table in tables:
+                ids = rng.integers(0, engine.vocab_size, prompt_len).tolist()
+                for at in range(0, prompt_len, engine.prefill_chunk):
+                    chunk = ids[at:at + engine.prefill_chunk]
+                    logits = engine.step(chunk, [table], [at], [len(chunk)])
+                tokens.append(int(np.argmax(logits[0])))
+            at = prompt_len
+
+            def step(tokens):
+                nonlocal at
+                logits = engine.step(tokens, tables, [at] * n, [1] * n)
+                at += 1
+                return [int(t) for t in np.argmax(logits, axis=1)]
+            for _ in range(4):
+                tokens = step(tokens)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                tokens = step(tokens)
+            wall = (time.perf_counter() - t0) / steps
+            host = [_host_seconds(engine, tokens, tables, at + k, n) for k in range(steps)]
+            at += steps
+            native = engine.vm.functions["step"].native
+            engine.vm.functions["step"].native = None  # kernels one launch at a time, from the same bytecode
+            dev.start_profile()
+            try:
+                for _ in range(steps):
+                    tokens = step(tokens)
+            finally:
+                timed = dev.take_profile()
+                engine.vm.functions["step"].native = native
+        finally:
+            for table in tables:
+                cache.give(table)
+        out.append({"sequences": n, **_profile_rows(timed, steps, wall, host)})
+    return out
+
+
+def _host_seconds(engine, tokens: list[int], tables: list, at: int, n: int) -> float:
+    """The host's time of one batched step: the VM running its bytecode with the device held idle (the launches only
+    enqueued), or on cpu the step outside its native call. The step's tokens are the same each time (its cache rows
+    are written again)."""
+    dev, fn = engine.device, engine.vm.functions["step"]
+    engine.cache.plan(tables, [at] * n, [1] * n)
+    ids = np.asarray(tokens, np.int32).reshape(1, -1)
+    if fn.native is not None:
+        prologue, epilogue, call, slots, values = fn.native
+        inside = []
+
+        def timed_call():
+            t = time.perf_counter()
+            call()
+            inside.append(time.perf_counter() - t)
+        fn.native = (prologue, epilogue, timed_call, slots, values)
+        try:
+            t = time.perf_counter()
+            engine._download(engine._step("step", ids))
+            return time.perf_counter() - t - inside[0]
+        finally:
+            fn.native = (prologue, epilogue, call, slots, values)
+    dev.write(engine.ids_buf, ids)
+    release = dev.gate() if hasattr(dev, "gate") else (lambda: None)
+    t = time.perf_counter()
+    res = engine.vm.run("step", DTensor(engine.ids_buf, (1, ids.shape[1]), "int32"), engine.cache)
+    seconds = time.perf_counter() - t
+    release()
+    engine._download(res)
+    return seconds
 
 
 def bench_lines(r: dict) -> list[str]:

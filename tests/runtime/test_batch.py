@@ -317,3 +317,36 @@ def test_bench_sequences(tmp_path_factory):
                                timeout=300)
             lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
             assert r.returncode != 0 and len(lines) == 1 and words in lines[0], r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "opencl"])
+def test_bench_sequences_profile(tmp_path_factory, backend):
+    """`deploycc bench PKG --sequences 1,3 --profile`: the server's batched step of each count broken down like the
+    decode step's profile: every launch of the step timed on the device (as many per step as the step function
+    launches: the shape dispatch launches one of each pair), the host's time, the wall time; a prompt that leaves
+    no room for the profiled steps is one line."""
+    import json
+    import subprocess
+    import sys
+
+    require_cc() if backend == "cpu" else require_device(backend)
+    pkg = compiled(tmp_path_factory, "llama-gqa3-llama3rope", PRESETS[backend], pool=256)
+    r = subprocess.run([sys.executable, "-m", "deploycc", "bench", str(pkg), "--sequences", "1,3", "--prompt-len", "5",
+                        "--gen-len", "4", "--profile", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    code = json.loads((pkg / "bytecode.json").read_text())["functions"]["step"]["instructions"]
+    entries = json.loads((pkg / "manifest.json").read_text())["kernels"]["entries"]
+    paired = {k for k, e in entries.items() if k.endswith("_rows")}  # few-row GEMVs beside their tiles: one runs
+    launches = sum(1 for i in code if i.get("fn") == "vm.launch") - sum(
+        1 for i in code if i.get("fn") == "vm.launch" and i["args"][0]["k"] in paired)
+    assert [p["sequences"] for p in out["profiles"]] == [1, 3]
+    for p in out["profiles"]:
+        assert p["launches_per_token"] == sum(k["launches_per_token"] for k in p["kernels"]) == launches, p
+        assert all(k["kernel"] in entries and k["us_each"] > 0 for k in p["kernels"])
+        assert 0 < p["kernel_ms_per_token"] and 0 < p["host_ms_per_token"] and 0 < p["wall_ms_per_token"]
+        assert abs(sum(k["share"] for k in p["kernels"]) - 1) < 1e-6
+    r = subprocess.run([sys.executable, "-m", "deploycc", "bench", str(pkg), "--sequences", "1", "--prompt-len", "40",
+                        "--gen-len", "4", "--profile"], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode != 0 and len(lines) == 1 and "profiled steps" in lines[0], r.stderr[-2000:]
