@@ -11,7 +11,8 @@
 #   .gpu/tok: SmolLM2's tokenizer.json, tokenizer_config.json, chat_template.jinja
 #   .gpu/npm: the web bundle's npm tarballs (from $DEPLOYCC_HOME/npm), for the tests that compile chrome-webgpu
 # On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide|split|graphs]; logs and JSON land in $OUT.
-# graphs: the decode step as CUDA graphs (runtime/graphs.py) against launch by launch (DEPLOYCC_CUDA_GRAPHS=0), interleaved.
+# graphs: the decode step as CUDA graphs (runtime/graphs.py) against launch by launch (DEPLOYCC_CUDA_GRAPHS=0), interleaved,
+# then the server's batched step profiled kernel by kernel (bench --sequences --profile).
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
@@ -80,6 +81,13 @@ if [ "$STAGE" = graphs ]; then  # the decode step as CUDA graphs against launch 
 print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s', 'cuda_graphs')})" || tail -3 "$LOGS/bench.err"
     done
   done
+  # the server's batched step kernel by kernel (the performance model misses it most: docs/gpu.md)
+  stamp "profile of the batched step, SmolLM2-135M-shaped, 1 and 16 sequences"
+  timeout 90 $PY -m deploycc bench /tmp/pkg/SmolLM2-135M-shaped --sequences 1,16 --profile --prompt-len 128 --gen-len 32 \
+    --json 2>>"$LOGS/bench.err" | tee "$OUT/step-profile.json" | $PY -c "import json,sys; r=json.loads(sys.stdin.read())
+for p in r['profiles']:
+    print(p['sequences'], {k: round(v, 3) for k, v in p.items() if k.endswith('per_token')})
+    print([(k['kernel'], round(k['us_each'], 1), k['launches_per_token']) for k in p['kernels'][:8]])" || tail -3 "$LOGS/bench.err"
   stamp "done"; exit 0
 fi
 if [ "$STAGE" = split ]; then
