@@ -293,11 +293,7 @@ class _FnLowering:
             self.alloc(self.storage(m.var), m.var.ann, r)
             args.append({"r": r})
         args += [{"kv": [cache["r"], "k", layer]}, {"kv": [cache["r"], "v", layer]}]
-        regs = dict(zip(prog.params, args))
-        self.site(prog, env)
-        for k in scheduled(prog).kernels:
-            self.out.kernels[k.name] = k
-            self.launch(k, [regs[x] for x in k.buffers], env)
+        self.launch_program(prog, dict(zip(prog.params, args)), env)
         self.emit("vm.move", [cache], dst)
 
     def binding(self, b, defined: set) -> None:
@@ -348,11 +344,7 @@ class _FnLowering:
                 env[prog.sym_params[0]] = self.fn_total - n
             args = [self.arg(v.args[1]), self.arg(v.args[2])] + ([self.arg(v.args[3])] if paged else []) + [
                 {"kv": [cache["r"], "k", layer]}, {"kv": [cache["r"], "v", layer]}]
-            regs = dict(zip(prog.params, args))
-            self.site(prog, env)
-            for k in scheduled(prog).kernels:
-                self.out.kernels[k.name] = k
-                self.launch(k, [regs[b] for b in k.buffers], env)
+            self.launch_program(prog, dict(zip(prog.params, args)), env)
             self.emit("vm.move", [cache], dst)
             return
         if paged:  # into a page pool
@@ -390,6 +382,13 @@ class _FnLowering:
         if all(s["vars"] != where["vars"] for s in sites):
             sites.append(where)
 
+    def launch_program(self, prog: TensorProgram, regs: dict, env: dict) -> None:
+        """Every kernel of scheduled `prog`, its buffers from `regs` (program buffer -> operand), its variables `env`."""
+        self.site(prog, env)
+        for k in scheduled(prog).kernels:
+            self.out.kernels[k.name] = k
+            self.launch(k, [regs[b] for b in k.buffers], env)
+
     def launch(self, k: Kernel, bufs: list, env: dict) -> None:
         groups = sym.substitute(k.groups, env)
         scalars = [self.s(sym.substitute(sym.as_expr(v), env)) for v in k.scalars]
@@ -418,10 +417,7 @@ class _FnLowering:
             r = self.reg((var, "ws", i))
             self.alloc(sid, wann, r)
             regs[w] = {"r": r}
-        self.site(prog, env)
-        for k in sched.kernels:
-            self.out.kernels[k.name] = k
-            self.launch(k, [regs[b] for b in k.buffers], env)
+        self.launch_program(prog, regs, env)
 
 
 def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
