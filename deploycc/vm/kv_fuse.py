@@ -42,6 +42,7 @@ class Fused:
     members: list[Binding]  # every binding the program replaces
     n: sym.SymVar
     offset: sym.SymVar | None  # None in a page pool
+    rows: sym.SymVar  # the cache's rows (bound at the launch, as kv_pair's: a size no renderer takes as a constant)
 
 
 def _spatial(prog: TensorProgram) -> bool:
@@ -98,11 +99,12 @@ def members_of(bindings: list, at: int, mod: IRModule, uses: dict, storages) -> 
     return run
 
 
-def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool, rows: int) -> Fused | None:
+def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool) -> Fused | None:
     """The program of `run`'s blocks side by side, the keys' and values' stores into the cache (None if a block
     does not store at its token iterator first)."""
     k_var, v_var = append.args[1], append.args[2]
     n, offset = sym.SymVar("n"), None if paged else sym.SymVar("offset")
+    cap = sym.SymVar("rows" if paged else "cap")
     inputs: list = []
     bufs: dict = {}
 
@@ -113,8 +115,8 @@ def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool, rows: int
         return bufs[x]
 
     h, d = k_var.ann.shape[1:]
-    k_cache = Buffer("k_cache", (sym.as_expr(rows), h, d), k_var.ann.dtype)
-    v_cache = Buffer("v_cache", (sym.as_expr(rows), h, d), v_var.ann.dtype)
+    k_cache = Buffer("k_cache", (sym.as_expr(cap), h, d), k_var.ann.dtype)
+    v_cache = Buffer("v_cache", (sym.as_expr(cap), h, d), v_var.ann.dtype)
     slot = buf_of(append.args[3]) if paged else None
     outputs = [b for b in run if b.var not in (k_var, v_var)]
     out_bufs = {b.var: Buffer(f"out{i}", b.var.ann.shape, b.var.ann.dtype) for i, b in enumerate(outputs)}
@@ -135,14 +137,14 @@ def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool, rows: int
             if b.var in (k_var, v_var):
                 cache = k_cache if b.var is k_var else v_cache
                 i = sym.as_expr(first.var)
-                row = slot[i] if paged else sym.mod(i + sym.as_expr(offset), rows) if rows_ring(append) \
+                row = slot[i] if paged else sym.mod(i + sym.as_expr(offset), sym.as_expr(cap)) if rows_ring(append) \
                     else i + sym.as_expr(offset)
                 st = Store(cache, (row, *st.indices[1:]), st.value)
             blocks.append(Block(blk.name, its, st))
     params = tuple(bufs[x] for x in inputs) + tuple(out_bufs[b.var] for b in outputs) + (k_cache, v_cache)
     syms = (n,) if paged else (n, offset)
     prog = TensorProgram("kv_append", params, Seq(tuple(blocks)), syms, len(outputs) + 2, {"op": "kv_append"})
-    return Fused(prog, inputs, outputs, run, n, offset)
+    return Fused(prog, inputs, outputs, run, n, offset, cap)
 
 
 def rows_ring(append: Call) -> bool:
@@ -150,7 +152,7 @@ def rows_ring(append: Call) -> bool:
 
 
 def shape_vars(prog: TensorProgram) -> list[sym.SymVar]:
-    """The variables of a fused program's buffers (the function's own, seq_len), besides n and offset."""
+    """The variables of a fused program's buffers: the function's own (seq_len) and the cache's rows."""
     seen: list[sym.SymVar] = []
     for b in prog.params:
         for d in b.shape:

@@ -254,8 +254,8 @@ class _FnLowering:
                 continue
             run = kv_fuse.members_of(flat, i, self.mod, uses, self.storages_of)
             append = b.value
-            paged, ring = len(append.args) == 4, append.attrs.get("rows", 0)
-            fused = run and kv_fuse.fuse(run, append, self.mod, paged, self.pool_rows if paged else ring or self.ctx)
+            paged = len(append.args) == 4
+            fused = run and kv_fuse.fuse(run, append, self.mod, paged)
             if not fused:
                 continue
             text = program_text(fused.prog, name="_")
@@ -263,7 +263,7 @@ class _FnLowering:
                 p = fused.prog
                 p = TensorProgram(f"kv_append{len(self.out.kv_fused)}", p.params, p.body, p.sym_params, p.num_outputs,
                                   p.attrs)
-                self.out.kv_fused[text] = (schedule_program(p, self.target), fused.n, fused.offset)
+                self.out.kv_fused[text] = (schedule_program(p, self.target), fused.n, fused.offset, fused.rows)
             self.fused[b] = (fused, self.out.kv_fused[text])
             self.absorbed.update(run)
 
@@ -275,13 +275,14 @@ class _FnLowering:
 
     def fused_append(self, b: Binding, dst: int) -> None:
         """kv.append and the programs that make its keys and values, one launch (vm/kv_fuse.py)."""
-        f, (prog, n, offset) = self.fused[b]
+        f, (prog, n, offset, rows) = self.fused[b]
         append = b.value
         cache, layer = self.arg(append.args[0]), append.attrs["layer"]
         if append.attrs.get("rows", 0):
             self.out.kv_rows[layer] = append.attrs["rows"]
         tokens = sym.as_expr(append.args[1].ann.shape[0])
-        env = {n: tokens}
+        paged = offset is None
+        env = {n: tokens, rows: sym.as_expr(self.pool_rows if paged else append.attrs.get("rows", 0) or self.ctx)}
         if offset is not None:
             env[offset] = self.fn_total - tokens
         ours = {v.name: v for v in kv_fuse.shape_vars(f.prog)}
