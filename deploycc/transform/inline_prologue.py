@@ -32,12 +32,11 @@ def inline_prologues(mod: IRModule) -> IRModule:
         if fn.attrs.get("primitive"):
             continue
         uses = used_vars(fn)
-        made = {b.var: b for blk in fn.body.blocks if blk.dataflow for b in blk.bindings
-                if isinstance(b, Binding) and isinstance(b.value, CallTIR)}
         gone: set = set()
         blocks = []
         for blk in fn.body.blocks:
-            bindings = []
+            made = {b.var: b for b in blk.bindings if isinstance(b, Binding) and isinstance(b.value, CallTIR)}
+            bindings = []  # a producer in the consumer's own dataflow block (its inputs are in scope there)
             for b in blk.bindings:
                 if isinstance(b, Binding) and isinstance(b.value, CallTIR) and blk.dataflow:
                     b = _inline_into(b, made, uses, out, gone)

@@ -39,7 +39,6 @@ class Fused:
     prog: TensorProgram  # params: the members' inputs, [slot], the other members' outputs, k_cache, v_cache
     inputs: list  # the graph values bound to the program's inputs, in order
     outputs: list[Binding]  # the members whose results the program writes as they would (the queries' rope)
-    members: list[Binding]  # every binding the program replaces
     n: sym.SymVar
     offset: sym.SymVar | None  # None in a page pool
     rows: sym.SymVar  # the cache's rows (bound at the launch, as kv_pair's: a size no renderer takes as a constant)
@@ -130,7 +129,8 @@ def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool) -> Fused 
         for blk in strip_allocs(sub.stmt(prog.body)):
             first = blk.iters[0]
             st = blk.body
-            if not (st.buffer is dst and st.indices and sym.as_expr(st.indices[0]).as_var is first.var
+            if not (st.buffer is dst and st.indices and isinstance(st.indices[0], sym.Expr)
+                    and st.indices[0].as_var is first.var
                     and sym.prove_eq(sym.as_expr(first.extent), tokens)):
                 return None
             its = (IterVar(first.var, sym.as_expr(n), first.kind, first.binding), *blk.iters[1:])
@@ -144,7 +144,7 @@ def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool) -> Fused 
     params = tuple(bufs[x] for x in inputs) + tuple(out_bufs[b.var] for b in outputs) + (k_cache, v_cache)
     syms = (n,) if paged else (n, offset)
     prog = TensorProgram("kv_append", params, Seq(tuple(blocks)), syms, len(outputs) + 2, {"op": "kv_append"})
-    return Fused(prog, inputs, outputs, run, n, offset, cap)
+    return Fused(prog, inputs, outputs, n, offset, cap)
 
 
 def rows_ring(append: Call) -> bool:

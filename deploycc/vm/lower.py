@@ -14,7 +14,8 @@ Builtins (implemented by runtime/vm.py):
   kv.pages(cache) -> shape (batch, pages_len); kv.meta(cache, name) -> the int32 metadata of a batched step
   over a page pool (nn.Cache: pos, seq, slot, pages, last)
   kv.append lowers to launches of the kv_copy kernel into the cache buffers (kv_copy_paged: into the pool's
-  rows `slot`).
+  rows `slot`); on the GPU presets to one launch of keys and values (kv_pair), or of the programs that make them
+  writing into the cache (vm/kv_fuse.py).
 The symbolic shapes of every call_tir are rewritten into the caller's variables here, so the VM
 evaluates each launch's groups and int arguments from one shape heap per call.
 """
@@ -151,7 +152,7 @@ class _FnLowering:
         self.regs: dict[object, int] = {}
         self.code: list[dict] = []
         self.names: dict[sym.SymVar, str] = {}
-        self.fused: dict = {}  # kv.append binding -> (its kv_fuse.Fused, the shared program and its n and offset)
+        self.fused: dict = {}  # kv.append binding -> (its kv_fuse.Fused, (the shared program, its n, offset, rows))
         self.absorbed: set = set()  # bindings launched with the kv.append after them
 
     def name(self, v: sym.SymVar) -> str:
