@@ -255,8 +255,8 @@ def profile_steps(engine, sequences: list[int], prompt_len: int = 128, steps: in
 
 def _host_seconds(engine, tokens: list[int], tables: list, at: int, n: int) -> float:
     """The host's time of one batched step: the VM running its bytecode with the device held idle (the launches only
-    enqueued), or on cpu the step outside its native call. The step's tokens are the same each time (its cache rows
-    are written again)."""
+    enqueued), or on cpu the step outside its native call; a step at position `at` of each sequence, its tokens
+    those of the last timed step (their logits are not needed)."""
     dev, fn = engine.device, engine.vm.functions["step"]
     engine.cache.plan(tables, [at] * n, [1] * n)
     ids = np.asarray(tokens, np.int32).reshape(1, -1)
