@@ -11,6 +11,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hugging Face Hub
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One core a worker for the libraries that start a thread per core and spin-wait at their barriers (torch's
+    # OpenMP, numpy's OpenBLAS, lavapipe's and PoCL's pools): with -n 2 on two cores, each worker's threads
+    # otherwise wait on threads the other worker descheduled (transformers' generate ran 10x slower beside a
+    # PoCL test than alone). Set before any of them is loaded; subprocesses inherit it. deploycc's own cpu pool
+    # yields its core when it waits (targets/c_pool.py) and keeps its two threads, so its parallel path is
+    # still tested.
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 from fixtures import TINY, make_tiny  # noqa: E402
 
