@@ -47,7 +47,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         tiles = attention_tiles.schedule(prog, target, t, row)  # prefill: 16 queries a block (attention_tiles.py)
         if tiles is not None:
             return tiles
-    if not cores and target.workgroup_gemv and split_threads(target, d.value) >= 2:
+    if (not cores and target.workgroup_gemv and h.is_const and kvh.is_const and h.value % kvh.value == 0
+            and split_threads(target, d.value, h.value // kvh.value) >= 2):
         return _split(prog, target)
     group = sym.floordiv(h, kvh)
     scale = float(prog.attrs["scale"])
@@ -68,7 +69,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
             limit, first = visible_keys(i, t, n, window)
             J = row(sym.as_expr(j) + first)
         over_d = _over_d(d.value, lanes)
-        step = key_step(Q, K, Vb, i, hh, kv, J, scale, cap, (m, l, s, corr, pr, acc), over_d, lanes)
+        step = key_step(lambda c: Q[i, hh, c], lambda c: K[J, kv, c], lambda c: Vb[J, kv, c], scale, cap,
+                        (m, l, s, corr, pr, acc), over_d, lanes)
         if paged:  # every key the page table names; those the query does not see are skipped
             keys = For(j, t, IfThenElse(paged.sees(i, sym.as_expr(j), window), step))
         else:  # the keys this query may see (causal, after the cached ones)
@@ -97,31 +99,32 @@ def _over_d(d: int, lanes: int):
     return over_d
 
 
-def key_step(Q, K, Vb, i, hh, kv, J, scale: float, cap: float, bufs, over_d, lanes: int) -> Stmt:
-    """Key row J into one thread's running maximum m, sum l and accumulator acc (bufs: m, l, s, corr, p, acc): the
-    score (a "lanes" loop, vector code where the target renders it, when lanes divides head_dim), scaled and capped;
-    then one exp per key: a new maximum rescales what was summed so far, any other key is weighed."""
+def key_step(q_of, k_of, v_of, scale: float, cap: float, bufs, over_d, lanes: int) -> Stmt:
+    """One key into one thread's running maximum m, sum l and accumulator acc (bufs: m, l, s, corr, p, acc); q_of(c),
+    k_of(c) and v_of(c) are element c of the query, the key and the value. The score (a "lanes" loop, vector code
+    where the target renders it, when lanes divides head_dim), scaled and capped; then one exp per key: a new maximum
+    rescales what was summed so far, any other key is weighed."""
     m, l, s, corr, pr, acc = bufs
     d = sym.as_expr(acc.shape[0]).value
     z = (sym.as_expr(0),)
     if d % lanes == 0:
         ko = sym.SymVar("ko")
         score: Stmt = For(ko, sym.as_expr(d // lanes), Seq(tuple(
-            Store(s, z, s[0] + Q[i, hh, sym.as_expr(ko) * lanes + q] * K[J, kv, sym.as_expr(ko) * lanes + q])
+            Store(s, z, s[0] + q_of(sym.as_expr(ko) * lanes + q) * k_of(sym.as_expr(ko) * lanes + q))
             for q in range(lanes))), kind="lanes")
     else:
         k = sym.SymVar("k")
-        score = For(k, sym.as_expr(d), Store(s, z, s[0] + Q[i, hh, sym.as_expr(k)] * K[J, kv, sym.as_expr(k)]))
+        score = For(k, sym.as_expr(d), Store(s, z, s[0] + q_of(sym.as_expr(k)) * k_of(sym.as_expr(k))))
     new_max = Seq((
         Store(corr, z, tir.unary("exp", m[0] - s[0])),
         Store(l, z, l[0] * corr[0] + 1.0),
-        over_d(sym.SymVar("c"), lambda e: Store(acc, (e,), acc[e] * corr[0] + Vb[J, kv, e])),
+        over_d(sym.SymVar("c"), lambda e: Store(acc, (e,), acc[e] * corr[0] + v_of(e))),
         Store(m, z, s[0]),
     ))
     weighed = Seq((
         Store(pr, z, tir.unary("exp", s[0] - m[0])),
         Store(l, z, l[0] + pr[0]),
-        over_d(sym.SymVar("c"), lambda e: Store(acc, (e,), acc[e] + pr[0] * Vb[J, kv, e])),
+        over_d(sym.SymVar("c"), lambda e: Store(acc, (e,), acc[e] + pr[0] * v_of(e))),
     ))
     return Seq((
         Store(s, z, tir.const(0.0)),
@@ -265,14 +268,22 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
 STATIC_SHARED = 48 * 1024  # CUDA's static __shared__ limit (more needs dynamic shared memory and an attribute)
 
 
-def split_threads(target, d: int) -> int:
-    """Threads per (head, query) block of the split form: a power of two up to threads_per_block whose partial
-    results (max, sum and a head_dim accumulator each, float32) fit in the target's shared memory."""
+def split_threads(target, d: int, group: int = 1) -> int:
+    """Threads per query head of the split form's blocks (a block holds the `group` query heads of one kv head): a
+    power of two whose block, group x that many threads up to threads_per_block, fits the target's shared memory:
+    its tile of keys and values (SPLIT_KEYS_PER_THREAD keys a thread, head_dim + 1 floats a row), which its
+    threads' partial accumulators then take over, and their maxima and sums."""
     budget = min(int(target.max_shared_memory), STATIC_SHARED)
     t = 1
-    while t * 2 <= target.threads_per_block and t * 2 * (d + 3) * 4 <= budget:
+    while group * t * 2 <= target.threads_per_block and _shared_floats(t * 2, d, group) * 4 <= budget:
         t *= 2
     return t
+
+
+def _shared_floats(t: int, d: int, group: int) -> int:
+    """The split form's shared memory in floats, t threads a head: the key/value tile or the partials, whichever is
+    larger (one reuses the other's memory), and the partial maxima and sums."""
+    return max(2 * SPLIT_KEYS_PER_THREAD * t, group * t) * (d + 1) + 2 * group * t
 
 
 def _split(prog: TensorProgram, target) -> Schedule:
@@ -313,33 +324,35 @@ def _guarded(k: Kernel, on: sym.Expr) -> Kernel:
 
 
 def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel, ...], tuple[Buffer, ...]]:
-    """_split's kernels and workspace: with `splits`, the keys over S blocks a (head, query) and the combine (for a
-    page pool, its rows bounded by SPLIT_ROWS); else one block a (head, query)."""
+    """_split's kernels and workspace: with `splits`, the keys over S blocks a (kv head, query) and the combine (for a
+    page pool, its rows bounded by SPLIT_ROWS); else one block a (kv head, query)."""
     Q, K, Vb = prog.params[:3]
     O = prog.params[-1]
     n, h, d = Q.shape
     paged = Paged.of(prog)
     t, row = (paged.t, None) if paged else keys_of(prog)
-    group = sym.floordiv(h, K.shape[1])
+    G = h.value // K.shape[1].value  # the query heads that share a kv head: one block's
     scale = float(prog.attrs["scale"])
     window, cap = window_and_cap(prog.attrs)
     D = d.value
-    T = split_threads(target, D)
+    Tg = split_threads(target, D, G)  # threads a query head
+    T = G * Tg
+    KT = SPLIT_KEYS_PER_THREAD * Tg  # keys a tile: a split block's share
+    P = D + 1  # a row of the tile (or a thread's partial accumulator), padded: the threads' rows in different banks
     g, u = sym.SymVar("g"), sym.SymVar("u")
-    G, U = sym.as_expr(g), sym.as_expr(u)
-    C = SPLIT_KEYS_PER_THREAD * T  # keys per block of the split form
-    S = sym.floordiv(t + (C - 1), C) if splits else sym.as_expr(1)
-    r = sym.floordiv(G, S) if splits else G  # the (head, query) row of block g
-    sidx = sym.mod(G, S) if splits else sym.as_expr(0)
-    hh, i = sym.floordiv(r, n), sym.mod(r, n)
-    kv = sym.floordiv(hh, group)
+    B, U = sym.as_expr(g), sym.as_expr(u)
+    S = sym.floordiv(t + (KT - 1), KT) if splits else sym.as_expr(1)
+    r = sym.floordiv(B, S) if splits else B  # the (kv head, query) row of block g
+    sidx = sym.mod(B, S) if splits else sym.as_expr(0)
+    kv, i = sym.floordiv(r, n), sym.mod(r, n)
+    a, lane = sym.floordiv(U, Tg), sym.mod(U, Tg)  # thread u: query head a of the block's group, key lane
+    hh = kv * G + a
     z = (sym.as_expr(0),)
     m, l, sc, corr, pr, mx, tot, out = (Buffer(x, (1,), "float32", "local")
                                         for x in ("m", "l", "s", "corr", "p", "mx", "tot", "o"))
     acc = Buffer("acc", (D,), "float32", "local")
     sm_m, sm_l = Buffer("sm_m", (T,), "float32", "shared"), Buffer("sm_l", (T,), "float32", "shared")
-    P = D + 1  # a thread's partial accumulator, padded so the T threads' stores fall in different banks
-    sm_acc = Buffer("sm_acc", (T * P,), "float32", "shared")
+    sm = Buffer("sm_kv", (_shared_floats(Tg, D, G) - 2 * T,), "float32", "shared")  # keys, values; then partials
 
     def over(name, extent, f) -> Stmt:
         v = sym.SymVar(name)
@@ -347,61 +360,80 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
 
     lanes = reduce_lanes(target)
     over_d = _over_d(D, lanes)
-
-    def step(J) -> Stmt:
-        return key_step(Q, K, Vb, i, hh, kv, J, scale, cap, (m, l, sc, corr, pr, acc), over_d, lanes)
-
-    jj = sym.SymVar("jj")
-    j = sym.as_expr(jj) * T + U + (sidx * C if splits else 0)
     if paged:  # every key the page table names; those the query does not see are skipped
         count = t
-        visit = IfThenElse(paged.sees(i, j, window), step(paged.row(i, j)))
+        sees = lambda j: paged.sees(i, j, window)  # noqa: E731
+        row_of = lambda j: paged.row(i, j)  # noqa: E731
     else:
         limit, first = visible_keys(i, t, n, window)
         count = limit - first
-        visit = step(row(j + first))
-    passes = sym.as_expr(C // T) if splits else sym.floordiv(count + (T - 1), T)
-    keys = For(jj, passes, IfThenElse(tir.index(j).cmp("lt", tir.index(count)), visit))
+        sees = lambda j: tir.index(j).cmp("lt", tir.index(count))  # noqa: E731
+        row_of = lambda j: row(j + first)  # noqa: E731
 
-    def threads_merged(c) -> Stmt:
-        return merge(T, lambda v: sm_m[v], lambda v: sm_l[v], lambda v: sm_acc[v * P + c], (mx, tot, out))
+    def tile(base) -> Stmt:
+        """Keys base .. base + KT - 1: their rows of the kv head loaded by all T threads together (consecutive
+        threads, consecutive elements), then each thread's keys (lane, lane + Tg, ...) into its head's online
+        softmax from shared memory; a barrier after each half."""
+        x = sym.SymVar("x")
+        at = sym.as_expr(x) * T + U
+        kk, c = sym.floordiv(at, D), sym.mod(at, D)
+        J = row_of(base + kk)
+        load = For(x, sym.as_expr((KT * D + T - 1) // T), IfThenElse(
+            tir.V("and", "bool", (tir.index(at).cmp("lt", tir.index(KT * D)), sees(base + kk))),
+            Seq((Store(sm, (kk * P + c,), K[J, kv, c]), Store(sm, ((kk + KT) * P + c,), Vb[J, kv, c])))))
+        y = sym.SymVar("y")
+        key = sym.as_expr(y) * Tg + lane
+        step = key_step(lambda e: Q[i, hh, e], lambda e: sm[key * P + e], lambda e: sm[(key + KT) * P + e],
+                        scale, cap, (m, l, sc, corr, pr, acc), over_d, lanes)
+        return Seq((load, Barrier(), For(y, sym.as_expr(SPLIT_KEYS_PER_THREAD),
+                                         IfThenElse(sees(base + key), step)), Barrier()))
 
-    def combine(c) -> Stmt:
-        """Output element c of the head from the T partials."""
-        return Seq((threads_merged(c), Store(O, (i, hh, c), out[0] / tot[0])))
+    if splits:
+        keys: Stmt = tile(sidx * KT)
+    else:
+        tt = sym.SymVar("tt")
+        keys = For(tt, sym.floordiv(count + (KT - 1), KT), tile(sym.as_expr(tt) * KT))
+
+    def threads_merged(a_, c) -> Stmt:
+        """Head a_'s element c over its Tg threads' partials."""
+        return merge(Tg, lambda v: sm_m[a_ * Tg + v], lambda v: sm_l[a_ * Tg + v],
+                     lambda v: sm[(a_ * Tg + v) * P + c], (mx, tot, out))
 
     W = D + 2  # a block's partial in the workspace: maximum, sum, then the accumulator
     bound = sym.smin(n, SPLIT_ROWS) if paged else n  # the rows whose partials the workspace holds
     part = Buffer("part", (h * bound * S * W,), "float32", "global")
 
-    def partial(c) -> Stmt:
-        """The block's partial (split form): maximum and sum (thread 0), accumulator element c, all over the block's
-        T threads."""
-        base = G * W
+    def write(a_, c) -> Stmt:
+        """Element c of head a_: with `splits` the partial (maximum and sum at c == 0, the accumulator's element,
+        at ((head, query) row, split) as the combine reads it), else the output."""
+        head = kv * G + a_
+        if not splits:
+            return Seq((threads_merged(a_, c), Store(O, (i, head, c), out[0] / tot[0])))
+        base = ((head * n + i) * S + sidx) * W
         return Seq((
-            threads_merged(c),
+            threads_merged(a_, c),
             IfThenElse(tir.index(c).cmp("eq", tir.index(0)), Seq((Store(part, (base,), mx[0]),
                                                                    Store(part, (base + 1,), tot[0])))),
             Store(part, (base + 2 + c,), out[0]),
         ))
 
     cc = sym.SymVar("cc")
-    c_at = sym.as_expr(cc) * T + U
+    e_at = sym.as_expr(cc) * T + U  # the block's outputs, G heads x D elements, over its T threads
     body: Stmt = Seq((
         Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
         over("c", D, lambda c: Store(acc, (c,), tir.const(0.0))),
-        keys,
+        keys,  # ends with a barrier: the tile's memory is free for the partials
         Store(sm_m, (U,), m[0]), Store(sm_l, (U,), l[0]),
-        over("c", D, lambda c: Store(sm_acc, (U * P + c,), acc[c])),
+        over("c", D, lambda c: Store(sm, (U * P + c,), acc[c])),
         Barrier(),
-        For(cc, sym.as_expr((D + T - 1) // T), IfThenElse(tir.index(c_at).cmp("lt", tir.index(D)),
-                                                           (partial if splits else combine)(c_at))),
+        For(cc, sym.as_expr((G * D + T - 1) // T), IfThenElse(tir.index(e_at).cmp("lt", tir.index(G * D)),
+                                                               write(sym.floordiv(e_at, D), sym.mod(e_at, D)))),
     ))
     for buf in (m, l, sc, corr, pr, mx, tot, out, acc):
         body = Alloc(buf, body)
-    for buf in (sm_m, sm_l, sm_acc):
+    for buf in (sm_m, sm_l, sm):
         body = Alloc(buf, body)
-    blocks = h * n * S
+    blocks = K.shape[1] * n * S
     body = For(g, blocks, For(u, sym.as_expr(T), body, "thread", "local"), "thread", "group")
     params = list(prog.params) + ([part] if splits else [])
     bufs, written = global_buffers(body, params)

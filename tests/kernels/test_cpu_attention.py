@@ -16,7 +16,7 @@ from conftest import require_cc, require_cxx, require_device
 
 from deploycc import presets
 from deploycc.ir import sym, tir
-from deploycc.kernel_runner import KernelRunner, render
+from deploycc.kernel_runner import KernelRunner, bind_shapes, render
 from deploycc.op.attention import attention_reference
 from deploycc.schedule import attention, schedule_program
 
@@ -103,7 +103,7 @@ def test_windowed_and_capped_attention(backend, n, total, h, kvh, window, cap, r
     # the GPU presets: decode split over threads and blocks, prefill in tiles of 16 queries (attention_tiles.py)
     form = ("attention-split" if n == 1 else "attention-tiles") if backend in SPLIT else "attention"
     assert prog.attrs["schedule"].rule == form
-    split = "sm_acc" in render(list(prog.attrs["schedule"].kernels), target)  # the threads' partials meet
+    split = "sm_kv" in render(list(prog.attrs["schedule"].kernels), target)  # the keys and values a kv head's queries share
     assert split == (form == "attention-split"), "the form the presets take"
     rng = np.random.default_rng(n * 1000 + total)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
@@ -128,13 +128,15 @@ SPLIT = ("adreno", "webgpu", "cuda", "cuda-emu")
 
 
 @pytest.mark.parametrize("backend", ["adreno", "webgpu", "cuda-emu"])
-@pytest.mark.parametrize("total,window,ring", [(1, 0, 0), (255, 0, 0), (511, 0, 0), (512, 0, 0), (513, 0, 0),
+@pytest.mark.parametrize("total,window,ring", [(1, 0, 0), (127, 0, 0), (128, 0, 0), (129, 0, 0), (255, 0, 0),
                                                (1300, 0, 0), (1300, 100, 0), (700, 90, 128)])
 def test_decode_attention_split_over_blocks(backend, total, window, ring):
-    """Flash-decoding (the split form with one query a head): S = ceil(keys / 2T) blocks a head write partial
-    maxima, sums and accumulators to a workspace and a second kernel combines them; key counts on both sides of a
-    block's share (h100 at head_dim 32: T = 256, 512 keys a block), with a sliding window (blocks past the window's
-    keys hold nothing) and a ring cache. Against attention_reference at 1e-5."""
+    """Flash-decoding (the split form with one query a head): S = ceil(keys / 2T) blocks a kv head, each holding the
+    kv head's query heads (grouped-query attention: each key and value loaded once into shared memory for them, T
+    threads a query head), write partial maxima, sums and accumulators to a workspace and a second kernel combines
+    them; key counts on both sides of a block's share (128 keys on h100 at head_dim 32, 64 on adreno's and
+    cpu-webgpu's 32 KiB), with a sliding window (blocks past the window's keys hold nothing) and a ring cache. Against
+    attention_reference at 1e-5."""
     target = presets.load(PRESETS[backend]).target
     device = device_for(backend, target)
     h, kvh, d, scale = 4, 2, 32, 0.125
@@ -142,7 +144,10 @@ def test_decode_attention_split_over_blocks(backend, total, window, ring):
     prog = schedule_program(attention_program(1, h, kvh, d, scale, ring, **attrs), target)
     sched = prog.attrs["schedule"]
     assert sched.rule == "attention-split" and len(sched.kernels) == 2 and len(sched.workspace) == 1
-    T = attention.split_threads(target, d)
+    T = attention.split_threads(target, d, h // kvh)
+    keys = attention.SPLIT_KEYS_PER_THREAD * T
+    part = sched.kernels[0]
+    assert part.threads == T * (h // kvh), "a block: the query heads of one kv head"
     rng = np.random.default_rng(total + window)
     q = (rng.standard_normal((1, h, d)) * 3).astype(np.float32)
     k = rng.standard_normal((total, kvh, d)).astype(np.float32)
@@ -159,8 +164,9 @@ def test_decode_attention_split_over_blocks(backend, total, window, ring):
         runner(prog, [q, k, v, out], [total])
     assert runner.launches == 2
     np.testing.assert_allclose(out, attention_reference(q, k, v, scale, window=window), rtol=0, atol=1e-5)
-    if backend == "cuda-emu":
-        assert T == 256  # 512 keys a block: 1300 keys are 3 blocks a head
+    env = bind_shapes(prog, [q, kr if ring else k, vr if ring else v, out], [total])
+    assert int(sym.evaluate(part.groups, env)) == kvh * -(-total // keys)  # S blocks a kv head, not a query head
+    assert keys == {"cuda-emu": 128, "adreno": 64, "webgpu": 64}[backend]
 
 
 def unary_on_cpu(op: str, call: str, x: np.ndarray) -> np.ndarray:

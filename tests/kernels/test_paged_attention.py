@@ -103,7 +103,7 @@ def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, wind
     prog = schedule_program(paged_program(n, h, kvh, d, pages * size, **attrs), target)
     sched = prog.attrs["schedule"]
     gpu = backend in GPU
-    split = "sm_acc" in render(list(sched.kernels), target)  # the threads' partials meet
+    split = "sm_kv" in render(list(sched.kernels), target)  # the keys and values shared by a kv head's queries
     assert split == gpu, "the form the presets take"
     assert sched.rule == ("attention-split|attention" if gpu else "attention")
     assert [k.name for k in sched.kernels] == (["attention_part", "attention_merge", "attention"] if gpu else ["attention"])
