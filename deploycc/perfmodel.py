@@ -7,7 +7,8 @@ launch:
   bytes     the bytes of its buffers: weights and activations whole (an embedding lookup: its rows), the KV
             cache's rows the step reads (every cached row) or writes (this step's rows), and in a batched step the
             page pool's rows the sequences' page tables name; each launch reads its inputs from memory (no L2 reuse
-            counted)
+            counted). A buffer is charged no more than the elements its loop-level program loads and stores in
+            all (the final norm of a prefill reads the last row of the hidden states, not all of them)
   FLOPs     the floating-point operations of its loop-level program (kernels/programs.json), each +, -, *, /, min,
             max and function counted once over every iteration, for the launch's sizes; a program's FLOPs go to its
             last kernel (the others prepare its inputs)
@@ -102,6 +103,50 @@ def program_flops(stmt, env: dict) -> int:
     return 0
 
 
+def _value_accesses(v, out: dict, times: int) -> None:
+    """Add `times` x the loads of a value (loop-level JSON form), by buffer, to out."""
+    if not isinstance(v, list) or not v:
+        return
+    head = v[0]
+    if head in ("const", "index"):
+        return
+    if head == "load":
+        out[v[1]] = out.get(v[1], 0) + times
+        for i in v[2]:
+            if isinstance(i, dict):
+                _value_accesses(i["v"], out, times)
+        return
+    for x in v[1:]:
+        _value_accesses(x, out, times)
+
+
+def program_accesses(stmt, env: dict, out: dict | None = None, times: int = 1) -> dict:
+    """{buffer index: the element loads and stores of a statement} for the sizes in `env` (both branches of an `if`:
+    an upper bound)."""
+    out = {} if out is None else out
+    head = stmt[0]
+    if head == "seq":
+        for s in stmt[1]:
+            program_accesses(s, env, out, times)
+    elif head == "block":
+        program_accesses(stmt[3], env, out, times * math.prod(_sym(it[1], env) for it in stmt[2]))
+    elif head == "store":
+        out[stmt[1]] = out.get(stmt[1], 0) + times
+        _value_accesses(stmt[3], out, times)
+        for i in stmt[2]:
+            if isinstance(i, dict):
+                _value_accesses(i["v"], out, times)
+    elif head == "for":
+        program_accesses(stmt[3], env, out, times * _sym(stmt[2], env))
+    elif head == "alloc":
+        program_accesses(stmt[2], env, out, times)
+    elif head == "if":
+        for s in stmt[2:]:
+            if s is not None:
+                program_accesses(s, env, out, times)
+    return out
+
+
 @dataclass
 class Launch:
     kernel: str
@@ -110,6 +155,7 @@ class Launch:
     bytes: int
     flops: int = 0
     weight_bytes: int = 0
+    buffers: list = field(default_factory=list)  # (bytes, whether a weight, whether KV cache rows) per argument
     registers: int | None = None
     shared: int | None = None
     tensor: bool = False  # multiplies on the tensor cores (tf32, three products a multiply-add)
@@ -169,12 +215,12 @@ class _Recorder(_DryRun):
         ints = dict(zip(sig["scalars"], (self.ev(a["s"]) for a in args[sep + 1:])))
         if self.ev(args[1]["s"]):  # launched: the VM skips a launch of no work-groups
             self.int_args += len(args) - sep - 1
-        total = weights = 0
+        parts = []
         kv = self.m["kv_cache"]
         for a, decl in zip(args[3:sep], sig["buffers"]):
             if "kv" in a:  # the rows this step touches: written, this step's; read, every cached one
                 rows = self.s if decl["written"] else self.length
-                total += nbytes((rows, kv["kv_heads"], kv["head_dim"]), kv["dtype"])
+                parts.append((nbytes((rows, kv["kv_heads"], kv["head_dim"]), kv["dtype"]), False, True))
                 continue
             b = self.reg(a, w, "tensor")
             size = nbytes(b.shape, b.dtype)
@@ -183,12 +229,12 @@ class _Recorder(_DryRun):
                 size = size * min(rows, b.shape[0]) // b.shape[0]
             if "take" in name and b.home == "weight" and b.shape:  # a lookup reads one row per token, not the table
                 size = size * min(self.s * (self.batch[0] if self.batch else 1), b.shape[0]) // b.shape[0]
-            total += size
-            weights += size if b.home == "weight" else 0
+            parts.append((size, b.home == "weight", False))
         groups = self.ev(args[1]["s"])
         if groups == 0:  # not launched (the VM skips it): a dispatched alternative for other shapes
             return
-        self.launches.append(Launch(name, groups, entry["threads"], total, weight_bytes=weights))
+        self.launches.append(Launch(name, groups, entry["threads"], sum(x[0] for x in parts),
+                                    weight_bytes=sum(x[0] for x in parts if x[1]), buffers=parts))
         self.ints.append(ints)
 
 
@@ -238,6 +284,24 @@ def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
     return out
 
 
+def _kernel_buffers(pkg: Path, manifest: dict) -> dict:
+    """{kernel: (its program's body, [(buffer index in the program, bytes an element) per kernel argument])} from
+    kernels/programs.json, for the kernels whose arguments are all the program's own buffers."""
+    from .ir.tir_interp import NP_DTYPES
+
+    rel = manifest["kernels"].get("programs")
+    if rel is None:
+        return {}
+    out = {}
+    for p in json.loads((pkg / rel).read_text())["programs"]:
+        decls = p["buffers"]
+        for k in p["schedule"]["kernels"]:
+            idx = k["buffers"]
+            if all(isinstance(i, int) and i < len(decls) and decls[i]["dtype"] in NP_DTYPES for i in idx):
+                out[k["name"]] = (p["body"], [(i, NP_DTYPES[decls[i]["dtype"]]().itemsize) for i in idx])
+    return out
+
+
 def predict(pkg: str | Path, context: int | None = None, prefill: int | None = None,
             sequences: tuple[int, ...] = (), graphs: bool = True) -> dict:
     """The decode step after `context` tokens (default: the context window's half) and the prefill step of `prefill`
@@ -262,6 +326,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     prefill = min(prefill or min(chunk, 512), chunk, ctx)
     regs = _registers(pkg, m)
     bodies = _flops_by_kernel(pkg, m)
+    accessed = _kernel_buffers(pkg, m)
     tensor = _tensor_kernels(pkg, m)
     steps = {}
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
@@ -276,6 +341,8 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
         for launch, ints in zip(rec.launches, rec.ints):
             if launch.kernel in bodies:
                 launch.flops = program_flops(bodies[launch.kernel], ints)
+            if launch.kernel in accessed:
+                _bound_by_accesses(launch, *accessed[launch.kernel], ints)
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
             launch.tensor = launch.kernel in tensor
             _time(launch, hw)
@@ -285,6 +352,22 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             "model": {"launch_us": LAUNCH_US, "host_us": HOST_US, "latency_us": LATENCY_US, "in_flight": IN_FLIGHT,
                       "graphs": graphs, "graph_host_us": GRAPH_HOST_US, "graph_int_us": GRAPH_INT_US,
                       "graph_launch_us": GRAPH_LAUNCH_US}}
+
+
+def _bound_by_accesses(x: Launch, body, buffers: list, env: dict) -> None:
+    """Each of a launch's buffers charged at most the elements its program loads and stores (KV cache rows and the
+    buffers the program does not name, a schedule's workspace, as they are)."""
+    try:
+        count = program_accesses(body, env)
+    except ValueError:  # a size the kernel is not passed (its program's other kernels take it): charged whole
+        return
+    parts = []
+    for (size, weight, kv), (i, item) in zip(x.buffers, buffers):
+        bounded = not kv and i in count  # a workspace is not the program's: charged whole
+        parts.append((min(size, count[i] * item) if bounded else size, weight, kv))
+    x.buffers = parts
+    x.bytes = sum(p[0] for p in parts)
+    x.weight_bytes = sum(p[0] for p in parts if p[1])
 
 
 def _time(x: Launch, hw: dict) -> None:

@@ -109,6 +109,24 @@ def test_prefill_matmuls_on_the_tensor_cores_are_timed_at_their_peak(package):
             assert x.seconds == pytest.approx(x.flops / rate + LAUNCH_US * 1e-6)
 
 
+def test_a_launch_is_charged_what_its_program_touches(package):
+    """A buffer costs at most the elements its loop-level program loads and stores: the prefill's final norm reads
+    the hidden state of the last token only (the logits'), so 64 tokens' norm is charged one row and the norm's
+    weight, not 64 rows (it was: 292 us predicted for SmolLM2's, a kernel of one block reading 2 KiB). The other
+    launches keep their buffers whole (each of a GEMV's weights and inputs is read, many times)."""
+    pred = predict(package, context=48, prefill=64)
+    hidden = 64  # qwen3-x32
+    x = [y for y in pred["steps"]["prefill"].launches if "norm" in y.kernel][-1]  # the final norm
+    assert "strided_slice" in x.kernel and x.blocks == 1, x
+    hidden_states, weight, out = x.buffers
+    assert hidden_states[0] <= 3 * hidden * 4, x.buffers  # its row, loaded a few times (not 64 rows)
+    assert weight[0] <= hidden * 4 and out[0] == hidden * 4, x.buffers
+    assert x.bound == "latency" and x.seconds < 2 * LAUNCH_US * 1e-6
+    decode = pred["steps"]["decode"]
+    head = max(decode.launches, key=lambda y: y.weight_bytes)
+    assert head.weight_bytes == sum(p[0] for p in head.buffers if p[1]) > 128 * hidden // 2  # 4-bit, whole
+
+
 def test_the_batched_step_reads_the_pages_its_tables_name(package):
     """The server's step over the page pool: one token for each of B sequences; the pool is read where the
     sequences' page tables point (B x pages x page size rows), not whole."""
