@@ -142,12 +142,12 @@ def _cut(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def reference_tokens(source: Path) -> tuple[list[list[int]], list[list[int]], set[int]]:
-    """(prompt ids, transformers' greedy tokens, end-of-sequence ids) for every prompt, cached."""
+def reference_tokens(source: Path, prompts: int = len(PROMPTS)) -> tuple[list[list[int]], list[list[int]], set[int]]:
+    """(prompt ids, transformers' greedy tokens, end-of-sequence ids) for the first `prompts` prompts, cached."""
     import transformers as tf
 
     tok = tf.AutoTokenizer.from_pretrained(source)
-    ids = [prompt_ids(tok, p) for p in PROMPTS]
+    ids = [prompt_ids(tok, p) for p in PROMPTS[:prompts]]
     gen = json.loads((source / "generation_config.json").read_text()) if (source / "generation_config.json").exists() else {}
     eos = gen.get("eos_token_id", tok.eos_token_id)
     eos = set(eos if isinstance(eos, list) else [eos])

@@ -3,8 +3,9 @@ an 8-bit head, activation precision calibrated per linear by deploycc/calibrate.
 
 - greedy (`run --temperature 0`), "What is the capital of France?" is answered with Paris (8-bit activations on
   every linear answered "L'Étoile, la Marseur, ...");
-- of benchmarks/agreement.py's 100 everyday chat prompts, the package keeps float32 transformers' first 32 greedy
-  tokens whole on at least AGREEMENT of them (the figure and its spread: docs/quantization.md, "Activation precision");
+- of the first PROMPTS of benchmarks/agreement.py's 100 everyday chat prompts, the package keeps float32
+  transformers' first 32 greedy tokens whole on at least AGREEMENT of them (the figure over all 100 and its spread:
+  docs/quantization.md, "Activation precision");
 - `verify` passes against the numpy reference that rounds each linear's input as the package records;
 - `verify --kernels` passes: every kernel against its loop-level program on this CPU.
 """
@@ -18,6 +19,7 @@ import pytest
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]
 AGREEMENT = 0.90  # measured 0.99 (8-bit activations everywhere: 0.39); greedy near-ties move it a few points
+PROMPTS = 50  # half the benchmark's: 3,200 decode steps took two minutes of the suite beside the other worker
 
 
 def cli(*args, timeout=900):
@@ -42,7 +44,7 @@ def test_keeps_transformers_greedy_tokens(package, smollm2_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import agreement
 
-    ids, want, eos = agreement.reference_tokens(Path(smollm2_path))
+    ids, want, eos = agreement.reference_tokens(Path(smollm2_path), PROMPTS)
     got, _ = agreement.package_tokens(package, ids)
     kept = agreement.agreement(want, got, eos)
     print(f"agreement {kept:.0%} of {len(ids)} prompts")
