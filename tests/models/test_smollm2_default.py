@@ -44,7 +44,7 @@ def test_keeps_transformers_greedy_tokens(package, smollm2_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import agreement
 
-    ids, want, eos = agreement.reference_tokens(Path(smollm2_path), PROMPTS)
+    ids, want, eos = agreement.reference_tokens(Path(smollm2_path), PROMPTS, batched=True)
     got, _ = agreement.package_tokens(package, ids)
     kept = agreement.agreement(want, got, eos)
     print(f"agreement {kept:.0%} of {len(ids)} prompts")
