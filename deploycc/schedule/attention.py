@@ -287,20 +287,22 @@ def _shared_floats(t: int, d: int, group: int) -> int:
 
 
 def _split(prog: TensorProgram, target) -> Schedule:
-    """The GPU form: blocks of T threads per (head, query); the threads split its keys (thread u takes keys
-    u, u + T, ...), each keeping its own online-softmax maximum, sum and accumulator in registers, so a decode
-    step works T threads per head instead of one. One barrier, then the partials meet in shared memory:
-    thread u writes out elements c = u, u + T, ... of the head, each the T accumulators weighed by
-    exp(m_u - max) over the T sums weighed alike (flash-decoding's combine, inside one block).
+    """The GPU form: a block per (kv head, query) holds the G query heads that share the kv head (grouped-query
+    attention), T threads each. The keys go in tiles of 2T: the block's G x T threads load a tile's K and V rows into
+    shared memory together (consecutive threads, consecutive elements: the loads coalesce, and each row is read once
+    for the G heads), one barrier, then thread u of head a takes keys u and u + T of the tile, keeping its own
+    online-softmax maximum, sum and accumulator in registers; a barrier before the next tile. After the last, the
+    partials meet in the tile's memory: a head's output element c is its T accumulators weighed by exp(m_u - max)
+    over its T sums weighed alike (flash-decoding's combine, inside one block).
 
-    Where a step has few queries, the keys are also split over blocks (flash-decoding proper): S = ceil(keys / C)
-    blocks a (head, query), block s taking keys sC .. sC + C - 1 (C = 2T); each writes its partial (maximum, sum,
-    unnormalised accumulator) to a workspace, and a second kernel, one thread per output element, combines the S
-    partials the same way. A 2048-key decode step on h100 then runs 8 blocks a head, not one.
+    Where a step has few queries, the keys are also split over blocks (flash-decoding proper): S = ceil(keys / 2T)
+    blocks a (kv head, query), block s taking the tile of keys 2Ts .. 2Ts + 2T - 1; each writes its heads' partials
+    (maximum, sum, unnormalised accumulator) to a workspace, and a second kernel, one thread per output element,
+    combines the S partials the same way. A 2048-key decode step of SmolLM2 on h100 (T = 32) runs 32 blocks a kv head.
     - a contiguous cache with one query (the decode step): always;
     - a page pool (the batched step, whose row count `seq_len` is known only at run time): dispatched by that
       count (schedule/dispatch.py's guards), the split pair up to SPLIT_ROWS rows (the sequences decoding, a short
-      chunk), one block a (head, query) above, where the rows alone fill the GPU and a workspace of every row's
+      chunk), one block a (kv head, query) above, where the rows alone fill the GPU and a workspace of every row's
       partials would grow with the prefill chunk. A block whose keys a query does not see (past its position in
       a table as wide as the step's longest sequence) only tests them; its partial weighs nothing."""
     n = prog.params[0].shape[0]
@@ -462,7 +464,7 @@ def merge(n, m_of, l_of, acc_of, into) -> Stmt:
     ))
 
 
-SPLIT_KEYS_PER_THREAD = 2  # a block of the split form takes 2 T keys: a 2048-key decode on h100 is 8 blocks a head
+SPLIT_KEYS_PER_THREAD = 2  # a tile of the split form is 2 T keys, and a split block's share
 
 
 def _combine_splits(prog: TensorProgram, target, part: Buffer, S: sym.Expr, W: int, name: str) -> Kernel:
