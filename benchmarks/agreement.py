@@ -168,20 +168,23 @@ def reference_tokens(source: Path, prompts: int = len(PROMPTS),
 
     model = tf.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     model.eval()
-    out = []
     with torch.no_grad():  # greedy with the KV cache, by hand: generate()'s per-token overhead is 10x the model's
-        if batched:
-            out = _batched_greedy(model, ids)
-        for p in ids if not batched else ():
-            step = model(torch.tensor([p]), use_cache=True)
-            tokens = [int(step.logits[0, -1].argmax())]
-            while len(tokens) < TOKENS:
-                step = model(torch.tensor([[tokens[-1]]]), past_key_values=step.past_key_values, use_cache=True)
-                tokens.append(int(step.logits[0, -1].argmax()))
-            out.append(tokens)
+        out = _batched_greedy(model, ids) if batched else [_greedy(model, p) for p in ids]
     cache.mkdir(parents=True, exist_ok=True)
     at.write_text(json.dumps(out))
     return ids, out, eos
+
+
+def _greedy(model, prompt: list[int]) -> list[int]:
+    """TOKENS greedy tokens for one prompt."""
+    import torch
+
+    step = model(torch.tensor([prompt]), use_cache=True)
+    tokens = [int(step.logits[0, -1].argmax())]
+    while len(tokens) < TOKENS:
+        step = model(torch.tensor([[tokens[-1]]]), past_key_values=step.past_key_values, use_cache=True)
+        tokens.append(int(step.logits[0, -1].argmax()))
+    return tokens
 
 
 def _batched_greedy(model, ids: list[list[int]]) -> list[list[int]]:

@@ -43,7 +43,7 @@ from .errors import DeployError
 from .runtime.dryrun import _DryRun
 from .runtime.engine import GRAPH_FUNCTIONS
 from .runtime.symexpr import compile_expr
-from .runtime.validate import nbytes
+from .runtime.validate import DTYPE_BYTES, nbytes
 
 LAUNCH_US = 3.0  # a kernel's least time on the GPU, back to back in a stream (launch and drain)
 HOST_US = 9.0  # the host's time per launch: Python VM + CuPy, measured on an H100 (3.57 ms / 394 launches)
@@ -264,17 +264,19 @@ def _tensor_kernels(pkg: Path, manifest: dict) -> set:
     return out
 
 
-def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
-    """{the kernel of each program that does its arithmetic: the program's body} from kernels/programs.json. That
-    kernel is the last (each of a dispatched schedule's alternatives, of which one runs), but where the work is split
-    over blocks (attention's `_part` kernel, schedule/attention.py) the blocks' kernel rather than the combine after
-    it (the program's last kernel, or a page pool's `_merge`)."""
+def _programs(pkg: Path, manifest: dict) -> list:
+    """The loop-level programs of a package (kernels/programs.json), or [] where it has none."""
     rel = manifest["kernels"].get("programs")
-    if rel is None:
-        return {}
-    doc = json.loads((pkg / rel).read_text())
+    return [] if rel is None else json.loads((pkg / rel).read_text())["programs"]
+
+
+def _flops_by_kernel(programs: list) -> dict:
+    """{the kernel of each program that does its arithmetic: the program's body}. That kernel is the last (each of a
+    dispatched schedule's alternatives, of which one runs), but where the work is split over blocks (attention's
+    `_part` kernel, schedule/attention.py) the blocks' kernel rather than the combine after it (the program's last
+    kernel, or a page pool's `_merge`)."""
     out = {}
-    for p in doc["programs"]:
+    for p in programs:
         ks = [k["name"] for k in p["schedule"]["kernels"]]
         parts = [k for k in ks if k.endswith("_part")]  # the split form: its combine after it does none
         if p["schedule"].get("dispatched"):
@@ -284,21 +286,16 @@ def _flops_by_kernel(pkg: Path, manifest: dict) -> dict:
     return out
 
 
-def _kernel_buffers(pkg: Path, manifest: dict) -> dict:
-    """{kernel: (its program's body, [(buffer index in the program, bytes an element) per kernel argument])} from
-    kernels/programs.json, for the kernels whose arguments are all the program's own buffers."""
-    from .ir.tir_interp import NP_DTYPES
-
-    rel = manifest["kernels"].get("programs")
-    if rel is None:
-        return {}
+def _kernel_buffers(programs: list) -> dict:
+    """{kernel: (its program's body, [(buffer index in the program, bytes an element) per kernel argument])}, for the
+    kernels whose arguments are all the program's own buffers."""
     out = {}
-    for p in json.loads((pkg / rel).read_text())["programs"]:
+    for p in programs:
         decls = p["buffers"]
         for k in p["schedule"]["kernels"]:
             idx = k["buffers"]
-            if all(isinstance(i, int) and i < len(decls) and decls[i]["dtype"] in NP_DTYPES for i in idx):
-                out[k["name"]] = (p["body"], [(i, NP_DTYPES[decls[i]["dtype"]]().itemsize) for i in idx])
+            if all(isinstance(i, int) and i < len(decls) and decls[i]["dtype"] in DTYPE_BYTES for i in idx):
+                out[k["name"]] = (p["body"], [(i, DTYPE_BYTES[decls[i]["dtype"]]) for i in idx])
     return out
 
 
@@ -325,8 +322,9 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     context = min(context or ctx // 2, ctx)
     prefill = min(prefill or min(chunk, 512), chunk, ctx)
     regs = _registers(pkg, m)
-    bodies = _flops_by_kernel(pkg, m)
-    accessed = _kernel_buffers(pkg, m)
+    programs = _programs(pkg, m)
+    bodies = _flops_by_kernel(programs)
+    accessed = _kernel_buffers(programs)
     tensor = _tensor_kernels(pkg, m)
     steps = {}
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
