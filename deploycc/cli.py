@@ -107,8 +107,9 @@ def cli():
               help="Sign the package with this private key (deploycc keygen makes one): signature.json, checked by "
                    "--trust.")
 @click.option("--activations", type=click.Choice(["auto", "8", "16"]), default="auto", show_default=True,
-              help="Integer targets (cpu): the bits a linear's input is rounded to. auto: 16 for the linears whose "
-                   "8-bit rounding costs most on a calibration text (deploycc/calibrate.py), 8 elsewhere.")
+              help="Integer targets: the bits a linear's input is rounded to. cpu: auto gives 16 to the linears whose "
+                   "8-bit rounding costs most on a calibration text (deploycc/calibrate.py), 8 elsewhere. h100 (dp4a): "
+                   "8 takes decode's __dp4a GEMV; auto keeps activations float.")
 @click.option("--verify-kernels", is_flag=True,
               help="Before the package is written, run each kernel on this machine's device against its loop-level "
                    "program (as `verify PKG --kernels`); a kernel that disagrees writes nothing.")

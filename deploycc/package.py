@@ -149,15 +149,22 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
     from .runtime.native import weight_interleave as native_weight_interleave
 
     target = preset.target
-    integer = target.integer_kernels
-    interleave = integer and native_weight_interleave(target.isa)
+    # cuda's dp4a GEMV takes the group schemes (q4f16_1 ...), not a GGUF kept as stored: that stays float there; and
+    # only when asked (--activations 8): the calibration that picks the cpu's 16-bit linears keeps none of SmolLM2's
+    # at 8 bits (deploycc/calibrate.py), so on cuda it would cost the compile its time to find nothing
+    integer = target.integer_kernels and (target.core_loops or (quant != "gguf" and activations != "auto"))
+    interleave = integer and target.core_loops and native_weight_interleave(target.isa)
+    groups = integer and target.core_loops
     # every weight the integer kernels take multiplies activations rounded to 8 bits (the graph says so: the
     # reference of a package is its own graph, op/linalg.py round_activations)
     loaded = load_model(source, revision)
     # activations: "auto", "8", "16", or (the API) a {module name: bits} choice
     bits = (activations if isinstance(activations, dict) else int(activations) if activations != "auto" else 8
             ) if integer else None
-    model = quantize(loaded, quant, head, interleave, groups=integer, activations=bits)
+    if integer and not target.core_loops and (16 in (bits.values() if isinstance(bits, dict) else (bits,))):
+        raise DeployError(f"{preset.name} rounds activations to 8 bits (its dp4a GEMV) or keeps them float; give "
+                          f"--activations 8 or auto")
+    model = quantize(loaded, quant, head, interleave, groups=groups, activations=bits)
     ctx, chunk = check_compile(model, preset, context_window)  # context window and device memory, before anything
     step = progress or (lambda *a, **k: None)
     by_type = model.weight_report() if isinstance(model, GGUFModel) else None
@@ -168,8 +175,8 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
         from .calibrate import activation_costs, choose
 
         step("calibrate")
-        probe = quantize(loaded, quant, head, False, groups=True, activations=8)
-        model = quantize(loaded, quant, head, interleave, groups=True, activations=choose(activation_costs(probe)))
+        probe = quantize(loaded, quant, head, False, groups=groups, activations=8)
+        model = quantize(loaded, quant, head, interleave, groups=groups, activations=choose(activation_costs(probe)))
     if (model.path / "tokenizer.json").exists():  # a broken tokenizer fails the compile, not the first run
         from .runtime.tokenizer import Tokenizer, TokenizerError
         try:
@@ -221,6 +228,10 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
         backend(preset.target.kind).finish(tmp, lowered, kernel_files, preset, {
             "kv_cache": kv_cache, "bounds": {"context_window": ctx, "prefill_chunk": chunk}, "exported": exported,
             "progress": step})  # the cpu kind's shared object, WebGPU's adapter limits
+        if "native" not in kernel_files:  # cuda's dp4a packages: which linears round their input (verify rounds alike)
+            from .transform.absorb_rounding import rounded_linears
+
+            kernel_files.update({"activations": rounded} if (rounded := rounded_linears(exported)) else {})
         step("weights")
         params_index = _write_params(tmp, model, lowered.constants, progress, lowered.merged_params,
                                      WEB_SHARD_BYTES if preset.web else SHARD_BYTES)

@@ -19,7 +19,7 @@ from .ir import sym
 from .ir.expr import CallTIR, Function, If
 from .ir.kernel import scheduled
 from .ir.module import IRModule
-from .schedule import schedule
+from .schedule import dp4a, schedule
 from .transform import legalize
 from .transform.absorb_rounding import absorb_rounding
 from .transform.annotate_patterns import annotate_patterns
@@ -48,7 +48,10 @@ class Compiled:
 def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IRModule]]]:
     """(stage reached, pass) in order; one list per target (the target is a parameter, not a global).
     fuse=False: neither the merge of parallel linears nor fusion (kernel_report's "before")."""
-    absorb = absorb_rounding if target is not None and target.integer_kernels else None
+    absorb = None
+    if target is not None and target.integer_kernels:  # cuda: only what the dp4a GEMV takes (schedule/dp4a.py)
+        absorb = absorb_rounding if target.core_loops else \
+            (lambda m: absorb_rounding(m, lambda rows, k, bits: dp4a.takes(rows or 0, k, bits, target)))
     first = [absorb] if absorb else []
     first += [merge_matmuls] if fuse else []
 

@@ -451,7 +451,7 @@ def verify_package(package, source: str | None = None, against: Against = Agains
     native = m["kernels"].get("native", {})
     # the weights whose linears round their input (integer kernels), as the package records them; a package of
     # an older deploycc has integer kernels but no record, and is held to a looser bound
-    rounded = native.get("activations")
+    rounded = native.get("activations") or m["kernels"].get("activations")  # cpu packages; cuda's (dp4a)
     integer = bool(native.get("integer_activations")) and rounded is None
     if rounded:
         bits = sorted(set(rounded.values()))

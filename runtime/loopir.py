@@ -41,6 +41,7 @@ UNARY = {
     "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
     "rsqrt": lambda x: (1 / np.sqrt(x)).astype(x.dtype), "sigmoid": lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype),
     "sin": np.sin, "cos": np.cos, "abs": np.abs, "erf": lambda x: _erf(x).astype(x.dtype),
+    "rint": np.rint,
 }
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
@@ -49,7 +50,7 @@ BINARY = {
     "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
 }
 REDUCE = {"add": np.sum, "max": np.max, "min": np.min, "mul": np.prod}
-ROUNDING = (set(UNARY) - {"neg", "abs"}) | {"add", "sub", "mul", "div", "pow"}  # float ops that round
+ROUNDING = (set(UNARY) - {"neg", "abs", "rint"}) | {"add", "sub", "mul", "div", "pow"}  # float ops that round
 
 MAX_GRID = 1 << 23  # elements evaluated at once; larger block domains run in slices
 

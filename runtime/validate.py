@@ -49,7 +49,7 @@ TARGET_INTS = {"max_threads_per_block": (1, 4096), "threads_per_block": (1, 4096
                "max_shared_memory": (1, 1 << 30), "max_storage_binding": (4, 1 << 48), "max_storage_buffers": (4, 1024),
                "max_buffer_size": (4, 1 << 48), "max_grid": (1, INT32_MAX), "row_tile_m": (1, 64), "row_tile_n": (1, 16),
                "memory_bytes": (0, 1 << 50), "vector_width": (1, 16), "num_threads": (0, 256)}
-TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math", "integer_matmuls", "tensor_cores")
+TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math", "integer_matmuls", "tensor_cores", "dp4a")
 _ARCH = re.compile(r"(sm_\d{2,3}[a-z]?)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")  # a cpu package's instruction set (targets/base.py imports it)
@@ -308,6 +308,10 @@ def _check_kernels(m: dict) -> None:
                 fail(f"{where}.{key}", f"is {show(f)}, not a .wgsl file of the package's kernels/ listed in files")
     if "requires" in k:
         _check_requires(k["requires"], kind)
+    for name, bits in need_dict(k.get("activations", {}), f"{M} kernels.activations").items():
+        need_str(name, f"{M} kernels.activations")  # linears that round their input (cuda's dp4a: verify reads it)
+        if bits not in (8, 16):
+            fail(f"{M} kernels.activations[{show(name)}]", f"must be 8 or 16, got {show(bits)}")
     if KINDS[kind].native:
         _check_native(m, need_dict(k.get("native"), f"{M} kernels.native",
                                    ("library", "isa", "cpu_flags", "weights", "functions")))

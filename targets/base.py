@@ -71,6 +71,11 @@ class Target:
     # cpu: matmuls on 4/8-bit weights as integer dot products with activations rounded to 8 bits per block
     # of 32 (deploycc/schedule/qgemv.py; what llama.cpp does for Q4_1), or float kernels (false: exact, slower)
     integer_matmuls: bool = True
+    # cuda (sm_61 and later): decode's matmuls on 4/8-bit group weights as __dp4a integer dot products with
+    # activations rounded to 8 bits per block of 32 (llama.cpp's MMVQ; deploycc/schedule/dp4a.py), when a compile
+    # asks for them (--activations 8); the graph then rounds those activations, which prefill's float matmuls read
+    # from a rounding program of their own
+    dp4a: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -92,12 +97,15 @@ class Target:
             raise ValueError(f"'arch' is {self.arch!r}; give a CUDA architecture such as sm_90 (or leave it empty)")
         if self.tensor_cores and (self.kind != "cuda" or not self.arch or int(re.sub(r"\D", "", self.arch)) < 80):
             raise ValueError("'tensor_cores' needs a cuda target of arch sm_80 or later (tf32); set the arch or remove it")
+        if self.dp4a and (self.kind != "cuda" or not self.arch or int(re.sub(r"\D", "", self.arch)) < 61):
+            raise ValueError("'dp4a' needs a cuda target of arch sm_61 or later; set the arch or remove it")
 
     @property
     def integer_kernels(self) -> bool:
         """Whether matmuls on quantized weights become integer dot products on rounded activations (the cpu kind's
-        kernels, deploycc/schedule/qgemv.py): the graph then rounds those activations as the kernels do."""
-        return self.core_loops and self.integer_matmuls
+        kernels, deploycc/schedule/qgemv.py; cuda's decode GEMV with `dp4a`, deploycc/schedule/dp4a.py): the graph
+        then rounds those activations as the kernels do."""
+        return (self.core_loops and self.integer_matmuls) or self.dp4a
 
     @property
     def core_loops(self) -> bool:

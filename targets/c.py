@@ -79,7 +79,7 @@ class CRenderer(CStyleRenderer):
     types = {**CStyleRenderer.types, "int8": "int8_t", "int16": "int16_t", "int64": "int64_t"}
     index_type = "int64_t"
     unary = {**CStyleRenderer.unary, "exp": "dcc_expf", "log": "logf", "sqrt": "sqrtf", "tanh": "dcc_tanhf", "sin": "sinf",
-             "cos": "cosf", "abs": "fabsf", "erf": "erff"}
+             "cos": "cosf", "abs": "fabsf", "erf": "erff", "rint": "rintf"}
     float_max, float_min = "dcc_maxf", "dcc_minf"
     kernel_prefix = "static void"
     barrier = ""  # one thread per group: nothing to wait for

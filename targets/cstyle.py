@@ -36,7 +36,7 @@ class CStyleRenderer:
     types = {"float32": "float", "float16": "half", "int32": "int", "uint32": "uint", "int8": "char",
              "uint8": "uchar", "bool": "bool", "int64": "long"}
     unary = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh", "sin": "sin",
-             "cos": "cos", "abs": "fabs", "erf": "erf"}
+             "cos": "cos", "abs": "fabs", "erf": "erf", "rint": "rint"}
     float_max, float_min, int_max, int_min = "fmax", "fmin", "max", "min"
     kernel_prefix = "__kernel void"
     group_id = "(get_group_id(1) * get_num_groups(0) + get_group_id(0))"

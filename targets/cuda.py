@@ -12,7 +12,7 @@ class CUDARenderer(CStyleRenderer):
              "int8": "signed char", "int64": "long long"}
     index_type = "long long"
     unary = {**CStyleRenderer.unary, "rsqrt": "rsqrtf", "abs": "fabsf", "exp": "expf", "log": "logf",
-             "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf", "cos": "cosf", "erf": "erff"}
+             "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf", "cos": "cosf", "erf": "erff", "rint": "rintf"}
     float_max, float_min = "fmaxf", "fminf"
     kernel_prefix = 'extern "C" __global__ void'
     barrier = "__syncthreads();"
@@ -41,6 +41,11 @@ class CUDARenderer(CStyleRenderer):
 
     def sigmoid(self, x: str) -> str:
         return f"(1.0f / (1.0f + expf(-({x}))))"
+
+    def value(self, v: V) -> str:
+        if v.op == "dp4a":  # schedule/dp4a.py: four signed byte products summed
+            return f"__dp4a({', '.join(self.value(s) for s in v.src)})"
+        return super().value(v)
 
     subgroup_ops = True  # warps of 32 lanes, __shfl_xor_sync
 

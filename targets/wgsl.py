@@ -55,7 +55,7 @@ class WGSLRenderer(CStyleRenderer):
     types = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
     index_type = None  # WGSL has no 64-bit integers; a binding holds at most max_storage_binding bytes
     unary = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "inverseSqrt", "tanh": "tanh", "sin": "sin",
-             "cos": "cos", "abs": "abs"}
+             "cos": "cos", "abs": "abs", "rint": "round"}  # WGSL round: ties to even
     float_max = float_min = int_max = int_min = ""
     indent = "  "
 

@@ -34,6 +34,7 @@ class Schedule:
     workspace: tuple[Buffer, ...] = ()
     rule: str = ""
     dispatched: bool = False
+    rounded: Buffer | None = None  # the input its kernels round to codes, where no quantize intrinsic says so (dp4a)
 
 
 def scheduled(prog: TensorProgram) -> Schedule | None:

@@ -50,7 +50,8 @@ def as_index(i):
 
 # ---- scalar values ---------------------------------------------------------------------------
 
-UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "abs", "erf")
+# rint: to the nearest integer, ties to even
+UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "abs", "erf", "rint")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow")
 BITWISE = ("shr", "shl", "bitand", "bitor")  # on integer values (packed quantized weights)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
@@ -127,6 +128,12 @@ def bitwise(op: str, a, b) -> V:
     assert op in BITWISE, op
     a = lift(a)
     return V(op, a.dtype, (a, lift(b, a.dtype)))
+
+
+def dp4a(a, b, c) -> V:
+    """The four signed bytes of int32 `a` times those of `b`, summed, plus `c` (CUDA's __dp4a, sm_61+; only the
+    CUDA renderer writes it: schedule/dp4a.py)."""
+    return V("dp4a", "int32", (lift(a, "int32"), lift(b, "int32"), lift(c, "int32")))
 
 
 def vmax(a, b) -> V:

@@ -105,8 +105,8 @@ register("linear", _linear_infer, _linear_ref, _linear_legalize)
 # d = max|x| / (2^(bits-1) - 1) and the codes rint(x * (1 / d)) (round half to even; an all-zero block stays 0),
 # as targets/c_intrin.py's quantize intrinsics do, so the reference of such a linear is
 # linear(round_activations(x), W) to float32 summation order. Quantized linears emit it when their kernels
-# round (quantization/base.py: activations); the cpu target's integer schedules absorb it into the linear that
-# reads it (transform/absorb_rounding.py), and no other target has a kernel for it.
+# round (quantization/base.py: activations); integer schedules absorb it into the linear that reads it
+# (transform/absorb_rounding.py); where none does (cuda's prefill), it is a program of its own.
 
 ACTIVATION_BLOCK = 32
 
@@ -130,8 +130,35 @@ def _round_infer(args, attrs):
 
 
 def _round_legalize(call, module):
-    raise OpError("round_activations has no kernel of its own: only the cpu target's integer linears implement it "
-                  "(absorbed into the linear that reads it, transform/absorb_rounding.py)")
+    """A program of its own, where the linear that reads it does not round (transform/absorb_rounding.py: on the
+    cpu target every such linear does; on cuda the decode GEMV does, and the prefill's float matmuls read this
+    program's output): each block's max |x|, then every element rounded, as round_activations_np computes it."""
+    smap = ShapeMap()
+    X, Y = smap.buffer("x", call.args[0].ann), smap.buffer("y", call.ann)
+    nb = X.shape[-1].value // ACTIVATION_BLOCK
+    # one flat index over (the rows, their blocks of 32): a schedule's threads take blocks
+    blocks = sym.as_expr(nb)
+    for d in X.shape[:-1]:
+        blocks = blocks * d
+    amax = tir.Buffer("amax", (blocks,), "float32", "local")
+
+    def at(r, e):
+        """X's index of entry e of flat block r."""
+        idx, rest = [sym.mod(r, nb) * ACTIVATION_BLOCK + e], sym.floordiv(r, nb)
+        for d in reversed(X.shape[1:-1]):
+            idx.append(sym.mod(rest, d))
+            rest = sym.floordiv(rest, d)
+        return (rest, *reversed(idx)) if len(X.shape) > 1 else (idx[0],)
+    r, e = tir.iters("r e", (blocks, ACTIVATION_BLOCK), "SR")
+    mx = Block("block_max", (r, e), Store(amax, (tir.v(r),), tir.vmax(amax[tir.v(r)], tir.unary("abs", X[at(tir.v(r), tir.v(e))]))),
+               init=Store(amax, (tir.v(r),), tir.const(0.0)))
+    r2, f = tir.iters("r2 f", (blocks, ACTIVATION_BLOCK))
+    d = amax[tir.v(r2)] / tir.const(float((1 << (call.attrs["bits"] - 1)) - 1))
+    inv = tir.select(d.cmp("gt", tir.const(0.0)), tir.const(1.0) / d, tir.const(0.0))
+    idx = at(tir.v(r2), tir.v(f))
+    out = Block("round", (r2, f), Store(Y, idx, tir.unary("rint", X[idx] * inv) * d))
+    return emit_tir(module, "round_activations", smap, (X,), (Y,), tir.Alloc(amax, Seq((mx, out))), call.args, call.ann,
+                    {"bits": call.attrs["bits"]})
 
 
 # attrs: bits, and weight (the name of the module whose linear reads it; deploycc/calibrate.py measures by it)

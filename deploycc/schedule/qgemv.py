@@ -56,7 +56,7 @@ LANES = 16  # outputs per group of the interleaved formats (quantization/group.p
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
     bits = prog.attrs.get("activations")
-    if not target.integer_kernels or bits not in ACTIVATION_BITS:
+    if not (target.core_loops and target.integer_kernels) or bits not in ACTIVATION_BITS:
         return None
     found = split_matmul(prog)
     if found is None or found[2].op != "mul":
@@ -91,8 +91,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 
 
 def is_integer(s: Schedule) -> bool:
-    """Whether a schedule is this rule's (integer dot products on rounded activations)."""
-    return s.rule.startswith(("qgemv-", "qgemm-"))
+    """Whether a schedule is this rule's or schedule/dp4a.py's (integer dot products on rounded activations)."""
+    return s.rule.startswith(("qgemv-", "qgemm-", "gemv-dp4a-"))
 
 
 @dataclass

@@ -11,6 +11,8 @@ kernel (legalize says so).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..ir.expr import Binding, BindingBlock, Call, CallTIR, Function, SeqExpr, Var, with_body
 from ..ir.module import IRModule
 from .dce import dead_code_elimination
@@ -18,10 +20,14 @@ from .dce import dead_code_elimination
 PACKED = ".q_weight"  # the packed codes of a quantized weight (quantization/group.py, gguf_blocks.py)
 
 
-def absorb_rounding(mod: IRModule) -> IRModule:
+def absorb_rounding(mod: IRModule, takes: Callable[[int | None, int, int], bool] | None = None) -> IRModule:
+    """Every linear of rounded activations, or those `takes(rows, k, bits)` accepts (rows: the constant count of
+    the input's rows, None where symbolic; cuda's decode GEMV, schedule/dp4a.py), reads the unrounded input and
+    says so. A rounding that stays (cuda's prefill) becomes one per input and width: the linears that read it can
+    then merge (transform/merge_matmuls.py) as they do where it is absorbed."""
     out = mod.with_functions(mod.functions)
     for name, fn in mod.graph_functions().items():
-        out.functions[name] = _absorb(fn)
+        out.functions[name] = _absorb(fn, takes)
     return dead_code_elimination(out)
 
 
@@ -46,8 +52,9 @@ def rounded_linears(mod: IRModule) -> dict[str, int]:
     return out
 
 
-def _absorb(fn: Function) -> Function:
+def _absorb(fn: Function, takes) -> Function:
     rounded: dict[Var, tuple] = {}  # y -> (x, bits)
+    first: dict[tuple, Var] = {}  # (x, bits) -> the first rounding of x to bits
     blocks = []
     for block in fn.body.blocks:
         bindings = []
@@ -56,9 +63,23 @@ def _absorb(fn: Function) -> Function:
             if isinstance(b, Binding) and isinstance(v, Call):
                 if v.op == "round_activations":
                     rounded[b.var] = (v.args[0], v.attrs["bits"])
+                    first.setdefault(rounded[b.var], b.var)
                 elif v.op == "linear" and v.args[0] in rounded:
                     x, bits = rounded[v.args[0]]
-                    b = Binding(b.var, Call("linear", (x, *v.args[1:]), {**v.attrs, "activations": bits}, v.ann))
+                    if takes is None or takes(_rows(x), x.ann.shape[-1].value, bits):
+                        b = Binding(b.var, Call("linear", (x, *v.args[1:]), {**v.attrs, "activations": bits}, v.ann))
+                    else:
+                        b = Binding(b.var, Call("linear", (first[x, bits], *v.args[1:]), v.attrs, v.ann))
             bindings.append(b)
         blocks.append(BindingBlock(tuple(bindings), block.dataflow))
     return with_body(fn, SeqExpr(tuple(blocks), fn.body.result))
+
+
+def _rows(x: Var) -> int | None:
+    """The product of x's dimensions but the last, where they are constants."""
+    rows = 1
+    for d in x.ann.shape[:-1]:
+        if not d.is_const:
+            return None
+        rows *= d.value
+    return rows

@@ -50,8 +50,8 @@ def inline_prologues(mod: IRModule) -> IRModule:
 def _inline_into(b: Binding, made: dict, uses: dict, mod: IRModule, gone: set) -> Binding:
     call: CallTIR = b.value
     prog: TensorProgram = mod[call.program]
-    if call.sym_args or not _one_row_matmul(prog):
-        return b
+    if call.sym_args or not _one_row_matmul(prog) or "activations" in prog.attrs:
+        return b  # (a linear that rounds its input reads it from a parameter: schedule/dp4a.py, kernel checks)
     for j, a in enumerate(call.args):
         p = made.get(a)
         if p is None or p in gone or uses.get(a) != 1 or p.value.sym_args:

@@ -129,14 +129,17 @@ def _schedule(prog: TensorProgram, n: _Names) -> dict:
             raise ValueError(f"kernel {k.name}: int argument {stray[0]} is not a variable of program {prog.name}")
         kernels.append({"name": k.name, "buffers": [n.buf(b) for b in k.buffers],
                         "scalars": [n.sym(v) for v in k.scalars], "groups": n.sym(k.groups), "threads": k.threads})
-    out = {"workspace": [n.buf(w) for w in s.workspace], "kernels": kernels}
+    out = {"rule": s.rule, "workspace": [n.buf(w) for w in s.workspace], "kernels": kernels}
     if s.dispatched:  # alternatives by shape (schedule/dispatch.py): each one does the program's whole work
         out["dispatched"] = True
     return out
 
 
 def rounded_input(prog: TensorProgram) -> Buffer | None:
-    """The input an integer schedule quantizes (the first buffer of its quantize intrinsic), if any."""
+    """The input an integer schedule quantizes (the first buffer of its quantize intrinsic, or what the schedule
+    names: schedule/dp4a.py), if any."""
+    if scheduled(prog).rounded is not None:
+        return scheduled(prog).rounded
     for k in scheduled(prog).kernels:
         for s in walk(k.body):
             if isinstance(s, Intrin) and s.name.startswith("quantize"):
