@@ -7,7 +7,7 @@ real vocabulary and widths) and a step of L layers is T(1) + (T(2) - T(1)) x (L 
 host's, the bytes and the FLOPs alike: an 8B model needs no 16 GB checkpoint.
 
     .venv/bin/python benchmarks/gpu_model.py [--context 512] [--prefill 512] [--sequences 1,4,16] [--json]
-        [--shapes SmolLM2-135M-shaped,...] [--presets h100,rtx4090] [--no-graphs]
+        [--shapes SmolLM2-135M-shaped,...] [--presets h100,rtx4090] [--no-graphs] [--activations auto|8]
 
 With --sequences, also the server's batched step over the page pool (one token for each of B sequences after
 `--context` tokens each): its aggregate tok/s per B.
@@ -48,14 +48,20 @@ def checkpoint(shape: str, layers: int) -> Path:
     return out
 
 
-def package(shape: str, layers: int, preset: str) -> Path:
+def package(shape: str, layers: int, preset: str, activations: str = "auto") -> Path:
+    """The shape's package, compiled once. activations "8": every linear's input rounded to 8 bits where the preset's
+    kernels round (h100's dp4a GEMV; compile's --activations 8), else as compile chooses (auto: calibration, which on
+    random weights keeps them float on cuda)."""
+    from deploycc import presets
     from deploycc.package import compile_model
 
-    out = root() / "packages" / f"{shape}-{layers}L-{preset}"
+    rounds = activations != "auto" and presets.load(preset).target.integer_kernels
+    out = root() / "packages" / f"{shape}-{layers}L-{preset}{'-a' + activations if rounds else ''}"
     if (out / "manifest.json").exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
-    return compile_model(str(checkpoint(shape, layers)), preset, quantization="q4f16_1", out=str(out))
+    return compile_model(str(checkpoint(shape, layers)), preset, quantization="q4f16_1", out=str(out),
+                         activations=activations if rounds else "auto")
 
 
 def step_totals(pred: dict, fname: str) -> dict:
@@ -69,12 +75,12 @@ def extrapolate(one: dict, two: dict, layers: int) -> dict:
 
 
 def predict_shape(shape: str, preset: str, context: int, prefill: int, sequences: tuple[int, ...] = (),
-                  graphs: bool = True) -> dict:
+                  graphs: bool = True, activations: str = "auto") -> dict:
     from deploycc import presets
     from deploycc.perfmodel import predict
 
     layers = SHAPES[shape]["num_hidden_layers"]
-    preds = [predict(package(shape, n, preset), context=context, prefill=prefill, sequences=sequences, graphs=graphs)
+    preds = [predict(package(shape, n, preset, activations), context=context, prefill=prefill, sequences=sequences, graphs=graphs)
              for n in (1, 2)]
     steps = {}
     for fname in ("decode", "prefill", *(f"step{n}" for n in sequences)):
@@ -101,11 +107,13 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(ORDER), help="of " + ", ".join(ORDER))
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--no-graphs", action="store_true", help="the decode step launch by launch, not as a CUDA graph")
+    ap.add_argument("--activations", default="auto", choices=("auto", "8"),
+                    help="8: every linear's input rounded to 8 bits where the preset rounds (h100: the dp4a GEMV)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seqs = tuple(int(x) for x in args.sequences.split(",") if x)
     t0 = time.time()
-    out = [predict_shape(s, p, args.context, args.prefill, seqs, not args.no_graphs)
+    out = [predict_shape(s, p, args.context, args.prefill, seqs, not args.no_graphs, args.activations)
            for s in args.shapes.split(",") for p in args.presets.split(",")]
     if args.json:
         print(json.dumps(out, indent=2))

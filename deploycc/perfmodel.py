@@ -16,8 +16,10 @@ launch:
   occupancy the blocks a multiprocessor holds (limited by its threads, registers, shared memory and block slots),
             as a fraction of its threads; resident threads: min(blocks, SMs x blocks per SM) x threads
   time      a roofline with occupancy's effect: max(bytes / bandwidth, bytes / (resident threads x IN_FLIGHT) x
-            LATENCY_US, FLOPs / peak) + LAUNCH_US, the peak fp32's, or for a kernel on the tensor cores
-            (schedule/mma.py) the tf32 tensor peak over the TF32_PRODUCTS products each multiply-add
+            LATENCY_US, FLOPs / peak) + LAUNCH_US, the peak fp32's (for the decode GEMVs, whose instructions a FLOP
+            were counted in their SASS, "issue": the instructions they issue, INSTRUCTIONS_PER_FLOP, at the fp32
+            peak's rate of instructions), or for a kernel on the
+            tensor cores (schedule/mma.py) the tf32 tensor peak over the TF32_PRODUCTS products each multiply-add
             takes. The middle term is Little's
             law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
             about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
@@ -57,8 +59,16 @@ GRAPH_LAUNCH_US = 10.0
 LATENCY_US = 0.5  # a load's round trip to device memory
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
+# Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
+# FLOPs and one instruction) unless counted. The decode GEMVs were counted in the SASS nvcc makes for sm_90
+# (benchmarks/gemv_sass.py, an 8B Llama's widths, q4f16_1, whose program has 4 FLOPs a weight): the float GEMV
+# (schedule/gemv.py) 8.0 instructions a weight (shift, mask, int-to-float, the zero point, the scale, the
+# multiply-add), the dp4a GEMV (schedule/dp4a.py) 3.0 with its rounding of x. So on an H100 the float GEMV cannot
+# stream the weights at the HBM's bandwidth: its SMs issue 33.4 T instructions a second, 4.2 T weights.
+INSTRUCTIONS_PER_FLOP = {"gemv": 2.0, "gemv-dp4a": 0.75}
+FMA_INSTRUCTIONS_PER_FLOP = 0.5
 FLOAT_OPS = {"add", "sub", "mul", "div", "max", "min", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-             "sin", "cos", "abs", "erf", "pow", "fma"}
+             "sin", "cos", "abs", "erf", "rint", "pow", "fma"}
 
 
 def _sym(e, env: dict) -> int:
@@ -159,6 +169,7 @@ class Launch:
     registers: int | None = None
     shared: int | None = None
     tensor: bool = False  # multiplies on the tensor cores (tf32, three products a multiply-add)
+    rule: str = ""  # its program's schedule rule (programs.json)
     occupancy: float = 0.0  # of a multiprocessor's threads
     filled: float = 0.0  # of the whole GPU's threads
     seconds: float = 0.0
@@ -326,6 +337,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     bodies = _flops_by_kernel(programs)
     accessed = _kernel_buffers(programs)
     tensor = _tensor_kernels(pkg, m)
+    rules = {k["name"]: p["schedule"].get("rule", "") for p in programs for k in p["schedule"]["kernels"]}
     steps = {}
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
     if sequences and "step" in bc["functions"]:
@@ -343,6 +355,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
                 _bound_by_accesses(launch, *accessed[launch.kernel], ints)
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
             launch.tensor = launch.kernel in tensor
+            launch.rule = rules.get(launch.kernel, "")
             _time(launch, hw)
             step.launches.append(launch)
         steps[key] = step
@@ -381,8 +394,17 @@ def _time(x: Launch, hw: dict) -> None:
     times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
              "latency": x.bytes / max(resident, 1) / IN_FLIGHT * LATENCY_US * 1e-6,
              "arithmetic": x.flops / (hw["tf32_tensor_tflops"] / TF32_PRODUCTS if x.tensor else hw["fp32_tflops"]) / 1e12}
+    if not x.tensor and instructions_per_flop(x.rule) != FMA_INSTRUCTIONS_PER_FLOP:  # counted: what the SMs issue
+        times["issue"] = x.flops * instructions_per_flop(x.rule) / (hw["fp32_tflops"] * FMA_INSTRUCTIONS_PER_FLOP) / 1e12
+        del times["arithmetic"]
     x.bound = max(times, key=times.get)
     x.seconds = times[x.bound] + LAUNCH_US * 1e-6
+
+
+def instructions_per_flop(rule: str) -> float:
+    """INSTRUCTIONS_PER_FLOP of a schedule rule (the dp4a rule's formats alike), else a multiply-add's."""
+    key = "gemv-dp4a" if rule.startswith("gemv-dp4a") else rule
+    return INSTRUCTIONS_PER_FLOP.get(key, FMA_INSTRUCTIONS_PER_FLOP)
 
 
 def summary(pred: dict) -> dict:

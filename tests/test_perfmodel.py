@@ -16,11 +16,13 @@ from bad_inputs.common import assert_one_line_error, cli
 from deploycc import presets
 from deploycc.errors import DeployError
 from deploycc.perfmodel import (
+    FMA_INSTRUCTIONS_PER_FLOP,
     GRAPH_HOST_US,
     GRAPH_INT_US,
     GRAPH_LAUNCH_US,
     HOST_US,
     IN_FLIGHT,
+    INSTRUCTIONS_PER_FLOP,
     LATENCY_US,
     LAUNCH_US,
     TF32_PRODUCTS,
@@ -199,6 +201,28 @@ def test_occupancy_and_the_roofline_terms():
     tiles = Launch("matmul", blocks=10_000, threads=256, bytes=10_000_000, flops=10**12, shared=100_000)
     _time(tiles, H100)
     assert tiles.bound == "arithmetic" and tiles.occupancy == 2 * 256 / 2048  # shared memory: 2 blocks
+
+
+def test_the_decode_gemvs_are_charged_the_instructions_they_issue():
+    """The float decode GEMV issues 8 instructions a 4-bit weight (2 a FLOP of its program), the dp4a GEMV 3 (0.75),
+    counted in nvcc's SASS (benchmarks/gemv_sass.py); other kernels a multiply-add's 0.5. An 8B's gate and up
+    projection (4,096 x 28,672 weights, 4 FLOPs each, 66 MB) on an H100: the float GEMV is bound by what its SMs
+    issue, not by the HBM; the dp4a GEMV by the HBM."""
+    weights = 4096 * 28672
+    bytes_ = weights * 9 // 16  # 4 bits and an fp16 scale a 32
+    times = {}
+    for rule in ("gemv", "gemv-dp4a-q4_sym", "matmul"):
+        x = Launch("linear", blocks=weights // 4096, threads=128, bytes=bytes_, flops=4 * weights, rule=rule)
+        _time(x, H100)
+        times[rule] = x
+    issue = H100["fp32_tflops"] * 1e12 * FMA_INSTRUCTIONS_PER_FLOP  # instructions a second
+    assert INSTRUCTIONS_PER_FLOP == {"gemv": 2.0, "gemv-dp4a": 0.75}
+    assert times["gemv"].bound == "issue"
+    assert times["gemv"].seconds == pytest.approx(8 * weights / issue + LAUNCH_US * 1e-6)
+    assert times["gemv-dp4a-q4_sym"].bound == "bandwidth"
+    assert times["gemv-dp4a-q4_sym"].seconds == pytest.approx(bytes_ / 3350e9 + LAUNCH_US * 1e-6)
+    assert times["matmul"].bound == "bandwidth"  # 2 instructions a weight: below the HBM's rate
+    assert times["gemv"].seconds > 1.3 * times["gemv-dp4a-q4_sym"].seconds
 
 
 def test_presets_state_their_hardware(tmp_path):
