@@ -39,7 +39,8 @@ from fixtures import TINY, make_tiny
 
 WORKER = Path(__file__).with_name("oclgrind_worker.py")
 SMALL = ("context_window=64", "prefill_chunk=8")
-AS_OPENCL = ("target.kind=opencl", "backend=opencl", "web=false", "target.tensor_cores=false")  # CUDA's wmma is not OpenCL
+AS_OPENCL = ("target.kind=opencl", "backend=opencl", "web=false", "target.tensor_cores=false",
+             "target.dp4a=false")  # CUDA's wmma and __dp4a are not OpenCL
 TOLERANCE = 1e-3
 TIMEOUT_S = 300
 LOCAL_MEM = 1 << 20  # see run_case
