@@ -2,8 +2,8 @@
 
 Kernel by kernel, a tiny Llama in each 4/8-bit format the rule takes (q4f16_1: (c - 8) s, q4f16_2: c s + m,
 q8f16_0: (c - 128) s), with one block of 32 inputs a row (llama-gqa1, hidden 32) and 3 and 5 (llama-wide, hidden 96,
-intermediate 160), on `h100` in two thread orders, and a Qwen3 and a Gemma 2 in q4f16_1 (a tied head; a soft cap after
-it) in a third: every dp4a kernel against the loop-level interpreter run on the
+intermediate 160), on `h100` (the first in forward thread order, the second shuffled), and a Qwen3 and a Gemma 2 in
+q4f16_1 (a tied head; a soft cap after it) in shuffled and reverse order: every dp4a kernel against the loop-level interpreter run on the
 activations rounded as the kernels round them (round_activations_np), to 1e-5 of the output's largest magnitude
 (measured up to 2.6e-7: integer dot products, then float32 scales in another order); the prefill's rounding
 program bit for bit (its codes are the reference's); every other kernel to 1e-4. Negative controls: the same dp4a
@@ -71,7 +71,7 @@ def run_steps(compiled, model, checked, lengths=(1, 5, 17)):
         interp.run("decode", np.array([[1]], np.int32), cache, *params)
 
 
-CASES = [(s, f, o) for s in FORMATS for f in ("llama-gqa1", "llama-wide") for o in ("forward", "shuffle")] + [
+CASES = [(s, "llama-gqa1", "forward") for s in FORMATS] + [(s, "llama-wide", "shuffle") for s in FORMATS] + [
     ("q4f16_1", "qwen3-x32", "shuffle"),  # a tied head, the queries' and keys' norms
     ("q4f16_1", "gemma2-gqa2-softcap", "reverse")]  # GELU's gate, the logits' soft cap after the head
 
