@@ -50,8 +50,7 @@ def checkpoint(shape: str, layers: int) -> Path:
 
 def package(shape: str, layers: int, preset: str, activations: str = "auto") -> Path:
     """The shape's package, compiled once. activations "8": every linear's input rounded to 8 bits where the preset's
-    kernels round (h100's dp4a GEMV; compile's --activations 8), else as compile chooses (auto: calibration, which on
-    random weights keeps them float on cuda)."""
+    kernels round (h100's dp4a GEMV; compile's --activations 8), else compile's default (float on cuda)."""
     from deploycc import presets
     from deploycc.package import compile_model
 

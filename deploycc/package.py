@@ -153,6 +153,10 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
     # only when asked (--activations 8): the calibration that picks the cpu's 16-bit linears keeps none of SmolLM2's
     # at 8 bits (deploycc/calibrate.py), so on cuda it would cost the compile its time to find nothing
     integer = target.integer_kernels and (target.core_loops or (quant != "gguf" and activations != "auto"))
+    if activations not in ("auto", None) and not integer:  # a rounding asked for that nothing here would do
+        what = "a GGUF kept as stored (--quantization gguf)" if target.integer_kernels else f"preset {preset.name}"
+        raise DeployError(f"--activations {activations if isinstance(activations, str) else '{...}'}: {what} keeps "
+                          f"activations float (its matmuls are float); leave --activations at auto")
     interleave = integer and target.core_loops and native_weight_interleave(target.isa)
     groups = integer and target.core_loops
     # every weight the integer kernels take multiplies activations rounded to 8 bits (the graph says so: the

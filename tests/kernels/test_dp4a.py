@@ -13,8 +13,8 @@ memory is poisoned before each block).
 
 Whole packages: a tiny Llama compiled for `h100` with `--activations 8` launches dp4a kernels in decode, records
 its rounded linears (manifest kernels.activations) and passes `verify` against the numpy reference that rounds
-alike, on the emulation; compiled without it (auto), its activations stay float (no rounding, no record), and 16
-bits are refused (dp4a takes 8).
+alike, on the emulation; compiled without it (auto), its activations stay float (no rounding, no record); 16 bits
+are refused (dp4a takes 8), and so is 8 on `rtx4090`, which has no integer kernels.
 """
 from __future__ import annotations
 
@@ -165,6 +165,9 @@ def test_h100_packages_round_what_they_record_and_verify(tmp_path, monkeypatch):
         compile_model(str(make_tiny("llama-wide")), "h100", "q4f16_1", out=str(tmp_path / "a16"), activations="16")
     assert not (tmp_path / "a16").exists()
     assert not presets.load("rtx4090").target.dp4a  # its float GEMV is not issue-bound (benchmarks/gemv_sass.py)
+    with pytest.raises(DeployError, match="preset rtx4090 keeps activations float"):  # asked for, nothing would round
+        compile_model(str(make_tiny("llama-wide")), "rtx4090", "q4f16_1", out=str(tmp_path / "rtx"), activations="8")
+    assert not (tmp_path / "rtx").exists()
 
 
 def test_cpu_presets_are_untouched():
