@@ -30,7 +30,7 @@ from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Stmt, 
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute
 from . import qgemv
-from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
+from .lowering import localize, lower_block, unravel
 
 BLOCK = 32  # inputs per activation scale (op/linalg.py ACTIVATION_BLOCK)
 PER_LANE = 8  # inputs a lane rounds: two int32 words of codes
@@ -54,15 +54,11 @@ def takes(rows: int, k: int, bits: int, target) -> bool:
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if not (target.kind == "cuda" and target.dp4a) or prog.attrs.get("activations") != 8:
         return None
-    found = split_matmul(prog)
-    if found is None or found[2].op != "mul":
+    found = qgemv.product_matmul(prog)
+    if found is None:
         return None
-    mm, epilogues, rhs = found
-    if not matmul_with_epilogues(mm, epilogues, allocs_of(prog.body)):
-        return None
+    mm, epilogues, rhs, n_it, k_it, K, N = found
     spatial = mm.spatial
-    n_it, k_it = spatial[-1], mm.reduce[0]
-    K, N = sym.as_expr(k_it.extent), sym.as_expr(n_it.extent)
     rows = sym.as_expr(1)
     for it in spatial[:-1]:
         rows = rows * it.extent

@@ -54,19 +54,29 @@ ACTIVATION_BITS = (8, 16)  # op/linalg.py round_activations; 16 where calibratio
 LANES = 16  # outputs per group of the interleaved formats (quantization/group.py InterleavedScheme)
 
 
-def rule(prog: TensorProgram, target) -> Schedule | None:
-    bits = prog.attrs.get("activations")
-    if not (target.core_loops and target.integer_kernels) or bits not in ACTIVATION_BITS:
-        return None
+def product_matmul(prog: TensorProgram):
+    """(matmul, epilogues, its summand x * w, the output's iterator, the reduction's, K, N) of a program whose first
+    block sums a product over one reduce iterator and whose other blocks are its epilogues, or None (this rule's and
+    schedule/dp4a.py's starting point)."""
     found = split_matmul(prog)
     if found is None or found[2].op != "mul":
         return None
     mm, epilogues, rhs = found
     if not matmul_with_epilogues(mm, epilogues, allocs_of(prog.body)):
         return None
+    n_it, k_it = mm.spatial[-1], mm.reduce[0]
+    return mm, epilogues, rhs, n_it, k_it, sym.as_expr(k_it.extent), sym.as_expr(n_it.extent)
+
+
+def rule(prog: TensorProgram, target) -> Schedule | None:
+    bits = prog.attrs.get("activations")
+    if not (target.core_loops and target.integer_kernels) or bits not in ACTIVATION_BITS:
+        return None
+    found = product_matmul(prog)
+    if found is None:
+        return None
+    mm, epilogues, rhs, n_it, k_it, K, N = found
     spatial = mm.spatial
-    n_it, k_it = spatial[-1], mm.reduce[0]
-    K, N = sym.as_expr(k_it.extent), sym.as_expr(n_it.extent)
     if not (K.is_const and K.value % BLOCK == 0 and K.value <= 1 << 16):
         return None
     found = _operands(rhs, n_it.var, k_it.var, K.value, prog, {it.var: it.extent for it in spatial[:-1]})
