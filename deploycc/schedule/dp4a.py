@@ -1,10 +1,11 @@
 """Rule (cuda with `dp4a`): decode's matmuls on 4/8-bit group weights as `__dp4a` integer dot products.
 
-A decode GEMV on 4-bit weights spends, per weight, a shift or mask, a conversion to float and a multiply-add
-(schedule/gemv.py): about three instructions a weight, which on an H100 or H200 is as many as the SMs can issue
-while the weights stream at full bandwidth. With the activations rounded to 8 bits per block of 32 (the graph says
-so: op/linalg.py round_activations, absorbed into the linear by transform/absorb_rounding.py) a word of eight
-4-bit codes is two masks and two `__dp4a` (four byte products summed, sm_61+): llama.cpp's MMVQ arithmetic.
+A decode GEMV on 4-bit float-multiplied weights (schedule/gemv.py) spends, per weight, a shift or mask, a conversion
+to float, the zero point, the scale and a multiply-add: 8.0 instructions a weight in nvcc's SASS for sm_90
+(benchmarks/gemv_sass.py), 1.4 times what an H100's SMs can issue while its HBM streams the weights. With the
+activations rounded to 8 bits per block of 32 (the graph says so: op/linalg.py round_activations, absorbed into the
+linear by transform/absorb_rounding.py) a word of eight 4-bit codes is two masks and two `__dp4a` (four byte
+products summed, sm_61+): llama.cpp's MMVQ arithmetic, 3.0 instructions a weight with the rounding below.
 
 One block of T threads (T / 32 warps, ROWS output rows a warp) in two phases:
 1. The block rounds x into shared memory: 4 lanes a block of 32 inputs, 8 inputs a lane; the block's max |x| in
@@ -17,8 +18,8 @@ One block of T threads (T / 32 warps, ROWS output rows a warp) in two phases:
    symmetric 4-bit d_w d_x (dot - 8 sum), asymmetric d_x (s dot + m sum), 8-bit d_w d_x dot. The lanes' sums meet
    in a warp shuffle reduction and lane 0 adds the epilogues and stores.
 
-Every block rounds x for itself (K inputs against the block's ROWS x T / 32 rows of K weights: a quarter of the
-instructions at T = 128) instead of a launch of its own: a decode step already has hundreds of launches. What the
+Every block rounds x for itself (K inputs against the block's ROWS x T / 32 rows of K weights: 0.8 of the 3.0
+instructions a weight at T = 128) instead of a launch of its own: a decode step already has hundreds of launches. What the
 rule takes: a program whose linear says its activations are rounded to 8 bits, one row, K a multiple of 32 whose
 shared words fit (absorb_rounding asks `takes` before it absorbs), weights in one of qgemv.py's plain formats.
 """
@@ -67,7 +68,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     found = qgemv._operands(rhs, n_it.var, k_it.var, K.value, prog, {it.var: it.extent for it in spatial[:-1]})
     if found is None:
         return None
-    x_load, x_flat, w_expr = found
+    x_load, _, w_expr = found
     fmt = qgemv._format(w_expr, n_it.var, k_it.var, N, K.value, prog)
     if fmt is None or fmt[0] not in DP4A_FORMATS:
         return None
