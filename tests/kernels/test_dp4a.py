@@ -3,13 +3,13 @@
 Kernel by kernel, a tiny Llama in each 4/8-bit format the rule takes (q4f16_1: (c - 8) s, q4f16_2: c s + m,
 q8f16_0: (c - 128) s), with one block of 32 inputs a row (llama-gqa1, hidden 32) and 3 and 5 (llama-wide, hidden 96,
 intermediate 160), on `h100` (the first in forward thread order, the second shuffled), and a Qwen3 and a Gemma 2 in
-q4f16_1 (a tied head; a soft cap after it) in shuffled and reverse order: every dp4a kernel against the loop-level interpreter run on the
-activations rounded as the kernels round them (round_activations_np), to 1e-5 of the output's largest magnitude
-(measured up to 2.6e-7: integer dot products, then float32 scales in another order); the prefill's rounding
-program bit for bit (its codes are the reference's); every other kernel to 1e-4. Negative controls: the same dp4a
-outputs against the interpreter on unrounded activations miss 1e-5 (the test sees the rounding), and the kernel
-without its barrier between rounding x into shared memory and reading it fails under the shuffled order (shared
-memory is poisoned before each block).
+q4f16_1 (a tied head; a soft cap after it) in shuffled and reverse order: every dp4a kernel against the loop-level
+interpreter run on the activations rounded as the kernels round them (round_activations_np), to 1e-5 of the
+output's largest magnitude (measured up to 2.6e-7: integer dot products, then float32 scales in another order); the
+prefill's rounding program bit for bit (its codes are the reference's); every other kernel to 1e-4. Negative
+controls: the same dp4a outputs against the interpreter on unrounded activations miss by more than 1e-3 (the test
+sees the rounding), and the kernel without its barrier between rounding x into shared memory and reading it fails
+under the shuffled order (shared memory is poisoned before each block).
 
 Whole packages: a tiny Llama compiled for `h100` with `--activations 8` launches dp4a kernels in decode, records
 its rounded linears (manifest kernels.activations) and passes `verify` against the numpy reference that rounds
