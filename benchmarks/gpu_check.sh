@@ -13,6 +13,9 @@
 # On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide|split|graphs]; logs and JSON land in $OUT.
 # graphs: the decode step as CUDA graphs (runtime/graphs.py) against launch by launch (DEPLOYCC_CUDA_GRAPHS=0), interleaved,
 # then the server's batched step profiled kernel by kernel (bench --sequences --profile).
+# lease: the one call a 15-minute lease affords, in order of worth: the kernel tests (dp4a's too), then SmolLM2- and
+# Llama-3.2-1B-shaped h100 packages with float and 8-bit (--activations 8, dp4a) activations and a cpu-webgpu one,
+# verified, benchmarked with --roofline, graphs against launch by launch, and the batched step profiled.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
@@ -49,6 +52,17 @@ trap 'exit 124' TERM
 $PY -c "import sys; sys.path.insert(0, 'benchmarks'); import build_llama_cpp as b
 b.make_shaped('SmolLM2-135M-shaped'); '$STAGE' == 'split' or b.make_shaped('Llama-3.2-1B-shaped')" >"$LOGS/checkpoints.log" 2>&1 &
 CKPT=$!
+COMPILES=
+if [ "$STAGE" = lease ]; then
+  ( wait_for() { while [ ! -f "$DEPLOYCC_HOME/models/$1/config.json" ]; do kill -0 $CKPT 2>/dev/null || break; sleep 2; done; }  # renamed whole
+    for spec in "S SmolLM2-135M-shaped h100" "S SmolLM2-135M-shaped h100 -a8" "S SmolLM2-135M-shaped cpu-webgpu" \
+                "L Llama-3.2-1B-shaped h100" "L Llama-3.2-1B-shaped h100 -a8"; do
+      set -- $spec; wait_for $2; dev=${3#cpu-}; act=""; [ "${4:-}" = -a8 ] && act="--activations 8"
+      timeout 200 $PY -m deploycc compile "$DEPLOYCC_HOME/models/$2" --device $3 --quantization q4f16_1 $act -o /tmp/pkg/$1-$dev${4:-} \
+        >"$LOGS/compile-$1-$dev${4:-}.log" 2>&1 &
+    done; wait ) &
+  COMPILES=$!
+fi
 
 if [ "$STAGE" = split ]; then  # the split decode attention: its tests on the GPU, and SmolLM2's decode at 2k
   stamp "attention and model kernel tests on the GPU"
@@ -65,11 +79,39 @@ elif [ "$STAGE" != packages ]; then
       tests/kernels/test_model_kernels.py tests/kernels/test_paged_attention.py tests/kernels/test_cpu_attention.py \
       tests/kernels/test_packed_and_half.py tests/kernels/test_cuda_kernels.py tests/devices/test_cuda_compile.py \
       tests/kernels/test_subgroup_reduce.py tests/kernels/test_mma_rule.py tests/runtime/test_cuda_graphs.py \
-      tests/runtime/test_kv_fuse.py \
+      tests/runtime/test_kv_fuse.py tests/kernels/test_dp4a.py \
       -k "cuda or h100 or webgpu or rtx4090 or compile or include or gpu" 2>&1 | tee "$LOGS/tests.log" | grep -v "PytestBenchmarkWarning\|warner(" | tail -30
 fi
 wait $CKPT; tail -3 "$LOGS/checkpoints.log"
 [ "$STAGE" = tests ] && exit 0
+if [ "$STAGE" = lease ]; then
+  M=$DEPLOYCC_HOME/models
+  wait $COMPILES
+  for p in S-h100 S-h100-a8 S-webgpu; do
+    stamp "verify $p"; timeout 60 $PY -m deploycc verify /tmp/pkg/$p --steps 4 2>&1 | tail -2
+  done
+  bench() {  # name, then bench's arguments
+    local name=$1; shift; stamp "bench $name $*"
+    timeout 90 $PY -m deploycc bench /tmp/pkg/$name --repeat 2 --json "$@" 2>>"$LOGS/bench.err" | tee -a "$OUT/lease-bench.jsonl" \
+      | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); roof=r.get('roofline') or {}; p=r.get('profile') or {}
+print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s', 'cuda_graphs')}, 'probe', roof.get('bandwidth_before', {}).get('all_threads_gb_s'),
+      'achieved', roof.get('achieved_gb_s'), 'MB', (roof.get('weight_bytes_per_step') or 0) / 1e6, 'launches', p.get('launches_per_token'),
+      'kernel ms', p.get('kernel_ms_per_token'), 'host ms', p.get('host_ms_per_token'))
+for k in p.get('kernels', [])[:6]: print('   ', k['kernel'][:50], round(k['launches_per_token']), round(k['us_each'], 1), 'us', round(k.get('gb_s', 0)), 'GB/s')" \
+      || tail -3 "$LOGS/bench.err"
+  }
+  bench S-h100 --roofline; bench S-h100-a8 --roofline; bench L-h100 --roofline; bench L-h100-a8 --roofline
+  DEPLOYCC_CUDA_GRAPHS=0 bench S-h100; DEPLOYCC_CUDA_GRAPHS=0 bench L-h100
+  bench S-h100 --prompt-len 512 --gen-len 32; bench L-h100 --prompt-len 512 --gen-len 32
+  bench S-webgpu
+  stamp "profile of the batched step, SmolLM2-135M-shaped, 1 and 16 sequences"
+  timeout 90 $PY -m deploycc bench /tmp/pkg/S-h100 --sequences 1,16 --profile --prompt-len 128 --gen-len 32 \
+    --json 2>>"$LOGS/bench.err" | tee "$OUT/step-profile.json" | $PY -c "import json,sys; r=json.loads(sys.stdin.read())
+for p in r['profiles']:
+    print(p['sequences'], {k: round(v, 3) for k, v in p.items() if k.endswith('per_token')})
+    print([(k['kernel'], round(k['us_each'], 1), k['launches_per_token']) for k in p['kernels'][:8]])" || tail -3 "$LOGS/bench.err"
+  stamp "done"; exit 0
+fi
 if [ "$STAGE" = graphs ]; then  # the decode step as CUDA graphs against launch by launch, interleaved
   for m in SmolLM2-135M-shaped Llama-3.2-1B-shaped; do
     $PY -m deploycc compile "$DEPLOYCC_HOME/models/$m" --device h100 -o /tmp/pkg/$m >"$LOGS/compile-$m.log" 2>&1 || tail -2 "$LOGS/compile-$m.log"

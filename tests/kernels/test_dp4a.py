@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import require_cxx
+from conftest import require_cxx, require_device
 
 import deploycc
 from deploycc import presets
@@ -78,8 +78,19 @@ CASES = [(s, "llama-gqa1", "forward") for s in FORMATS] + [(s, "llama-wide", "sh
 
 @pytest.mark.parametrize("scheme,fixture,order", CASES)
 def test_dp4a_kernels_match_the_interpreter(scheme, fixture, order):
+    check_kernels(scheme, fixture, emulation(order))
+
+
+def test_dp4a_kernels_match_the_interpreter_on_a_cuda_gpu():
+    """The same checks, every case, on a real NVIDIA GPU (skipped without one: benchmarks/gpu_check.sh runs it)."""
+    device = require_device("cuda")
+    for scheme, fixture, _ in CASES:
+        check_kernels(scheme, fixture, device)
+
+
+def check_kernels(scheme, fixture, device):
     target, model, compiled = compiled_model(scheme, fixture)
-    runner = KernelRunner(emulation(order), target)
+    runner = KernelRunner(device, target)
     ran: dict[str, float] = {}
     unrounded: list[float] = []
 
