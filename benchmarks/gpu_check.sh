@@ -75,12 +75,12 @@ elif [ "$STAGE" = wide ]; then
       | grep -v "PytestBenchmarkWarning\|warner(" | grep -v "^SKIPPED.*\(conftest.py:45\|oclgrind\|no network\)" | tail -30
 elif [ "$STAGE" != packages ]; then
   stamp "kernel tests on the GPU (cuda, webgpu)"
-  timeout ${TESTS_S:-240} $PY -m pytest -q -p no:cacheprovider -n 8 -rs --durations=5 \
+  timeout ${TESTS_S:-240} $PY -m pytest -v --tb=short -p no:cacheprovider -n ${TESTS_N:-8} -rsfE --durations=5 \
       tests/kernels/test_model_kernels.py tests/kernels/test_paged_attention.py tests/kernels/test_cpu_attention.py \
       tests/kernels/test_packed_and_half.py tests/kernels/test_cuda_kernels.py tests/devices/test_cuda_compile.py \
       tests/kernels/test_subgroup_reduce.py tests/kernels/test_mma_rule.py tests/runtime/test_cuda_graphs.py \
       tests/runtime/test_kv_fuse.py tests/kernels/test_dp4a.py \
-      -k "cuda or h100 or webgpu or rtx4090 or compile or include or gpu" 2>&1 | tee "$LOGS/tests.log" | grep -v "PytestBenchmarkWarning\|warner(" | tail -30
+      -k "cuda or h100 or webgpu or rtx4090 or compile or include or gpu" 2>&1 | tee "$LOGS/tests.log" | grep -v "PASSED\|PytestBenchmarkWarning\|warner(" | tail -60
 fi
 wait $CKPT; tail -3 "$LOGS/checkpoints.log"
 [ "$STAGE" = tests ] && exit 0

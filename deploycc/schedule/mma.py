@@ -12,9 +12,12 @@ Accuracy: the tensor cores take tf32 (10 mantissa bits), not float. Each operand
 x = hi + lo (hi = tf32(x), lo = tf32(x - hi): together 21 bits), and each fragment product is the three of the four
 partial products that matter, lo*hi + hi*lo + hi*hi in float accumulators (CUTLASS's "3xTF32"), the two small ones
 in an accumulator of their own added at the end (in one, the big accumulator's roundings came three times as often:
-2.5x float's error at K = 2048): an error near float's own (a relative 2^-21 a product), so the kernels agree with
-the float32 loop-level program as the SIMT kernels do, at a third of the tensor cores' tf32 rate (an H100's 495
-dense TFLOP/s: 165, against 67 on its float32 cores).
+2.5x float's error at K = 2048). The tensor cores round each sum toward zero, not to nearest, so one accumulator over
+the whole K gathers a bias of an ulp a step: on an H200 (2026-11-28) 7x a float32 sum's error at K = 2048 (1.5e-3
+against 2.1e-4). So each K step's hi*hi goes to a fresh fragment, added to the running sum in float (round to
+nearest), once a step: an error near float's own (a relative 2^-21 a product), so the kernels agree with the
+float32 loop-level program as the SIMT kernels do, at a third of the tensor cores' tf32 rate (an H100's 495 dense
+TFLOP/s: 165, against 67 on its float32 cores).
 
 The fragments and their calls are Intrin statements (`wmma.*`, rendered by targets/cuda.py) on buffers of the
 scopes "wmma.matrix_a", "wmma.matrix_b" and "wmma.accumulator"; the CUDA emulation (runtime/devices/cuda_emu.h) runs
@@ -52,7 +55,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     Cs = Buffer("Cs", (BM * LC,), "float32", "shared")
     a_hi, a_lo = (Buffer(x, (2,), "float32", "wmma.matrix_a") for x in ("a_hi", "a_lo"))
     b_hi, b_lo = (Buffer(x, (2,), "float32", "wmma.matrix_b") for x in ("b_hi", "b_lo"))
-    acc = Buffer("acc", (4,), "float32", "wmma.accumulator")  # hi x hi
+    acc = Buffer("acc", (4,), "float32", "wmma.accumulator")  # the sum of the K steps' hi x hi, added in float
+    part = Buffer("acc_step", (4,), "float32", "wmma.accumulator")  # one K step's hi x hi, on the tensor cores
     small = Buffer("acc_small", (4,), "float32", "wmma.accumulator")  # lo x hi + hi x lo, added at the end
 
     def stage(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr) -> Stmt:  # row-major: r * LA + kk, as wmma
@@ -67,10 +71,12 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
                 for i in range(2)]
     products += [Intrin("wmma.load_split", (b_hi, b_lo, Bs), (c(j), (wn + 16 * j) * LA + KS * FRAG_K, c(LA)),
                         (b_hi, b_lo)) for j in range(2)]
-    products += [Intrin("wmma.mma3", (acc, small, a_hi, a_lo, b_hi, b_lo), (c(2 * i + j), c(i), c(j)), (acc, small))
+    products += [Intrin("wmma.mma3", (part, small, a_hi, a_lo, b_hi, b_lo), (c(2 * i + j), c(i), c(j)), (part, small))
                  for i in range(2) for j in range(2)]
     step = Seq((stage(As, p.a_at, m_total, m0), stage(Bs, p.b_at, n_ext, n0), Barrier(),
-                For(ks, c(BK // FRAG_K), Seq(tuple(products))), Barrier()))
+                *[Intrin("wmma.fill", (part,), (c(f),), (part,)) for f in range(4)],
+                For(ks, c(BK // FRAG_K), Seq(tuple(products))),
+                *[Intrin("wmma.add", (acc, part), (c(f),), (acc,)) for f in range(4)], Barrier()))
     e = sym.SymVar("e")
     flat = sym.as_expr(e) * THREADS + Tt
     r, cc = sym.floordiv(flat, BN), sym.mod(flat, BN)
@@ -86,7 +92,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         Barrier(),
         For(e, c(BM * BN // THREADS), IfThenElse(in_range, tail)),
     ))
-    for buf in (small, acc, b_lo, b_hi, a_lo, a_hi, Cs, Bs, As):
+    for buf in (small, part, acc, b_lo, b_hi, a_lo, a_hi, Cs, Bs, As):
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

@@ -210,12 +210,18 @@ static inline void dcc_mma(fragment<accumulator, 16, 16, 8, T>& d, const fragmen
                            const fragment<matrix_b, 16, 16, 8, precision::tf32, LB>& b,
                            const fragment<accumulator, 16, 16, 8, T>& c, int line) {
   dcc_warp_call(line);
+  // as the tensor cores add (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021): the products exact,
+  // summed with the accumulator, and the sum rounded toward zero once, not to nearest after each product. The bias
+  // of that rounding is what a long K accumulated in one fragment gathers (an H200 measured it: tests/kernels/
+  // test_mma_rule.py); the tf32 products are exact in double and nine terms of them sum there to well past float.
   float out[256];
   for (int r = 0; r < 16; r++)
     for (int n = 0; n < 16; n++) {
-      float s = c.x[r * 16 + n];
-      for (int k = 0; k < 8; k++) s += a.x[r * 8 + k] * b.x[k * 16 + n];
-      out[r * 16 + n] = s;
+      double s = c.x[r * 16 + n];
+      for (int k = 0; k < 8; k++) s += (double)a.x[r * 8 + k] * (double)b.x[k * 16 + n];
+      float f = (float)s;
+      if (fabs((double)f) > fabs(s)) f = nextafterf(f, 0.0f);
+      out[r * 16 + n] = f;
     }
   memcpy(d.x, out, sizeof out);
 }

@@ -6,8 +6,10 @@ Checked: the rule takes prefill linears on the preset with tensor cores on (h100
 at a third of its float32 rate there) and nothing else (decode's single row, other targets); edges of every size
 (M, N and K not multiples of the 64 x 64 x 32 tiles, K below one tile); a tiny Llama's q4f16_1 linears (4-bit codes
 dequantized in the staging, residual adds after); its error against float64 is that of a float32 sum: at most twice
-a sequential float32 sum's over K = 2,048 (measured 1.3x: 2.7e-4 against 2.1e-4 at sums near 45), while one tf32
-product per multiply-add (the negative control) is 250x further off (0.053). The whole models' kernels and logits
+a sequential float32 sum's over K = 2,048, while one tf32 product per multiply-add (the negative control) is 250x
+further off (0.053). The emulation's mma rounds its sums toward zero, as the tensor cores do: with the whole K's
+hi x hi in one fragment, an H200 measured 1.5e-3 against float's 2.1e-4 and the emulation 1.1e-3 (this test
+failed on both); with a fresh fragment each K step added in float, the H200 5.4e-5, the emulation 4.8e-5. The whole models' kernels and logits
 under the emulation: tests/kernels/test_model_kernels.py (cuda-emu-h100, cuda-emu-rtx4090).
 """
 import numpy as np
