@@ -403,7 +403,7 @@ def _time(x: Launch, hw: dict) -> None:
 
 def instructions_per_flop(rule: str) -> float:
     """INSTRUCTIONS_PER_FLOP of a schedule rule (the dp4a rule's formats alike), else a multiply-add's."""
-    key = "gemv-dp4a" if rule.startswith("gemv-dp4a") else rule
+    key = "gemv-dp4a" if rule.startswith("gemv-dp4a") else "gemv" if rule.startswith("gemv-split") else rule
     return INSTRUCTIONS_PER_FLOP.get(key, FMA_INSTRUCTIONS_PER_FLOP)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
-from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, TensorProgram
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, TensorProgram
 from ..ir.tir_rewrite import Substitute
 from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
 
@@ -25,7 +25,27 @@ LANES = 32  # threads per lane group (its ROWS output rows): a warp on NVIDIA, h
 VECTOR = 8  # consecutive inputs per lane and step: one 32-bit word of 4-bit codes, 16 bytes of fp16 weights
 ROWS = 4  # rows per lane group: each activation a lane loads serves four rows' weights
 UNROLL = 1  # steps written out per loop trip (more measured slower: benchmarks/gpu_gemv.py)
-GROUP = 64  # threads per work-group at most: two lane groups, eight rows
+GROUP = 64  # threads per work-group at most: two lane groups, eight rows (times SLICES, below)
+# K split over slices of lane groups in one work-group, where the rows alone make few lane groups: Llama-3.2-1B's
+# down projection (2,048 rows, 8,192 inputs) made 512 lane groups, four resident warps an H200 multiprocessor, and
+# streamed its weights at 166 GB/s (2026-11-28), the gate and up (16,384 rows: 4,096 groups) at 716. Slices double
+# while the lane groups stay under SPLIT_GROUPS and each slice keeps MIN_TRIPS steps; their sums meet in shared
+# memory after one barrier, added in slice order.
+SPLIT_GROUPS = 2048
+MAX_SLICES = 8
+MIN_TRIPS = 2
+
+
+def slices(outputs: sym.Expr, trips: int, rows_per_group: int, threads: int, max_threads: int) -> int:
+    """How many K slices a GEMV of `outputs` rows and `trips` steps a lane takes (work-groups of `threads` a slice,
+    `max_threads` at most): 1 where the rows make lane groups enough."""
+    if not outputs.is_const:
+        return 1
+    groups, S = -(-outputs.value // rows_per_group), 1
+    while (S < MAX_SLICES and groups * S < SPLIT_GROUPS and trips >= 2 * S * MIN_TRIPS
+           and 2 * S * threads <= max_threads):
+        S *= 2
+    return S
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
@@ -57,13 +77,18 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     red_it = mm.reduce[0]
     k_ext = sym.as_expr(red_it.extent)
     V = VECTOR if k_ext.is_const and k_ext.value % VECTOR == 0 else 1
+    unroll = min(UNROLL, -(-k_ext.value // (L * V))) if k_ext.is_const else UNROLL  # no step that never runs
+    S = slices(outputs, -(-k_ext.value // (L * V * unroll)), W, T, target.max_threads_per_block) if k_ext.is_const else 1
     g, t, kk = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("kk")
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
     lane = sym.mod(Tt, L)
-    rows_of = [G * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
+    within = sym.mod(Tt, T) if S > 1 else Tt  # the thread within its slice
+    rows_of = [G * R + sym.floordiv(within, L) * W + w for w in range(W)]
     fixed = [{it.var: v for it, v in zip(spatial, unravel(row, [it.extent for it in spatial]))} for row in rows_of]
-    unroll = min(UNROLL, -(-k_ext.value // (L * V))) if k_ext.is_const else UNROLL  # no step that never runs
-    firsts = [((KK * unroll + u) * L + lane) * V for u in range(unroll)]
+    trips = sym.floordiv(k_ext + (L * V * unroll - 1), L * V * unroll)
+    per = sym.floordiv(trips + (S - 1), S)  # a slice's steps
+    step_of = sym.floordiv(Tt, T) * per + KK if S > 1 else KK
+    firsts = [((step_of * unroll + u) * L + lane) * V for u in range(unroll)]
     acc = Buffer("acc", (W,), "float32", "local")
 
     def below(k, n) -> tir.V:
@@ -77,10 +102,23 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     step = Seq(tuple(IfThenElse(below(first, k_ext), Seq(tuple(
         IfThenElse(in_row[w], term(w, first + v)) if w else term(w, first + v)
         for v in range(V) for w in range(W)))) for first in firsts))
-    trips = sym.floordiv(k_ext + (L * V * unroll - 1), L * V * unroll)
     steps = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(W)]
-    steps += [IfThenElse(in_row[0], For(kk, trips, step))]
+    steps += [IfThenElse(in_row[0], For(kk, per if S > 1 else trips, step))]
     steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(w),), acc[w]) for w in range(W)), "add", L))
+    lead = tir.index(lane).cmp("eq", tir.index(0))
+    parts = None
+    if S > 1:  # each slice's lane 0 leaves its W sums in shared memory; slice 0's adds them in slice order
+        parts = Buffer("parts", (S * R,), "float32", "shared")
+        slot = sym.floordiv(within, L) * W
+        steps.append(IfThenElse(lead, Seq(tuple(Store(parts, (sym.floordiv(Tt, T) * R + slot + w,), acc[w])
+                                                for w in range(W)))))
+        steps.append(Barrier())
+        total = [parts[slot + w] for w in range(W)]
+        for s_ in range(1, S):
+            total = [tir.V("add", "float32", (total[w], parts[s_ * R + slot + w])) for w in range(W)]
+        steps.append(IfThenElse(tir.index(Tt).cmp("lt", tir.index(T)), IfThenElse(lead, Seq(tuple(
+            Store(acc, (sym.as_expr(w),), total[w]) for w in range(W))))))
+        lead = tir.V("and", "bool", (lead, tir.index(Tt).cmp("lt", tir.index(T))))
     for w in range(W):
         sub = Substitute(syms=fixed[w], fresh=False)
         result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + acc[w])
@@ -89,13 +127,15 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         if out in intermediates:
             local = Buffer(out.name, (1,), out.dtype, "local")
             tail = Alloc(local, localize(tail, out, local, len(out.shape)))
-        steps.append(IfThenElse(tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), in_row[w])), tail))
+        steps.append(IfThenElse(tir.V("and", "bool", (lead, in_row[w])), tail))
     body = Alloc(acc, Seq(tuple(steps)))
+    if parts is not None:
+        body = Alloc(parts, body)
     groups = sym.floordiv(outputs + (R - 1), R)
-    body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
+    body = For(g, groups, For(t, sym.as_expr(T * S), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
-    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, T, written)
-    return Schedule((k,), (), "gemv")
+    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, T * S, written)
+    return Schedule((k,), (), "gemv" if S == 1 else f"gemv-split{S}")
 
 
 FEW = 8  # rows of activations the few-row GEMV makes at most (llama.cpp's MMVQ takes up to 8 columns too)

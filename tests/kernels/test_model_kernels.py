@@ -72,6 +72,27 @@ def tol(logits: np.ndarray) -> float:
 
 
 def test_kernels_and_logits(tiny_path, backend):
+    check_model(tiny_path, backend)
+
+
+@pytest.mark.parametrize("fixture", ["llama-wide", "gemma2-gqa2-softcap"])
+def test_split_gemvs_in_whole_models(fixture, monkeypatch):
+    """Every decode GEMV split over K (schedule/gemv.py's slices; forced: with MIN_TRIPS 0 the fixtures' K of one
+    step is split in eight, seven slices past its end), with their fused prologues (SiLU's and GELU's products) and
+    epilogues (residual adds, the soft cap), on h100 under the shuffled thread order."""
+    require_cxx()
+    from deploycc.runtime.devices import open_device
+    from deploycc.schedule import gemv
+    from fixtures import make_tiny
+
+    monkeypatch.setattr(gemv, "MIN_TRIPS", 0)
+    compiled = check_model(make_tiny(fixture), ("cuda-emu-h100", open_device("cuda", emulate="shuffle"),
+                                                presets.load("h100").target))
+    rules = [p.attrs["schedule"].rule for p in compiled.programs().values()]
+    assert rules.count("gemv-split8") >= 4 and "gemv" not in rules, rules
+
+
+def check_model(tiny_path, backend):
     kind, device, target = backend
     model = deploycc.load_model(str(tiny_path))
     context = min(CONTEXT, model.config.context_window)  # GPT-2's learned positions end at n_positions
@@ -109,3 +130,4 @@ def test_kernels_and_logits(tiny_path, backend):
             assert cache.length == context  # decode reached the bound
     assert set(checked.worst) == set(compiled.programs()), "every program ran"
     print(f"{tiny_path.name} on {kind}: worst kernel diff {max(checked.worst.values()):.2e}")
+    return compiled

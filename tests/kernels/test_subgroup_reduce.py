@@ -81,14 +81,21 @@ def check(runner: KernelRunner, prog: TensorProgram, rule: str, inputs: list, ou
 RNG = np.random.default_rng(7)
 
 
-@pytest.mark.parametrize("k,n", [(576, 200), (1536, 72), (64, 9)])
-def test_decode_gemv(path, k, n):
+# (inputs, rows, the slices K is split in: gemv.slices, few rows' lane groups over K's steps of 256 inputs; 1000
+# leaves the last slice's last step part past the end, 8192 x 40 takes eight slices where the work-group can hold
+# them: 512 threads, over WebGPU's 256)
+@pytest.mark.parametrize("k,n,split", [(576, 200, 1), (1536, 72, 2), (64, 9, 1), (1000, 24, 2), (8192, 40, 8)])
+def test_decode_gemv(path, k, n, split):
     name, runner = path
+    if split == 8 and runner.target.max_threads_per_block < 512:
+        split = runner.target.max_threads_per_block // 64
     prog = legalized("linear", {"x": (1, k), "w": (n, k)})
     x, w = RNG.standard_normal((1, k), np.float32), RNG.standard_normal((n, k), np.float32)
-    src = check(runner, prog, "gemv", [x, w], (1, n))
-    if name.startswith("cuda-shuffle"):  # the lanes meet without shared memory or a barrier
+    src = check(runner, prog, "gemv" if split == 1 else f"gemv-split{split}", [x, w], (1, n))
+    if name.startswith("cuda-shuffle") and split == 1:  # the lanes meet without shared memory or a barrier
         assert "__shfl_xor_sync" in src and "__syncthreads" not in src and "__shared__" not in src
+    if name.startswith("cuda-shuffle") and split > 1:  # the slices' sums meet in shared memory, after one barrier
+        assert "__shfl_xor_sync" in src and src.count("__syncthreads") == 1 and "__shared__" in src
     if name == "webgpu-subgroups":
         assert "subgroupShuffleXor" in src and "enable subgroups;" in src
     if name.endswith("tree"):
@@ -173,6 +180,26 @@ def test_the_tree_without_its_last_barrier_fails_in_a_loop(monkeypatch, values):
     runner(prog, got, ())
     run_program(prog, want, ())
     assert not np.allclose(got[1], want[1], atol=1e-3)
+
+
+def test_a_split_gemv_without_its_barrier_fails(monkeypatch):
+    """Negative control: the barrier between the slices' stores of their sums and slice 0's reads of them removed,
+    the emulation's shuffled order and poisoned shared memory make the outputs wrong."""
+    require_cxx()
+    from deploycc.runtime.devices import open_device
+    from deploycc.targets.cuda import CUDARenderer
+
+    prog = legalized("linear", {"x": (1, 2048), "w": (40, 2048)})
+    x, w = RNG.standard_normal((1, 2048), np.float32), RNG.standard_normal((40, 2048), np.float32)
+    for barrier in (True, False):
+        if not barrier:
+            monkeypatch.setattr(CUDARenderer, "barrier", "")
+        runner = KernelRunner(open_device("cuda", emulate="shuffle"), presets.load("h100").target)
+        scheduled_prog = schedule_program(prog, runner.target)
+        assert scheduled_prog.attrs["schedule"].rule == "gemv-split4"
+        got = [x, w, np.zeros((1, 40), np.float32)]
+        runner(scheduled_prog, got, ())
+        assert np.allclose(got[-1], x @ w.T, atol=1e-3) == barrier
 
 
 def test_cuda_blocks_of_part_of_a_warp_take_the_tree():
