@@ -34,7 +34,7 @@ from deploycc.perfmodel import (
 )
 from deploycc.runtime.validate import nbytes
 from deploycc.schedule.attention import SPLIT_ROWS
-from deploycc.schedule.gemv import FEW
+from deploycc.schedule.gemv import MANY
 from fixtures import make_tiny
 
 H100 = presets.load("h100").hardware
@@ -50,7 +50,7 @@ def package(tmp_path_factory):
 
 def launch_sites(package, fname: str, rows: int) -> tuple[int, set]:
     """(the launches a step of `rows` rows makes, the dispatched kernels): its launch instructions, of a dispatched
-    schedule's alternatives the one the rows choose: the few-row GEMV (`_rows`) up to FEW rows, else the tiles; a page
+    schedule's alternatives the one the rows choose: the few-row GEMV (`_rows`) up to MANY rows, else the tiles; a page
     pool's attention split over blocks (`_part`, `_merge`) up to SPLIT_ROWS queries, else one block a row."""
     m = json.loads((package / "manifest.json").read_text())
     doc = json.loads((package / m["kernels"]["programs"]).read_text())
@@ -63,16 +63,16 @@ def launch_sites(package, fname: str, rows: int) -> tuple[int, set]:
             return rows <= SPLIT_ROWS
         if name.startswith("attention"):
             return rows > SPLIT_ROWS
-        return (rows <= FEW) == name.endswith("_rows")
+        return (rows <= MANY) == name.endswith("_rows")
     return sum(n not in paired or runs(n) for n in names), paired
 
 
 def test_every_launch_of_both_steps_is_modelled(package):
-    """Every launch the step makes, and of a dispatched pair (schedule/dispatch.py) the one its rows choose: at 16
-    rows the tiles, not the few-row GEMV."""
-    pred = predict(package, context=48, prefill=16)
+    """Every launch the step makes, and of a dispatched pair (schedule/dispatch.py) the one its rows choose: at 40
+    rows (past MANY) the tiles, not the few-row GEMV."""
+    pred = predict(package, context=48, prefill=40)
     m = json.loads((package / "manifest.json").read_text())
-    for fname, tokens in (("decode", 1), ("prefill", 16)):
+    for fname, tokens in (("decode", 1), ("prefill", 40)):
         step = pred["steps"][fname]
         launches, paired = launch_sites(package, fname, tokens)
         assert len(step.launches) == launches and step.tokens == tokens
@@ -152,10 +152,11 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
         merges = [x for x in step.launches if x.kernel.startswith("attention") and x.kernel.endswith("_merge")]
         assert all(x.flops > 0 for x in attention) and not any(x.flops for x in merges)  # the blocks do the work
     assert pred["steps"]["step1"].bytes < pred["steps"]["step4"].bytes
-    # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs; past FEW rows, the tiles
-    for b, few in ((1, True), (4, True), (12, False)):
+    # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs (past MANY rows the tiles: the
+    # prefill of 40 above)
+    for b in (1, 4, 12):
         chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired and not x.kernel.startswith("attention")]
-        assert chosen and all(x.kernel.endswith("_rows") == few and x.flops > 0 for x in chosen), b
+        assert chosen and all(x.kernel.endswith("_rows") and x.flops > 0 for x in chosen), b
 
 
 def test_the_decode_step_runs_as_a_graph(package):

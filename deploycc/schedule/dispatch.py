@@ -4,9 +4,9 @@ A linear of the batched step (runtime/batch.py: one row per sequence decoding, a
 or of a short prompt has M = a handful of rows, yet its shape says only `seq_len`: the prefill tiles (matmul.py,
 mma.py) make 64 x 64 outputs a block, so at M = 4 an 8B Llama's 4,096-wide projection is 64 blocks on an H100's
 132 SMs, each reading 1/64 of the weights at a block's pace (the server's step measured 6.5x slower than the
-one-sequence decode GEMV: docs/gpu.md). This rule schedules both the few-row GEMV (gemv.few_rows, up to FEW rows)
-and the tile kernel, and gives each a work-group count that is zero outside its range: `groups * [M <= FEW]` and
-`groups * [M > FEW]`, written with min and max so the VM's shape arithmetic (runtime/symexpr.py, deploycc.js)
+one-sequence decode GEMV: docs/gpu.md). This rule schedules both the few-row GEMV (gemv.few_rows, up to MANY rows)
+and the tile kernel, and gives each a work-group count that is zero outside its range: `groups * [M <= MANY]` and
+`groups * [M > MANY]`, written with min and max so the VM's shape arithmetic (runtime/symexpr.py, deploycc.js)
 evaluates them, and a launch of zero work-groups is skipped (runtime/vm.py). Nimble's dispatch of a symbolic kernel
 by its shape, with the choice in the launch's shape function rather than in a branch of the graph.
 """
@@ -37,8 +37,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     if few is None:
         return None
     m = p.m_total
-    guarded = (Kernel(few.name, few.buffers, few.scalars, few.body, few.groups * at_most(m, gemv.FEW), few.threads,
+    guarded = (Kernel(few.name, few.buffers, few.scalars, few.body, few.groups * at_most(m, gemv.MANY), few.threads,
                       few.written),
-               *(Kernel(k.name, k.buffers, k.scalars, k.body, k.groups * above(m, gemv.FEW), k.threads, k.written)
+               *(Kernel(k.name, k.buffers, k.scalars, k.body, k.groups * above(m, gemv.MANY), k.threads, k.written)
                  for k in tiles.kernels))
     return Schedule(guarded, tiles.workspace, f"gemv|{tiles.rule}", dispatched=True)

@@ -138,15 +138,19 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     return Schedule((k,), (), "gemv" if S == 1 else f"gemv-split{S}")
 
 
-FEW = 8  # rows of activations the few-row GEMV makes at most (llama.cpp's MMVQ takes up to 8 columns too)
+FEW = 8  # rows of activations a work-group of the few-row GEMV makes (llama.cpp's MMVQ takes up to 8 columns too)
+# rows the few-row GEMV takes at most, FEW a work-group (the weights read once per FEW rows, mostly from L2): past
+# them the prefill tiles. At 16 rows (the h100 server's step of 16 sequences) the 64 x 64 tiles made SmolLM2's
+# 576-wide projections 9 work-groups and took 45-105 us each on an H200 (2026-11-28), the GEMV at one row 14-20.
+MANY = 32
 
 
 def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
-    """The GEMV for a matmul of at most FEW rows (a batched step of a few sequences, a short prompt): laid out as the
+    """The GEMV for a matmul of a few rows (a batched step of a few sequences, a short prompt): laid out as the
     decode GEMV, each lane loading its V weights of W output columns once (dequantized into registers) and
-    multiplying them with the V activations of every row p < M, FEW x W accumulators a lane, one SubgroupReduce for
-    all. Rows past FEW are never made (the negative control of tests/kernels/test_dispatch_rows.py), so dispatch.py
-    launches it only where M <= FEW.
+    multiplying them with the V activations of each of its work-group's FEW rows, FEW x W accumulators a lane, one
+    SubgroupReduce for all. The work-groups are the columns' times ceil(M / FEW) chunks of rows, so any M is made;
+    dispatch.py launches it where M <= MANY, the tiles past that.
     `p` is matmul.prefill_matmul's reading of the program."""
     if not target.workgroup_gemv:
         return None
@@ -161,7 +165,9 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     g, t, kk = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("kk")
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
     lane = sym.mod(Tt, L)
-    cols = [G * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
+    col_groups = sym.floordiv(n_ext + (R - 1), R)
+    first_row = sym.floordiv(G, col_groups) * FEW  # the work-group's chunk of FEW rows
+    cols = [sym.mod(G, col_groups) * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
     trips = sym.floordiv(k_ext + (L * V - 1), L * V)
     first = (KK * L + lane) * V
     acc = Buffer("acc", (FEW * W,), "float32", "local")
@@ -185,10 +191,11 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     R_ = sym.as_expr(rv)
 
     def row_terms(r) -> Stmt:
-        a = [p.a_at(r, first + v) for v in range(V)]
+        a = [p.a_at(first_row + r, first + v) for v in range(V)]
         return Seq(tuple(Store(acc, (r * W + w,), acc[r * W + w] + a[v] * wts[w * V + v])
                          for v in range(V) for w in range(W)))
-    step = Seq((*[weights(w) for w in range(W)], For(rv, sym.as_expr(FEW), IfThenElse(below(R_, m_total), row_terms(R_)))))
+    step = Seq((*[weights(w) for w in range(W)],
+                For(rv, sym.as_expr(FEW), IfThenElse(below(first_row + R_, m_total), row_terms(R_)))))
     zi = sym.SymVar("z")
     steps: list[Stmt] = [For(zi, sym.as_expr(FEW * W), Store(acc, (sym.as_expr(zi),), tir.const(0.0)))]
     steps.append(IfThenElse(below(cols[0], n_ext), For(kk, trips, IfThenElse(below(first, k_ext), step))))
@@ -198,10 +205,11 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     tails = []
     for w in range(W):
         ok = tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), below(cols[w], n_ext)))
-        tails.append(IfThenElse(tir.V("and", "bool", (ok, below(RO, m_total))), p.tail(RO, cols[w], acc[RO * W + w])))
+        tails.append(IfThenElse(tir.V("and", "bool", (ok, below(first_row + RO, m_total))),
+                                p.tail(first_row + RO, cols[w], acc[RO * W + w])))
     steps.append(For(ro, sym.as_expr(FEW), Seq(tuple(tails))))
     body: Stmt = Alloc(acc, Alloc(wts, Seq(tuple(steps))))
-    groups = sym.floordiv(n_ext + (R - 1), R)
+    groups = col_groups * sym.floordiv(m_total + (FEW - 1), FEW)
     body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
     return Kernel(prog.name + "_rows", bufs, tuple(free_syms(body)), body, groups, T, written)

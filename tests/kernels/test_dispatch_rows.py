@@ -1,16 +1,16 @@
-"""Matmuls whose row count is known only at run time (schedule/dispatch.py): the few-row GEMV (gemv.few_rows) for
-M <= FEW and the prefill tiles above, chosen per launch by work-group counts that are zero outside each kernel's
-range.
+"""Matmuls whose row count is known only at run time (schedule/dispatch.py): the few-row GEMV (gemv.few_rows, work-groups
+of FEW rows) for M <= MANY and the prefill tiles above, chosen per launch by work-group counts that are zero outside
+each kernel's range.
 
 Checked: which presets take the rule (the GPU ones; CPU presets and a constant row count keep their one kernel); the
-work-group counts at every M around FEW; the kernels against the loop-level interpreter at M = 1..FEW + 1 on the
-CUDA emulation (h100: the tiles are tensor-core ones; rtx4090: SIMT tiles), lavapipe (cpu-webgpu) and PoCL
-(adreno), with exactly one kernel launched per run; a tiny Llama's q4f16_1 linears (4-bit codes dequantized in
-registers, residual adds) at M = 1, 3 and 8; negative control: the few-row kernel launched past FEW rows (its guard
-removed) leaves the rows past FEW unmade. Tolerance: atol 1e-4 + rtol 1e-5 (float32 sums of up to 130 products
-in another order). Whole models: tests/kernels/test_model_kernels.py's prefill of 1 and 5 tokens takes the
-few-row kernels, of 64 the tiles; tests/runtime/test_batch.py's batched steps take them on lavapipe and the
-emulation.
+work-group counts at every M up to twice MANY; the kernels against the loop-level interpreter at M = 1..FEW + 1 (one
+and two chunks of rows) and MANY - 1..MANY + 1 on the CUDA emulation (h100: the tiles are tensor-core ones; rtx4090:
+SIMT tiles), lavapipe (cpu-webgpu) and PoCL (adreno), with exactly one kernel launched per run; a tiny Llama's
+q4f16_1 linears (4-bit codes dequantized in registers, residual adds) at M = 1, 3, 8, 13 and MANY; negative
+control: the few-row kernel launched with one chunk's work-groups at M = FEW + 3 leaves the rows past FEW unmade.
+Tolerance: atol 1e-4 + rtol 1e-5 (float32 sums of up to 130 products in another order). Whole models:
+tests/kernels/test_model_kernels.py's prefill of 1 and 5 tokens takes the few-row kernels, of 64 the tiles;
+tests/runtime/test_batch.py's batched steps take them on lavapipe and the emulation.
 """
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ from deploycc.kernel_runner import KernelRunner
 from deploycc.schedule import dispatch, gemv, schedule_program
 from deploycc.transform import legalize
 
-FEW = gemv.FEW
+FEW, MANY = gemv.FEW, gemv.MANY
 BACKENDS = {"cuda-h100": "h100", "cuda-rtx4090": "rtx4090", "webgpu": "cpu-webgpu", "opencl": "adreno"}
 
 
@@ -78,18 +78,18 @@ def test_work_groups_are_zero_outside_each_kernels_range():
     s = schedule_program(linear(64, 130), presets.load("h100").target).attrs["schedule"]
     few, tiles = s.kernels
     n = next(iter(sym.as_expr(few.groups).free_vars()))
-    for m in range(1, 3 * FEW):
+    for m in range(1, 2 * MANY):
         g_few, g_tiles = (int(sym.evaluate(k.groups, {n: m})) for k in (few, tiles))
-        assert (g_few > 0) == (m <= FEW) and (g_tiles > 0) == (m > FEW), m
-        assert g_few in (0, -(-130 // 8)) and g_tiles in (0, -(-m // 64) * -(-130 // 64))
-    assert dispatch.at_most(sym.as_expr(n), FEW) != dispatch.above(sym.as_expr(n), FEW)
+        assert (g_few > 0) == (m <= MANY) and (g_tiles > 0) == (m > MANY), m
+        assert g_few in (0, -(-130 // 8) * -(-m // FEW)) and g_tiles in (0, -(-m // 64) * -(-130 // 64))
+    assert dispatch.at_most(sym.as_expr(n), MANY) != dispatch.above(sym.as_expr(n), MANY)
 
 
 @pytest.mark.parametrize("k,n", [(64, 16), (96, 130), (40, 65)])
 def test_every_row_count_around_the_threshold(runner, k, n):
     rng = np.random.default_rng(k + n)
     prog = schedule_program(linear(k, n), runner.target)
-    for m in range(1, FEW + 2):
+    for m in (*range(1, FEW + 2), MANY - 1, MANY, MANY + 1):
         x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
         prog, got, want, launched = run(runner, prog, [x, w], (m, n))
         assert launched == 1, (m, launched)
@@ -102,7 +102,7 @@ def test_dequantized_weights_and_epilogues(runner, quantized_programs):
     assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)
     for prog in quantized_programs:
         prog = schedule_program(prog, runner.target)
-        for m in (1, 3, FEW):
+        for m in (1, 3, FEW, FEW + 5, MANY):
             def shape(b):
                 return tuple(int(sym.evaluate(sym.as_expr(d), {v: m for v in sym.as_expr(d).free_vars()}))
                              for d in b.shape)
@@ -114,19 +114,26 @@ def test_dequantized_weights_and_epilogues(runner, quantized_programs):
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"{prog.name} M={m}")
 
 
-def test_the_few_row_kernel_past_its_range_is_wrong(monkeypatch):
-    """The negative control: with its launch guard gone (launched at any M, the tiles never), M = FEW + 3 leaves the
-    last three rows as they were (zeros), so the guard is what keeps the result right."""
+def test_the_few_row_kernel_needs_its_chunks_of_rows():
+    """The negative control: launched with one chunk's work-groups (the columns', as before chunks), M = FEW + 3 leaves
+    the last three rows as they were (zeros), so the chunks are what make the rows past FEW."""
     require_cxx()
+    from dataclasses import replace
+
     from deploycc.runtime.devices import open_device
 
-    monkeypatch.setattr(dispatch, "at_most", lambda m, n: 1)
-    monkeypatch.setattr(dispatch, "above", lambda m, n: 0)
     runner = KernelRunner(open_device("cuda", emulate="forward"), presets.load("h100").target)
     rng = np.random.default_rng(1)
     m = FEW + 3
     x, w = rng.standard_normal((m, 64), np.float32), rng.standard_normal((16, 64), np.float32)
-    _, got, want, launched = run(runner, linear(64, 16), [x, w], (m, 16))
+    prog = schedule_program(linear(64, 16), runner.target)
+    s = prog.attrs["schedule"]
+    few = s.kernels[0]
+    n = next(iter(sym.as_expr(few.groups).free_vars()))
+    assert int(sym.evaluate(few.groups, {n: m})) == 2 * -(-16 // 8)  # two chunks of rows
+    one_chunk = replace(few, groups=sym.as_expr(-(-16 // 8)))
+    prog.attrs["schedule"] = replace(s, kernels=(one_chunk, *s.kernels[1:]))
+    _, got, want, launched = run(runner, prog, [x, w], (m, 16))
     assert launched == 1
     np.testing.assert_allclose(got[:FEW], want[:FEW], atol=1e-4, rtol=1e-5)
     assert np.all(got[FEW:] == 0) and np.abs(want[FEW:]).max() > 1
