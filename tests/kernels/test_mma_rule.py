@@ -9,8 +9,9 @@ dequantized in the staging, residual adds after); its error against float64 is t
 a sequential float32 sum's over K = 2,048, while one tf32 product per multiply-add (the negative control) is 250x
 further off (0.053). The emulation's mma rounds its sums toward zero, as the tensor cores do: with the whole K's
 hi x hi in one fragment, an H200 measured 1.5e-3 against float's 2.1e-4 and the emulation 1.1e-3 (this test
-failed on both); with a fresh fragment each K step added in float, the H200 5.4e-5, the emulation 4.8e-5. The whole models' kernels and logits
-under the emulation: tests/kernels/test_model_kernels.py (cuda-emu-h100, cuda-emu-rtx4090).
+failed on both); with a fresh fragment each K step added in float, the H200 5.4e-5, the emulation 4.8e-5. The
+whole models' kernels and logits under the emulation: tests/kernels/test_model_kernels.py (cuda-emu-h100,
+cuda-emu-rtx4090).
 """
 import numpy as np
 import pytest
