@@ -18,6 +18,10 @@ One block of T threads (T / 32 warps, ROWS output rows a warp) in two phases:
    symmetric 4-bit d_w d_x (dot - 8 sum), asymmetric d_x (s dot + m sum), 8-bit d_w d_x dot. The lanes' sums meet
    in a warp shuffle reduction and lane 0 adds the epilogues and stores.
 
+Where the rows make few warps (Llama-3.2-1B's down projection: 2,048 rows, 128 blocks of four warps), K is split over
+slices of four warps as in gemv.py (`slices`): the block's S x 128 threads round x together, each slice takes its
+share of the weight words, and the slices' sums meet in shared memory after a second barrier.
+
 Every block rounds x for itself (K inputs against the block's ROWS x T / 32 rows of K weights: 0.8 of the 3.0
 instructions a weight at T = 128) instead of a launch of its own: a decode step already has hundreds of launches. What the
 rule takes: a program whose linear says its activations are rounded to 8 bits, one row, K a multiple of 32 whose
@@ -30,7 +34,7 @@ from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers, 
 from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, TensorProgram
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute
-from . import qgemv
+from . import gemv, qgemv
 from .lowering import localize, lower_block, unravel
 
 BLOCK = 32  # inputs per activation scale (op/linalg.py ACTIVATION_BLOCK)
@@ -72,23 +76,32 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     fmt = qgemv._format(w_expr, n_it.var, k_it.var, N, K.value, prog)
     if fmt is None or fmt[0] not in DP4A_FORMATS:
         return None
-    return _schedule(prog, mm, epilogues, x_load, k_it.var, K.value, N.value, fmt)
+    return _schedule(prog, mm, epilogues, x_load, k_it.var, K.value, N.value, fmt, target.max_threads_per_block)
 
 
 def _i(x) -> tir.V:
     return tir.index(x)
 
 
-def _schedule(prog, mm, epilogues, x_load: tir.V, k_var, K: int, N: int, fmt) -> Schedule:
+def _schedule(prog, mm, epilogues, x_load: tir.V, k_var, K: int, N: int, fmt, max_threads: int) -> Schedule:
     name, q, s, m = fmt
     bits = qgemv.FORMATS[name][0]
     spatial = mm.spatial
-    T, L, W = THREADS, 32, ROWS
-    R = T // L * W  # rows per block
+    L, W = 32, ROWS
+    R = THREADS // L * W  # rows per block
+    per_word = 32 // bits  # inputs a weight word holds
+    n_words = K // per_word
+    trips = -(-n_words // L)
+    # K split over S slices of THREADS threads where the rows make few warps (gemv.slices): all S x THREADS threads
+    # round x in phase 1, each slice takes its share of the weight words in phase 2, the slices' sums meet in
+    # shared memory
+    S = gemv.slices(sym.as_expr(N), trips, W, THREADS, max_threads)
+    T = THREADS * S
     nb, words = K // BLOCK, K // PER_LANE
     g, t, j, kk = (sym.SymVar(n) for n in ("g", "t", "j", "kk"))
     G, Tt, J, KK = (sym.as_expr(v) for v in (g, t, j, kk))
     lane = sym.mod(Tt, L)
+    within = sym.mod(Tt, THREADS) if S > 1 else Tt  # the thread within its slice
     zero = {it.var: sym.as_expr(0) for it in spatial[:-1]}
     x_at = lambda k: Substitute(syms={**zero, k_var: k}, fresh=False).value(x_load)  # noqa: E731
 
@@ -139,10 +152,9 @@ def _schedule(prog, mm, epilogues, x_load: tir.V, k_var, K: int, N: int, fmt) ->
 
     # ---- phase 2: lanes over weight words, two dp4a a word ----------------------------------------------------
     acc = Buffer("acc", (W,), "float32", "local")
-    row_of = [G * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
-    per_word = 32 // bits  # inputs a weight word holds
-    n_words = K // per_word
-    wi = KK * L + lane
+    row_of = [G * R + sym.floordiv(within, L) * W + w for w in range(W)]
+    per = -(-trips // S)  # a slice's trips
+    wi = ((sym.floordiv(Tt, THREADS) * per + KK) if S > 1 else KK) * L + lane
     wblk = sym.floordiv(wi * per_word, BLOCK)
     steps = []
     for w in range(W):
@@ -163,11 +175,14 @@ def _schedule(prog, mm, epilogues, x_load: tir.V, k_var, K: int, N: int, fmt) ->
             term = sw * (xd[wblk] * tir.cast("float32", dot))
         step = Store(acc, (sym.as_expr(w),), acc[w] + term)
         steps.append(step if not w else IfThenElse(_i(row_of[w]).cmp("lt", _i(N)), step))
-    trips = -(-n_words // L)
-    loop = For(kk, sym.as_expr(trips), IfThenElse(_i(wi).cmp("lt", _i(n_words)), Seq(tuple(steps))))
+    loop = For(kk, sym.as_expr(per), IfThenElse(_i(wi).cmp("lt", _i(n_words)), Seq(tuple(steps))))
     phase2: list[Stmt] = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(W)]
     phase2.append(IfThenElse(_i(row_of[0]).cmp("lt", _i(N)), loop))
     phase2.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(w),), acc[w]) for w in range(W)), "add", L))
+    lead = _i(lane).cmp("eq", _i(0))
+    parts = None
+    if S > 1:
+        parts, lead = gemv.meet_slices(phase2, acc, W, L, R, S, THREADS, Tt, within, lead)
     out = mm.body.buffer
     intermediates = allocs_of(prog.body)
     for w in range(W):
@@ -179,16 +194,18 @@ def _schedule(prog, mm, epilogues, x_load: tir.V, k_var, K: int, N: int, fmt) ->
         if out in intermediates:
             local = Buffer(out.name, (1,), out.dtype, "local")
             tail = Alloc(local, localize(tail, out, local, len(out.shape)))
-        ok = tir.V("and", "bool", (_i(lane).cmp("eq", _i(0)), _i(row_of[w]).cmp("lt", _i(N))))
+        ok = tir.V("and", "bool", (lead, _i(row_of[w]).cmp("lt", _i(N))))
         phase2.append(IfThenElse(ok, tail))
     body: Stmt = Alloc(v, Alloc(amax, Alloc(scale, Alloc(code, phase1))))
     body = Seq((body, Barrier(), Alloc(acc, Seq(tuple(phase2)))))
     body = Alloc(xw, Alloc(xsum, Alloc(xd, body)))
+    if parts is not None:
+        body = Alloc(parts, body)
     groups = sym.as_expr(-(-N // R))
     body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
     k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, T, written)
-    return Schedule((k,), (), f"gemv-dp4a-{name}", rounded=x_load.arg[0])
+    return Schedule((k,), (), f"gemv-dp4a-{name}" + (f"-split{S}" if S > 1 else ""), rounded=x_load.arg[0])
 
 
 def _xor80(word: tir.V) -> tir.V:

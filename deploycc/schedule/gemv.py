@@ -107,18 +107,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(w),), acc[w]) for w in range(W)), "add", L))
     lead = tir.index(lane).cmp("eq", tir.index(0))
     parts = None
-    if S > 1:  # each slice's lane 0 leaves its W sums in shared memory; slice 0's adds them in slice order
-        parts = Buffer("parts", (S * R,), "float32", "shared")
-        slot = sym.floordiv(within, L) * W
-        steps.append(IfThenElse(lead, Seq(tuple(Store(parts, (sym.floordiv(Tt, T) * R + slot + w,), acc[w])
-                                                for w in range(W)))))
-        steps.append(Barrier())
-        total = [parts[slot + w] for w in range(W)]
-        for s_ in range(1, S):
-            total = [tir.V("add", "float32", (total[w], parts[s_ * R + slot + w])) for w in range(W)]
-        steps.append(IfThenElse(tir.index(Tt).cmp("lt", tir.index(T)), IfThenElse(lead, Seq(tuple(
-            Store(acc, (sym.as_expr(w),), total[w]) for w in range(W))))))
-        lead = tir.V("and", "bool", (lead, tir.index(Tt).cmp("lt", tir.index(T))))
+    if S > 1:
+        parts, lead = meet_slices(steps, acc, W, L, R, S, T, Tt, within, lead)
     for w in range(W):
         sub = Substitute(syms=fixed[w], fresh=False)
         result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + acc[w])
@@ -136,6 +126,25 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     bufs, written = global_buffers(body, list(prog.params))
     k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, T * S, written)
     return Schedule((k,), (), "gemv" if S == 1 else f"gemv-split{S}")
+
+
+def meet_slices(steps: list, acc: Buffer, W: int, L: int, R: int, S: int, T: int, Tt, within, lead: tir.V):
+    """After each slice's lane groups of L lanes reduced their W sums (`lead`: a group's lane 0; R rows and T threads a
+    slice, `within` a thread's index in its slice): those lanes leave them in shared memory, one barrier, and slice
+    0's add them in slice order into `acc`. Appends to `steps`; returns the shared buffer and the new `lead` (lane 0
+    of slice 0's lane groups: they store)."""
+    parts = Buffer("parts", (S * R,), "float32", "shared")
+    slot = sym.floordiv(within, L) * W
+    steps.append(IfThenElse(lead, Seq(tuple(Store(parts, (sym.floordiv(Tt, T) * R + slot + w,), acc[w])
+                                            for w in range(W)))))
+    steps.append(Barrier())
+    total = [parts[slot + w] for w in range(W)]
+    for s_ in range(1, S):
+        total = [tir.V("add", "float32", (total[w], parts[s_ * R + slot + w])) for w in range(W)]
+    first = tir.index(Tt).cmp("lt", tir.index(T))
+    steps.append(IfThenElse(first, IfThenElse(lead, Seq(tuple(Store(acc, (sym.as_expr(w),), total[w])
+                                                              for w in range(W))))))
+    return parts, tir.V("and", "bool", (lead, first))
 
 
 FEW = 8  # rows of activations a work-group of the few-row GEMV makes (llama.cpp's MMVQ takes up to 8 columns too)
