@@ -18,13 +18,15 @@ launch:
   time      a roofline with occupancy's effect: max(bytes / bandwidth, bytes / (resident threads x IN_FLIGHT) x
             LATENCY_US, FLOPs / peak) + LAUNCH_US, the peak fp32's (for the decode GEMVs, whose instructions a FLOP
             were counted in their SASS, "issue": the instructions they issue, INSTRUCTIONS_PER_FLOP, at the fp32
-            peak's rate of instructions), or for a kernel on the
+            peak's rate of instructions, of which they reach ISSUE_EFFICIENCY), or for a kernel on the
             tensor cores (schedule/mma.py) the tf32 tensor peak over the TF32_PRODUCTS products each multiply-add
             takes. The middle term is Little's
             law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
             about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
             (a decode attention over 9 heads: 9 blocks). Its two constants were fitted on an H100 (docs/gpu.md:
-            attention 30 us at 256 keys, about 180 at 2048). The host's time to enqueue the step's launches
+            attention 30 us at 256 keys, about 180 at 2048). And "serial": the waves of blocks x the barriers a
+            thread passes x PHASE_US, a block's steps one after another, each waiting on its loads (fitted on an
+            H200's tensor-core tiles at a few rows, which no other term explained). The host's time to enqueue the step's launches
             (HOST_US each, measured there with the Python VM and CuPy; for the decode step, run as a CUDA graph,
             GRAPH_HOST_US + GRAPH_INT_US per int argument + GRAPH_LAUNCH_US) runs beside the device's; a step takes
             the longer of the two.
@@ -57,6 +59,10 @@ GRAPH_HOST_US = 10.5
 GRAPH_INT_US = 0.22
 GRAPH_LAUNCH_US = 10.0
 LATENCY_US = 0.5  # a load's round trip to device memory
+# a block's barrier, with the loads of its step before it: the tensor-core tiles at a few rows (the h100 server's step
+# of 16 sequences, SmolLM2's shape: 18 and 48 K steps of two barriers, 44-54 and 105 us a launch on an H200,
+# 2026-11-28, less the profile's ~5 us) took 1.0-1.2 us a barrier, whatever their bytes
+PHASE_US = 1.05
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
 # Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
@@ -66,6 +72,9 @@ TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/m
 # multiply-add), the dp4a GEMV (schedule/dp4a.py) 3.0 with its rounding of x. So on an H100 the float GEMV cannot
 # stream the weights at the HBM's bandwidth: its SMs issue 33.4 T instructions a second, 4.2 T weights.
 INSTRUCTIONS_PER_FLOP = {"gemv": 2.0, "gemv-dp4a": 0.75}
+# the share of the fp32 peak's instruction rate those GEMVs issue at: Llama-3.2-1B's head (262.7 M weights, 8.0
+# instructions each) took 107.7 us on an H200 (2026-11-28; 62.8 at the peak's rate), SmolLM2's (28.3 M) 18.7
+ISSUE_EFFICIENCY = 0.6
 FMA_INSTRUCTIONS_PER_FLOP = 0.5
 FLOAT_OPS = {"add", "sub", "mul", "div", "max", "min", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
              "sin", "cos", "abs", "erf", "rint", "pow", "fma"}
@@ -169,6 +178,7 @@ class Launch:
     registers: int | None = None
     shared: int | None = None
     tensor: bool = False  # multiplies on the tensor cores (tf32, three products a multiply-add)
+    barriers: int = 0  # a thread's barriers (programs.json: ir/kernel.py barriers)
     rule: str = ""  # its program's schedule rule (programs.json)
     occupancy: float = 0.0  # of a multiprocessor's threads
     filled: float = 0.0  # of the whole GPU's threads
@@ -338,6 +348,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     accessed = _kernel_buffers(programs)
     tensor = _tensor_kernels(pkg, m)
     rules = {k["name"]: p["schedule"].get("rule", "") for p in programs for k in p["schedule"]["kernels"]}
+    passed = {k["name"]: k["barriers"] for p in programs for k in p["schedule"]["kernels"] if "barriers" in k}
     steps = {}
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
     if sequences and "step" in bc["functions"]:
@@ -356,12 +367,14 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
             launch.tensor = launch.kernel in tensor
             launch.rule = rules.get(launch.kernel, "")
+            if launch.kernel in passed:
+                launch.barriers = _sym(passed[launch.kernel], ints)
             _time(launch, hw)
             step.launches.append(launch)
         steps[key] = step
     return {"package": str(pkg), "preset": preset.name, "hardware": hw, "steps": steps,
             "model": {"launch_us": LAUNCH_US, "host_us": HOST_US, "latency_us": LATENCY_US, "in_flight": IN_FLIGHT,
-                      "graphs": graphs, "graph_host_us": GRAPH_HOST_US, "graph_int_us": GRAPH_INT_US,
+                      "phase_us": PHASE_US, "graphs": graphs, "graph_host_us": GRAPH_HOST_US, "graph_int_us": GRAPH_INT_US,
                       "graph_launch_us": GRAPH_LAUNCH_US}}
 
 
@@ -391,11 +404,14 @@ def _time(x: Launch, hw: dict) -> None:
     x.occupancy = blocks_per_mp * x.threads / hw["threads_per_multiprocessor"]
     resident = min(x.blocks, hw["multiprocessors"] * blocks_per_mp) * x.threads
     x.filled = resident / (hw["multiprocessors"] * hw["threads_per_multiprocessor"])
+    waves = -(-x.blocks // (hw["multiprocessors"] * blocks_per_mp))
     times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
              "latency": x.bytes / max(resident, 1) / IN_FLIGHT * LATENCY_US * 1e-6,
+             "serial": waves * x.barriers * PHASE_US * 1e-6,
              "arithmetic": x.flops / (hw["tf32_tensor_tflops"] / TF32_PRODUCTS if x.tensor else hw["fp32_tflops"]) / 1e12}
     if not x.tensor and instructions_per_flop(x.rule) != FMA_INSTRUCTIONS_PER_FLOP:  # counted: what the SMs issue
-        times["issue"] = x.flops * instructions_per_flop(x.rule) / (hw["fp32_tflops"] * FMA_INSTRUCTIONS_PER_FLOP) / 1e12
+        times["issue"] = (x.flops * instructions_per_flop(x.rule)
+                          / (hw["fp32_tflops"] * FMA_INSTRUCTIONS_PER_FLOP * ISSUE_EFFICIENCY) / 1e12)
         del times["arithmetic"]
     x.bound = max(times, key=times.get)
     x.seconds = times[x.bound] + LAUNCH_US * 1e-6

@@ -23,8 +23,10 @@ from deploycc.perfmodel import (
     HOST_US,
     IN_FLIGHT,
     INSTRUCTIONS_PER_FLOP,
+    ISSUE_EFFICIENCY,
     LATENCY_US,
     LAUNCH_US,
+    PHASE_US,
     TF32_PRODUCTS,
     Launch,
     _time,
@@ -38,6 +40,19 @@ from deploycc.schedule.gemv import MANY
 from fixtures import make_tiny
 
 H100 = presets.load("h100").hardware
+
+
+def linear_program(k: int, n: int):
+    """A float linear of `seq_len` rows, legalized: y[seq_len, n] = x[seq_len, k] w[n, k]^T."""
+    from deploycc import op  # noqa: F401  (op registers the ops)
+    from deploycc.ir import BlockBuilder, Tensor, Var, sym
+    from deploycc.transform import legalize
+
+    bb = BlockBuilder()
+    args = [Var("x", Tensor((sym.var("n"), k))), Var("w", Tensor((n, k)))]
+    with bb.function("main", args, auto_dataflow=True):
+        bb.finish(bb.call("linear", *args))
+    return legalize(bb.module)["linear"]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +94,7 @@ def test_every_launch_of_both_steps_is_modelled(package):
         assert not any(x.kernel.endswith("_rows") for x in step.launches) and paired
         for x in step.launches:
             assert x.threads == m["kernels"]["entries"][x.kernel]["threads"] and x.blocks >= 1 and x.bytes > 0
-            assert x.seconds >= LAUNCH_US * 1e-6 and x.bound in ("bandwidth", "latency", "arithmetic")
+            assert x.seconds >= LAUNCH_US * 1e-6 and x.bound in ("bandwidth", "latency", "arithmetic", "serial")
             if shutil.which("ptxas"):
                 assert x.registers and x.registers > 0
     decode = pred["steps"]["decode"]
@@ -216,7 +231,7 @@ def test_the_decode_gemvs_are_charged_the_instructions_they_issue():
         x = Launch("linear", blocks=weights // 4096, threads=128, bytes=bytes_, flops=4 * weights, rule=rule)
         _time(x, H100)
         times[rule] = x
-    issue = H100["fp32_tflops"] * 1e12 * FMA_INSTRUCTIONS_PER_FLOP  # instructions a second
+    issue = H100["fp32_tflops"] * 1e12 * FMA_INSTRUCTIONS_PER_FLOP * ISSUE_EFFICIENCY  # instructions a second
     assert INSTRUCTIONS_PER_FLOP == {"gemv": 2.0, "gemv-dp4a": 0.75}
     assert times["gemv"].bound == "issue"
     assert times["gemv"].seconds == pytest.approx(8 * weights / issue + LAUNCH_US * 1e-6)
@@ -224,6 +239,51 @@ def test_the_decode_gemvs_are_charged_the_instructions_they_issue():
     assert times["gemv-dp4a-q4_sym"].seconds == pytest.approx(bytes_ / 3350e9 + LAUNCH_US * 1e-6)
     assert times["matmul"].bound == "bandwidth"  # 2 instructions a weight: below the HBM's rate
     assert times["gemv"].seconds > 1.3 * times["gemv-dp4a-q4_sym"].seconds
+
+
+def test_a_blocks_barriers_run_one_after_another():
+    """The serial term: the waves of blocks x the barriers a thread passes x PHASE_US. The tensor-core tiles of a
+    16-row linear of SmolLM2's shape (576 outputs, 1,536 inputs: 9 blocks, 48 K steps of two barriers and one after
+    them) are bound by it, as an H200 measured (105 us); the same bytes with no barriers by their loads' latency, half."""
+    from deploycc.ir.kernel import barriers
+    from deploycc.ir.sym import evaluate
+    from deploycc.schedule import mma, schedule_program
+
+    prog = schedule_program(linear_program(1536, 576), presets.load("h100").target)
+    s = prog.attrs["schedule"]
+    tiles = s.kernels[-1]
+    assert s.rule == "gemv|mma" and "rows" not in tiles.name
+    passed = barriers(tiles.body)
+    assert passed.is_const and passed.value == 2 * (1536 // mma.BK) + 1
+    assert barriers(s.kernels[0].body).value == 0  # the few-row GEMV: warp shuffles only
+    n = next(iter(prog.params[0].shape[0].free_vars()))
+    blocks = int(evaluate(tiles.groups, {n: 40}))  # past MANY rows: the tiles
+    bytes_ = 576 * 1536 * 9 // 16 + 40 * (1536 + 576) * 4
+    x = Launch("tiles", blocks=blocks, threads=tiles.threads, bytes=bytes_, barriers=passed.value, tensor=True,
+               flops=2 * 40 * 1536 * 576)
+    _time(x, H100)
+    assert x.bound == "serial" and x.seconds == pytest.approx((97 * PHASE_US + LAUNCH_US) * 1e-6)
+    serial = x.seconds
+    x.barriers = 0
+    _time(x, H100)
+    assert x.bound == "latency" and x.seconds < 0.5 * serial
+    many = Launch("tiles", blocks=100 * 132 * 4, threads=128, bytes=0, barriers=10)  # 4 blocks an SM: 25 waves
+    _time(many, H100)
+    assert many.seconds == pytest.approx((25 * 10 * PHASE_US + LAUNCH_US) * 1e-6)
+
+
+def test_packages_record_the_barriers_their_kernels_pass(package):
+    """programs.json gives each kernel with barriers their count in its sizes (a causal prefill attention's at its
+    last block, which sees the most keys); the model reads it for the launch's sizes."""
+    m = json.loads((package / "manifest.json").read_text())
+    doc = json.loads((package / m["kernels"]["programs"]).read_text())
+    kernels = {k["name"]: k for p in doc["programs"] for k in p["schedule"]["kernels"]}
+    assert any("barriers" in k for k in kernels.values())
+    assert not any("barriers" in k for name, k in kernels.items() if name.endswith("_rows"))
+    pred = predict(package, context=48, prefill=40)
+    tiles = [x for x in pred["steps"]["prefill"].launches if x.tensor]
+    assert tiles and all(x.barriers >= 3 for x in tiles)
+    assert all(x.barriers == 0 for x in pred["steps"]["decode"].launches if x.rule == "gemv")
 
 
 def test_presets_state_their_hardware(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import sym
-from .tir import Alloc, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, SubgroupReduce, TensorProgram, V, loads, walk
+from .tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, SubgroupReduce, TensorProgram, V, loads, walk
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +39,34 @@ class Schedule:
 
 def scheduled(prog: TensorProgram) -> Schedule | None:
     return prog.attrs.get("schedule")
+
+
+def barriers(stmt: Stmt, last: dict | None = None) -> sym.Expr:
+    """The barriers one thread of a kernel passes, in the kernel's sizes: of its last block where a loop's trips
+    depend on the block (a causal prefill's last queries see the most keys), the larger branch of an `if`; a
+    SubgroupReduce as none (where a target lowers it to a shared-memory tree its barriers come on top). The blocks'
+    steps one after another, each waiting for its loads before the barrier: the performance model's serial term."""
+    last = {} if last is None else last  # a thread loop's variable: its last value
+    if isinstance(stmt, Barrier):
+        return sym.as_expr(1)
+    if isinstance(stmt, Seq):
+        total = sym.as_expr(0)
+        for s in stmt.stmts:
+            total = total + barriers(s, last)
+        return total
+    if isinstance(stmt, For):
+        if stmt.kind == "thread":
+            return barriers(stmt.body, {**last, stmt.var: sym.as_expr(stmt.extent) - 1})
+        trips = sym.substitute(stmt.extent, last)
+        inner = barriers(stmt.body, {**last, stmt.var: trips - 1})  # a trip's count, at its last (an upper bound)
+        return inner if inner.is_const and inner.value == 0 else trips * inner
+    if isinstance(stmt, Alloc):
+        return barriers(stmt.body, last)
+    if isinstance(stmt, IfThenElse):
+        then = barriers(stmt.then_body, last)
+        other = barriers(stmt.else_body, last) if stmt.else_body is not None else sym.as_expr(0)
+        return then if other.is_const and other.value == 0 else sym.smax(then, other)
+    return sym.as_expr(0)
 
 
 def allocs_of(stmt: Stmt) -> list[Buffer]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from ..ir import sym
-from ..ir.kernel import scheduled
+from ..ir.kernel import barriers, scheduled
 from ..ir.tir import COMPARE, Alloc, Barrier, Block, Buffer, For, IfThenElse, Intrin, Seq, Store, TensorProgram, V, walk
 from .lower import sym_json
 
@@ -127,8 +127,12 @@ def _schedule(prog: TensorProgram, n: _Names) -> dict:
         stray = [v.name for v in k.scalars if v not in known]
         if stray:  # the check could not choose it: the kernel's int arguments must be the program's variables
             raise ValueError(f"kernel {k.name}: int argument {stray[0]} is not a variable of program {prog.name}")
-        kernels.append({"name": k.name, "buffers": [n.buf(b) for b in k.buffers],
-                        "scalars": [n.sym(v) for v in k.scalars], "groups": n.sym(k.groups), "threads": k.threads})
+        entry = {"name": k.name, "buffers": [n.buf(b) for b in k.buffers],
+                 "scalars": [n.sym(v) for v in k.scalars], "groups": n.sym(k.groups), "threads": k.threads}
+        passed = barriers(k.body)
+        if not (passed.is_const and passed.value == 0):  # the performance model's serial term (perfmodel.py)
+            entry["barriers"] = n.sym(passed)
+        kernels.append(entry)
     out = {"rule": s.rule, "workspace": [n.buf(w) for w in s.workspace], "kernels": kernels}
     if s.dispatched:  # alternatives by shape (schedule/dispatch.py): each one does the program's whole work
         out["dispatched"] = True
