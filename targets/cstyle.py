@@ -173,6 +173,8 @@ class CStyleRenderer:
         """Work-group memory (OpenCL requires it at kernel function scope: schedules put it there)."""
         return f"{self.shared_qualifier} {self.local_decl(buf)}"
 
+    unroll_pragma = ""  # a loop of kind "unroll" written out by the compiler (CUDA: #pragma unroll)
+
     def for_loop(self, var: str, extent: str) -> str:
         return f"for (int {var} = 0; {var} < {extent}; ++{var}) {{"
 
@@ -190,7 +192,8 @@ class CStyleRenderer:
             if st.kind == "thread":
                 return [ind + self.thread_var(st)] + self.stmt(st.body, depth)
             head = self.for_loop(self.sv(st.var), self.int_expr(st.extent))
-            return [ind + head] + self.stmt(st.body, depth + 1) + [ind + "}"]
+            pragma = [ind + self.unroll_pragma] if st.kind == "unroll" and self.unroll_pragma else []
+            return pragma + [ind + head] + self.stmt(st.body, depth + 1) + [ind + "}"]
         if isinstance(st, Alloc):
             decl = self.alloc_decl(st.buffer)
             return ([ind + decl] if decl else []) + self.stmt(st.body, depth)

@@ -16,6 +16,7 @@ class CUDARenderer(CStyleRenderer):
     float_max, float_min = "fmaxf", "fminf"
     kernel_prefix = 'extern "C" __global__ void'
     barrier = "__syncthreads();"
+    unroll_pragma = "#pragma unroll"
     shared_qualifier = "__shared__"
     group_id = "(int)(blockIdx.y * gridDim.x + blockIdx.x)"
     local_id = "(int)threadIdx.x"

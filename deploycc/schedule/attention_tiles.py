@@ -24,7 +24,8 @@ from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
 from ..op.attention import capped, window_and_cap
-from .attention import NEG, STATIC_SHARED  # a key a query does not see scores NEG; CUDA's static __shared__ limit
+from .attention import COPY_BATCH, NEG, STATIC_SHARED  # a key a query does not see scores NEG; CUDA's static __shared__ limit
+from .lowering import batched_copy
 
 BQ = 16  # queries per block
 TD = 8  # threads per query: each makes head_dim / TD output elements and BK / TD scores per tile
@@ -87,21 +88,21 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
         v = sym.SymVar(name)
         return For(v, sym.as_expr(extent), f(sym.as_expr(v)))
 
-    def stage_q(e) -> Stmt:
+    # The stagings load unguarded, past the last query or key the tile's last row or key again (no score of such a
+    # row or key is used: `sees` tests both), all of a staging's loads in flight together (lowering.batched_copy):
+    # guarded, a trip at a time, each waited for its loads (schedule/attention.py's split form)
+    def stage_q(e):
         flat = e * T + U
         r, c = sym.floordiv(flat, D), sym.mod(flat, D)
-        return IfThenElse(below(i0 + r, n), Store(Qs, (r * PQ + c,), Q[i0 + r, hh, c]),
-                          Store(Qs, (r * PQ + c,), tir.const(0.0)))
+        return [(Qs, r * PQ + c, Q[sym.smin(i0 + r, n - 1), hh, c])], None
 
     base = lo + KT * BK
 
-    def stage_kv(e) -> Stmt:
+    def stage_kv(e):
         flat = e * T + U
         r, c = sym.floordiv(flat, D), sym.mod(flat, D)
-        j = row(base + r)
-        return IfThenElse(below(base + r, hi),
-                          Seq((Store(Ks, (r * PK + c,), K[j, kv, c]), Store(Vs, (r * D + c,), Vb[j, kv, c]))),
-                          Seq((Store(Ks, (r * PK + c,), tir.const(0.0)), Store(Vs, (r * D + c,), tir.const(0.0)))))
+        j = row(sym.smin(base + r, hi - 1))
+        return [(Ks, r * PK + c, K[j, kv, c]), (Vs, r * D + c, Vb[j, kv, c])], None
 
     def sees(jj) -> tir.V:
         """Whether query i sees key base + jj (which is one of the tile's keys)."""
@@ -143,9 +144,9 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     body: Stmt = Seq((
         Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
         over("e", E, lambda e: Store(acc, (e,), tir.const(0.0))),
-        over("e", BQ * D // T, stage_q),
+        batched_copy("q", BQ * D // T, stage_q, min(BQ * D // T, COPY_BATCH)),
         For(kt, tiles_k, Seq((
-            over("e", BK * D // T, stage_kv), Barrier(),
+            batched_copy("kv", BK * D // T, stage_kv, min(BK * D // T, COPY_BATCH)), Barrier(),
             over("e", BK // TD, score), Barrier(),
             update, Barrier(),
         ))),

@@ -17,6 +17,30 @@ def thread_grid(total: sym.Expr, threads: int, body_of) -> tuple[Stmt, sym.Expr]
     return For(g, groups, For(t, sym.as_expr(threads), guard, "thread", "local"), "thread", "group"), groups
 
 
+def batched_copy(name: str, trips: int, trip, batch: int) -> Stmt:
+    """`for x < trips: the stores trip(x) gives`, where trip(x) -> ([(buffer, index, loaded value), ...], guard or
+    None), written so that the loads of `batch` trips are in flight together: loaded into registers first (the trip
+    clamped to the last, so that every load is one a trip makes), then stored (a trip past `trips`, or whose guard
+    fails, stores nothing). A copy loop whose trips each store what they load, guarded or not, left nvcc a branch
+    and a round trip to memory a trip (schedule/attention.py); both inner loops are written out (`unroll`)."""
+    b, y = sym.SymVar(f"{name}_b"), sym.SymVar(f"{name}_y")
+    x = sym.as_expr(b) * batch + sym.as_expr(y)
+    per = len(trip(sym.as_expr(0))[0])
+    regs = Buffer(name, (batch * per,), "float32", "local")
+    at = lambda v: sym.as_expr(y) * per + v  # noqa: E731
+    stores, guard = trip(x)
+    loads = [Store(regs, (at(v),), value) for v, (_, _, value) in enumerate(trip(sym.smin(x, trips - 1))[0])]
+    puts: Stmt = Seq(tuple(Store(buf, (idx,), regs[at(v)]) for v, (buf, idx, _) in enumerate(stores)))
+    inside = None if trips % batch == 0 else tir.index(x).cmp("lt", tir.index(trips))
+    test = guard if inside is None else inside if guard is None else tir.V("and", "bool", (inside, guard))
+    if test is not None:
+        puts = IfThenElse(test, puts)
+    y2 = sym.SymVar(f"{name}_z")
+    puts = Substitute(syms={y: sym.as_expr(y2)}, fresh=False).stmt(puts)
+    body = Seq((For(y, sym.as_expr(batch), Seq(tuple(loads)), "unroll"), For(y2, sym.as_expr(batch), puts, "unroll")))
+    return Alloc(regs, For(b, sym.as_expr(-(-trips // batch)), body))
+
+
 def unravel(flat: sym.Expr, extents: list[sym.Expr]) -> list[sym.Expr]:
     """Row-major coordinates of `flat` in a grid of `extents`."""
     out, stride = [], sym.as_expr(1)

@@ -129,8 +129,8 @@ GEMV_OPENCL = """    # scheduled (row): 1 kernel(s)
 
 DISPATCH_HEADS = [
     "    # scheduled (gemv|matmul): 2 kernel(s)",
-    "    kernel fused_dequantize_linear_add_rows(a0, a1, a2, a3, out, n: int), groups=2 * max(0, min(1, -n + 9)), threads=64:  # writes out",
-    "    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=((n + 63) // 64) * min(1, max(0, n - 8)), threads=256:  # writes out",
+    "    kernel fused_dequantize_linear_add_rows(a0, a1, a2, a3, out, n: int), groups=2 * ((n + 7) // 8) * max(0, min(1, -n + 33)), threads=64:  # writes out",
+    "    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=((n + 63) // 64) * min(1, max(0, n - 32)), threads=256:  # writes out",
 ]
 
 MATMUL = """    # scheduled (matmul): 1 kernel(s)
