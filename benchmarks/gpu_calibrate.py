@@ -7,7 +7,10 @@ model's, and the bound the model names; then the step's measured and predicted t
 between CUDA events, which adds to each the gap the events make: where the step also ran as a CUDA graph (its wall
 time the GPU's), that gap is (kernel time - wall time) / launches, and the measured column has it taken off.
 
-    .venv/bin/python benchmarks/gpu_calibrate.py PKG RESULT.json [--context 192] [--sequences 16] [--json]
+    .venv/bin/python benchmarks/gpu_calibrate.py PKG RESULT.json [--which N] [--context 192] [--sequences 16] [--json]
+
+RESULT.json may hold several results one after another (gpu_check.sh's lease-bench.jsonl): --which picks one (by its
+position, from 0), else the first with a profile.
 
 The results of the lease of 2026-11-28 (an H200) are in benchmarks/results/h200-2026-11-28/ (docs/gpu.md).
 """
@@ -17,6 +20,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+
+def documents(text: str) -> list[dict]:
+    """The JSON documents of a file, one after another (pretty-printed ones too)."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i == len(text):
+            return out
+        doc, i = decoder.raw_decode(text, i)
+        out.append(doc)
 
 
 def profile_of(result: dict, sequences: int | None) -> dict:
@@ -56,9 +71,17 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=192, help="the decode step's context (prompt + half the generated)")
     ap.add_argument("--sequences", type=int, help="the batched step of this many sequences (a --sequences result)")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--which", type=int, help="the result's position in RESULT.json, from 0")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    out = compare(a.package, json.loads(Path(a.result).read_text()), a.context, a.sequences)
+    results = documents(Path(a.result).read_text())
+    if a.which is not None:
+        result = results[a.which]
+    else:
+        result = next((r for r in results if r.get("profile") or r.get("profiles")), None)
+        if result is None:
+            sys.exit(f"{a.result} holds no profiled result (bench --roofline or --profile)")
+    out = compare(a.package, result, a.context, a.sequences)
     if a.json:
         json.dump(out, sys.stdout, indent=1)
         print()

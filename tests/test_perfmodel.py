@@ -300,3 +300,38 @@ def test_presets_state_their_hardware(tmp_path):
             presets.load(str(path))
         r = cli("inspect", make_tiny("qwen3-x32"), "--device", str(path), "--stage", "scheduled")
         assert_one_line_error(r, fragment)
+
+
+def test_the_calibration_puts_a_profile_beside_the_model(package, tmp_path):
+    """benchmarks/gpu_calibrate.py: a lease's profile of the decode step (CUDA events around each launch; the step also
+    run as a graph, whose wall time is the GPU's) kernel by kernel beside the model's times, the events' gap between
+    launches ((kernel time - wall time) / launches) taken off each measured launch; several results in one file."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_calibrate
+
+    decode = predict(package, context=48)["steps"]["decode"]
+    counts: dict = {}
+    for x in decode.launches:
+        counts[x.kernel] = counts.get(x.kernel, 0) + 1
+    launches = len(decode.launches)
+    true_us = {k: 10.0 + i for i, k in enumerate(counts)}
+    wall_ms = sum(true_us[k] * c for k, c in counts.items()) / 1e3
+    profile = {"wall_ms_per_token": wall_ms, "kernel_ms_per_token": wall_ms + launches * 5.0 / 1e3,
+               "launches_per_token": launches,
+               "kernels": [{"kernel": k, "launches_per_token": c, "us_each": true_us[k] + 5.0} for k, c in counts.items()]}
+    results = [{"decode_tok_s": 1.0}, {"cuda_graphs": {"decode": {"captured": 1}}, "profile": profile}]
+    path = tmp_path / "lease.json"
+    path.write_text("\n".join(json.dumps(r, indent=1) for r in results))
+    docs = gpu_calibrate.documents(path.read_text())
+    assert docs == results
+    out = gpu_calibrate.compare(str(package), docs[1], 48, None)
+    assert out["event_gap_us"] == pytest.approx(5.0)
+    assert out["measured_step_ms"] == pytest.approx(wall_ms) and out["measured_kernel_ms"] == pytest.approx(wall_ms)
+    for row in out["kernels"]:
+        assert row["measured_us"] == pytest.approx(true_us[row["kernel"]])
+        mine = [x.seconds for x in decode.launches if x.kernel == row["kernel"]]
+        assert row["model_us"] == pytest.approx(sum(mine) / len(mine) * 1e6) and row["model_launches"] == len(mine)
+    assert out["model_step_ms"] == pytest.approx(decode.seconds * 1e3)
