@@ -25,7 +25,7 @@ LANES = 32  # threads per lane group (its ROWS output rows): a warp on NVIDIA, h
 VECTOR = 8  # consecutive inputs per lane and step: one 32-bit word of 4-bit codes, 16 bytes of fp16 weights
 ROWS = 4  # rows per lane group: each activation a lane loads serves four rows' weights
 UNROLL = 1  # steps written out per loop trip (more measured slower: benchmarks/gpu_gemv.py)
-GROUP = 64  # threads per work-group at most: two lane groups, eight rows (times SLICES, below)
+GROUP = 64  # threads per work-group at most: two lane groups, eight rows (times the K slices below)
 # K split over slices of lane groups in one work-group, where the rows alone make few lane groups: Llama-3.2-1B's
 # down projection (2,048 rows, 8,192 inputs) made 512 lane groups, four resident warps an H200 multiprocessor, and
 # streamed its weights at 166 GB/s (2026-11-28), the gate and up (16,384 rows: 4,096 groups) at 716. Slices double
