@@ -1,8 +1,11 @@
 """The decode GEMV's variants on a CUDA GPU, one table: each shape of a 1B model's decode (q4f16_1 weights) scheduled by
-schedule/gemv.py with its knobs set (rows per lane group, steps written out per trip, threads per group), checked
-against numpy and timed with CUDA events (median of 5 batches of 20 launches). Run on a machine with a GPU and CuPy:
+schedule/gemv.py with its knobs set (rows per lane group, steps written out per trip, threads per group, and
+optionally the lane groups below which K is split over slices: SPLIT_GROUPS, 0 for never), checked against numpy and
+timed with CUDA events (median of 5 batches of 20 launches). Run on a machine with a GPU and CuPy:
 
-    python benchmarks/gpu_gemv.py [--shapes 2048x2048,16384x2048,128256x2048] [--variants 1:4:128,2:2:128,...]
+    python benchmarks/gpu_gemv.py [--shapes 2048x2048,16384x2048,128256x2048] [--variants 1:4:128,2:2:128,4:1:64:0,...]
+
+The default variants include today's rule with and without the split (4:1:64:2048, 4:1:64:0).
 
 GB/s counts the weight bytes (codes and scales) a launch reads, against the device's read probe.
 """
@@ -37,7 +40,7 @@ def program(scheme, rows: int, cols: int) -> tir.TensorProgram:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="2048x2048,16384x2048,2048x8192,128256x2048,576x576,49152x576")
-    ap.add_argument("--variants", default="1:1:128,1:4:128,2:1:128,2:4:128,4:2:128,1:4:256,2:2:256,4:1:64")
+    ap.add_argument("--variants", default="4:1:64:0,4:1:64:2048,4:1:64:4096,1:1:128,2:1:128,4:2:128")
     ap.add_argument("--scheme", default="q4f16_1")
     a = ap.parse_args()
     device = open_device("cuda")
@@ -45,7 +48,7 @@ def main() -> None:
     s = QUANTIZATION[a.scheme]
     probe = device.read_probe()
     print(f"{device.name}: read probe {probe:.0f} GB/s; {a.scheme}")
-    print(f"{'shape':>12} {'rows:unroll:threads':>20} {'us':>9} {'GB/s':>8} {'of probe':>8} {'max err':>9}")
+    print(f"{'shape':>12} {'rows:unroll:threads:split':>26} {'rule':>12} {'us':>9} {'GB/s':>8} {'of probe':>8} {'max err':>9}")
     rng = np.random.default_rng(0)
     for shape in a.shapes.split(","):
         rows, cols = (int(x) for x in shape.split("x"))
@@ -57,9 +60,12 @@ def main() -> None:
         nbytes = sum(v.nbytes for v in packed.values())
         xb, yb = device.upload(x), device.alloc(rows * 4)
         for variant in a.variants.split(","):
-            gemv.ROWS, gemv.UNROLL, gemv.GROUP = (int(v) for v in variant.split(":"))
+            knobs = [int(v) for v in variant.split(":")]
+            gemv.ROWS, gemv.UNROLL, gemv.GROUP = knobs[:3]
+            gemv.SPLIT_GROUPS = knobs[3] if len(knobs) > 3 else 0
             t = dataclasses.replace(target, threads_per_block=max(gemv.GROUP, 32))
-            k = gemv.rule(program(s, rows, cols), t).kernels[0]
+            sched = gemv.rule(program(s, rows, cols), t)
+            k = sched.kernels[0]
             kern = device.build(render([k], t), [k.name])[k.name]
             groups = int(k.groups.value)
             grid = (groups, 1, 1) if groups <= 65535 else (65535, -(-groups // 65535), 1)
@@ -75,7 +81,7 @@ def main() -> None:
                 times.append(statistics.median(t for _, t, _ in device.take_profile()))
             us = statistics.median(times) * 1e6
             gbs = nbytes / (us * 1e-6) / 1e9
-            print(f"{shape:>12} {variant:>20} {us:9.1f} {gbs:8.0f} {gbs / probe:8.1%} {err:9.1e}")
+            print(f"{shape:>12} {variant:>26} {sched.rule:>12} {us:9.1f} {gbs:8.0f} {gbs / probe:8.1%} {err:9.1e}")
 
 
 if __name__ == "__main__":
