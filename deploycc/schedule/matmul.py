@@ -92,6 +92,37 @@ def staged(buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr, k_ext: sym.E
                                                                 Store(buf, (at(r, kk),), tir.const(0.0))))
 
 
+class Prefetch:
+    """A K step's staging split in two: its operand elements (loaded, and dequantized where the operand says so) into
+    registers (`load(kt)`: rows and k clamped into the operand, so that every load is valid unguarded), issued
+    before the current step's products so that their round trip to memory overlaps them; then, at the next step,
+    the registers into the staged tile (`store(kt)`: zeros past the operand's rows or K). Software pipelining with
+    registers, as CUTLASS's GEMMs for sm_70 stage their tiles (mma.py's PREFETCH)."""
+
+    def __init__(self, name: str, buf: Buffer, value_at, bound: sym.Expr, first: sym.Expr, k_ext: sym.Expr,
+                 t: sym.Expr, threads: int, rows: int, bk: int, at):
+        self.trips = rows * bk // threads
+        self.regs = Buffer(name, (self.trips,), "float32", "local")
+        self.buf, self.value_at, self.bound, self.first, self.k_ext, self.bk, self.at = (
+            buf, value_at, bound, first, k_ext, bk, at)
+        self.where = [(sym.floordiv(sym.as_expr(e * threads) + t, bk), sym.mod(sym.as_expr(e * threads) + t, bk))
+                      for e in range(self.trips)]
+
+    def load(self, kt: sym.Expr) -> Stmt:
+        return Seq(tuple(
+            Store(self.regs, (sym.as_expr(e),), self.value_at(sym.smin(self.first + r, self.bound - 1),
+                                                              sym.smin(kt * self.bk + kk, self.k_ext - 1)))
+            for e, (r, kk) in enumerate(self.where)))
+
+    def store(self, kt: sym.Expr) -> Stmt:
+        out = []
+        for e, (r, kk) in enumerate(self.where):
+            inside = tir.V("and", "bool", (tir.index(self.first + r).cmp("lt", tir.index(self.bound)),
+                                           tir.index(kt * self.bk + kk).cmp("lt", tir.index(self.k_ext))))
+            out.append(Store(self.buf, (self.at(r, kk),), tir.select(inside, self.regs[sym.as_expr(e)], tir.const(0.0))))
+        return Seq(tuple(out))
+
+
 def prefill_matmul(prog: TensorProgram, min_rows: int) -> Prefill | None:
     """The program's matmul with epilogues, or None (also when M is a constant below min_rows: decode's GEMV)."""
     stmts = strip_allocs(prog.body)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, TensorProgram
-from .matmul import prefill_matmul, staged
+from .matmul import Prefetch, prefill_matmul, staged
 
 BM = BN = 64  # a block's output tile
 BK = 32  # K staged per step
@@ -36,6 +36,11 @@ WARPS = 4  # 2 x 2 warps, each a 32 x 32 quarter: 2 x 2 fragments of 16 x 16
 THREADS = 32 * WARPS
 FRAG_K = 8  # wmma's tf32 shape: m16n16k8
 PAD = 4  # shared rows padded (a multiple of 4 floats, as wmma's leading dimensions must be)
+# The next K step's operands prefetched into registers during this step's products (matmul.Prefetch). Off: each K
+# step waits for its loads (one round trip, ~1 us a barrier on an H200), but with it nvcc gives the kernel 255
+# registers (149 without: the 3xTF32 fragments are most), 2 blocks an SM instead of 3, and no GPU has said which
+# is faster yet; benchmarks/gpu_tiles.py times both where there is one.
+PREFETCH = False
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
@@ -73,10 +78,22 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
                         (b_hi, b_lo)) for j in range(2)]
     products += [Intrin("wmma.mma3", (part, small, a_hi, a_lo, b_hi, b_lo), (c(2 * i + j), c(i), c(j)), (part, small))
                  for i in range(2) for j in range(2)]
-    step = Seq((stage(As, p.a_at, m_total, m0), stage(Bs, p.b_at, n_ext, n0), Barrier(),
-                *[Intrin("wmma.fill", (part,), (c(f),), (part,)) for f in range(4)],
-                For(ks, c(BK // FRAG_K), Seq(tuple(products))),
-                *[Intrin("wmma.add", (acc, part), (c(f),), (acc,)) for f in range(4)], Barrier()))
+    fresh = [Intrin("wmma.fill", (part,), (c(f),), (part,)) for f in range(4)]
+    summed = [Intrin("wmma.add", (acc, part), (c(f),), (acc,)) for f in range(4)]
+    steps = sym.floordiv(k_ext + (BK - 1), BK)
+    first: list = []
+    registers: list = []
+    if PREFETCH:  # the next step's operands into registers while this step's products run
+        layout = lambda r, kk: r * LA + kk  # noqa: E731
+        pa = Prefetch("pa", As, p.a_at, m_total, m0, k_ext, Tt, THREADS, BM, BK, layout)
+        pb = Prefetch("pb", Bs, p.b_at, n_ext, n0, k_ext, Tt, THREADS, BN, BK, layout)
+        nxt = sym.smin(KT + 1, steps - 1)  # the last step loads itself again, unused
+        step = Seq((pa.store(KT), pb.store(KT), Barrier(), pa.load(nxt), pb.load(nxt), *fresh,
+                    For(ks, c(BK // FRAG_K), Seq(tuple(products))), *summed, Barrier()))
+        first, registers = [pa.load(c(0)), pb.load(c(0))], [pa.regs, pb.regs]
+    else:
+        step = Seq((stage(As, p.a_at, m_total, m0), stage(Bs, p.b_at, n_ext, n0), Barrier(), *fresh,
+                    For(ks, c(BK // FRAG_K), Seq(tuple(products))), *summed, Barrier()))
     e = sym.SymVar("e")
     flat = sym.as_expr(e) * THREADS + Tt
     r, cc = sym.floordiv(flat, BN), sym.mod(flat, BN)
@@ -85,14 +102,15 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
                                      tir.index(n0 + cc).cmp("lt", tir.index(n_ext))))
     body: Stmt = Seq((
         *[Intrin("wmma.fill", (x,), (c(f),), (x,)) for x in (acc, small) for f in range(4)],
-        For(kt, sym.floordiv(k_ext + (BK - 1), BK), step),
+        *first,
+        For(kt, steps, step),
         *[Intrin("wmma.add", (acc, small), (c(f),), (acc,)) for f in range(4)],
         *[Intrin("wmma.store", (Cs, acc), (c(2 * i + j), (wm + 16 * i) * LC + wn + 16 * j, c(LC)), (Cs,))
           for i in range(2) for j in range(2)],
         Barrier(),
         For(e, c(BM * BN // THREADS), IfThenElse(in_range, tail)),
     ))
-    for buf in (small, part, acc, b_lo, b_hi, a_lo, a_hi, Cs, Bs, As):
+    for buf in (*registers, small, part, acc, b_lo, b_hi, a_lo, a_hi, Cs, Bs, As):
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

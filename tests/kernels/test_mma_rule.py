@@ -120,3 +120,31 @@ def test_three_tf32_products_are_as_accurate_as_float32(runner, monkeypatch, spl
     err = float(np.abs(got - exact).max())
     print(f"3xTF32={split}: {err:.3g} against float32's {bound:.3g}")
     assert (err <= 2 * bound) if split else (err > 10 * bound)
+
+
+def test_prefetched_k_steps_compute_the_same(runner, quantized_programs, monkeypatch):
+    """mma.PREFETCH (the next K step's operands into registers during this step's products; off until a GPU says it
+    pays): the edges, the 4-bit weights with their residual adds, and 3xTF32's accuracy over K = 2,048, as above."""
+    from deploycc.schedule import mma
+
+    monkeypatch.setattr(mma, "PREFETCH", True)
+    runner = KernelRunner(runner.device, runner.target)  # kernels built anew
+    rng = np.random.default_rng(3)
+    for m, k, n in [(9, 32, 16), (70, 96, 130), (129, 8, 65)]:
+        x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
+        prog, got, want = run(runner, linear(k, n), [x, w], (m, n))
+        assert "pa[" in runner.sources[prog.name] and "pb[" in runner.sources[prog.name]
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"{m}x{k}x{n}")
+    for prog in quantized_programs:
+        env = {"seq_len": 37}
+        shape = lambda b: tuple(int(sym.evaluate(sym.as_expr(d), {v: env[v.name] for v in sym.as_expr(d).free_vars()}))  # noqa: E731
+                                for d in b.shape)
+        inputs = [rng.integers(0, 2 ** 32, shape(b), np.uint64).astype(np.uint32) if b.dtype == "uint32" else
+                  (rng.random(shape(b)) * 0.1).astype(np.float16) if b.dtype == "float16" else
+                  rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
+        _, got, want = run(runner, prog, inputs, shape(prog.outputs[0]))
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=prog.name)
+    x, w = rng.standard_normal((64, 2048), np.float32), rng.standard_normal((64, 2048), np.float32)
+    _, got, _ = run(runner, linear(2048, 64), [x, w], (64, 64))
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert float(np.abs(got - exact).max()) <= 2 * sequential_error(x, w, exact)

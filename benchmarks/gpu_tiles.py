@@ -1,0 +1,83 @@
+"""The prefill tiles on the tensor cores (schedule/mma.py) with and without their K steps' prefetch (mma.PREFETCH),
+one table: each shape of a 1B model's prefill linears (q4f16_1 weights, M rows of activations) scheduled both ways,
+checked against numpy and timed with CUDA events (median of 5 batches of 10 launches). Run on a machine with a GPU
+and CuPy (benchmarks/gpu_check.sh lease runs it):
+
+    python benchmarks/gpu_tiles.py [--rows 128,512] [--shapes 2048x2048,16384x2048,2048x8192]
+
+TFLOP/s counts the multiply-adds as two operations; us per K step is the time over the K steps a block runs one
+after another (the performance model's serial term charges 2 x 1.05 us a step).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import numpy as np
+
+from deploycc import presets
+from deploycc.ir import tir
+from deploycc.kernel_runner import render
+from deploycc.quantization import QUANTIZATION
+from deploycc.runtime.devices import open_device
+from deploycc.schedule import mma
+
+
+def program(scheme, m: int, rows: int, cols: int) -> tir.TensorProgram:
+    """y[i, r] = sum_k x[i, k] * W[r, k] over m rows of activations (a prefill's linear)."""
+    bufs = scheme.buffers(rows, cols)
+    X = tir.Buffer("x", (m, cols), "float32")
+    Y = tir.Buffer("y", (m, rows), "float32")
+    its = tir.iters("m r k", (m, rows, cols), "SSR")
+    i, r, k = (tir.v(it) for it in its)
+    mm = tir.Block("tiles", its, tir.Store(Y, (i, r), Y[i, r] + X[i, k] * scheme.value(bufs, r, k)),
+                   init=tir.Store(Y, (i, r), tir.const(0.0)))
+    return tir.TensorProgram("tiles", (*bufs, X, Y), mm)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="128,512")
+    ap.add_argument("--shapes", default="2048x2048,16384x2048,2048x8192")
+    ap.add_argument("--scheme", default="q4f16_1")
+    a = ap.parse_args()
+    device = open_device("cuda")
+    target = presets.load("h100").target
+    s = QUANTIZATION[a.scheme]
+    print(f"{device.name}; {a.scheme}; tiles of {mma.BM} x {mma.BN}, K steps of {mma.BK}")
+    print(f"{'M':>5} {'shape':>12} {'prefetch':>8} {'us':>9} {'TFLOP/s':>8} {'us/K step':>9} {'max err':>9}")
+    rng = np.random.default_rng(0)
+    for m in (int(x) for x in a.rows.split(",")):
+        for shape in a.shapes.split(","):
+            rows, cols = (int(x) for x in shape.split("x"))
+            packed = {n: (rng.integers(0, 2**32, sh, dtype=np.uint64).astype(np.uint32) if dt == "uint32"
+                          else (rng.standard_normal(sh) * 0.01).astype(dt)) for n, (sh, dt) in s.param_shapes(rows, cols).items()}
+            x = rng.standard_normal((m, cols)).astype(np.float32)
+            want = (x @ s.dequantize(packed, cols).T).astype(np.float32)
+            ins = [device.upload(packed[n]) for n in s.param_shapes(rows, cols)]
+            xb, yb = device.upload(x), device.alloc(m * rows * 4)
+            for prefetch in (False, True):
+                mma.PREFETCH = prefetch
+                k = mma.rule(program(s, m, rows, cols), target).kernels[0]
+                kern = device.build(render([k], target), [k.name])[k.name]
+                groups = int(k.groups.value)
+                grid = (groups, 1, 1) if groups <= 65535 else (65535, -(-groups // 65535), 1)
+                args = [*ins, xb, yb]
+                device.launch(kern, args, grid, (k.threads, 1, 1))
+                got = device.download(yb, (m, rows), np.float32)
+                err = float(np.abs(got - want).max() / np.abs(want).max())
+                times = []
+                for _ in range(5):
+                    device.start_profile()
+                    for _ in range(10):
+                        device.launch(kern, args, grid, (k.threads, 1, 1))
+                    times.append(statistics.median(t for _, t, _ in device.take_profile()))
+                us = statistics.median(times) * 1e6
+                steps = -(-cols // mma.BK)
+                print(f"{m:>5} {shape:>12} {str(prefetch):>8} {us:9.1f} {2 * m * rows * cols / (us * 1e-6) / 1e12:8.1f} "
+                      f"{us / steps:9.2f} {err:9.1e}")
+    mma.PREFETCH = False
+
+
+if __name__ == "__main__":
+    main()
