@@ -37,6 +37,29 @@ def program(scheme, rows: int, cols: int) -> tir.TensorProgram:
     return tir.TensorProgram("gemv", (*bufs, X, Y), mm)
 
 
+def random_weights(scheme, rows: int, cols: int, rng) -> dict:
+    """The scheme's packed parameters of a rows x cols weight: random codes, scales near 0.01."""
+    return {n: (rng.integers(0, 2**32, sh, dtype=np.uint64).astype(np.uint32) if dt == "uint32"
+                else (rng.standard_normal(sh) * 0.01).astype(dt)) for n, (sh, dt) in scheme.param_shapes(rows, cols).items()}
+
+
+def launch(device, kern, args, groups: int, threads: int) -> None:
+    """One launch of `groups` work-groups (a grid's x dimension holds 65,535 at most)."""
+    grid = (groups, 1, 1) if groups <= 65535 else (65535, -(-groups // 65535), 1)
+    device.launch(kern, args, grid, (threads, 1, 1))
+
+
+def timed(device, kern, args, groups: int, threads: int, launches: int) -> float:
+    """A launch's seconds: the median of 5 batches of `launches`, each the median of its CUDA events' times."""
+    times = []
+    for _ in range(5):
+        device.start_profile()
+        for _ in range(launches):
+            launch(device, kern, args, groups, threads)
+        times.append(statistics.median(t for _, t, _ in device.take_profile()))
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="2048x2048,16384x2048,2048x8192,128256x2048,576x576,49152x576")
@@ -52,8 +75,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for shape in a.shapes.split(","):
         rows, cols = (int(x) for x in shape.split("x"))
-        packed = {n: (rng.integers(0, 2**32, sh, dtype=np.uint64).astype(np.uint32) if dt == "uint32"
-                      else (rng.standard_normal(sh) * 0.01).astype(dt)) for n, (sh, dt) in s.param_shapes(rows, cols).items()}
+        packed = random_weights(s, rows, cols, rng)
         x = rng.standard_normal((1, cols)).astype(np.float32)
         want = (s.dequantize(packed, cols) @ x[0]).astype(np.float32) if rows * cols <= 1 << 26 else None
         ins = [device.upload(packed[n]) for n in s.param_shapes(rows, cols)]
@@ -67,19 +89,11 @@ def main() -> None:
             sched = gemv.rule(program(s, rows, cols), t)
             k = sched.kernels[0]
             kern = device.build(render([k], t), [k.name])[k.name]
-            groups = int(k.groups.value)
-            grid = (groups, 1, 1) if groups <= 65535 else (65535, -(-groups // 65535), 1)
             args = [*ins, xb, yb]
-            device.launch(kern, args, grid, (k.threads, 1, 1))
+            launch(device, kern, args, int(k.groups.value), k.threads)
             got = device.download(yb, (rows,), np.float32)
             err = float(np.abs(got - want).max() / np.abs(want).max()) if want is not None else float("nan")
-            times = []
-            for _ in range(5):
-                device.start_profile()
-                for _ in range(20):
-                    device.launch(kern, args, grid, (k.threads, 1, 1))
-                times.append(statistics.median(t for _, t, _ in device.take_profile()))
-            us = statistics.median(times) * 1e6
+            us = timed(device, kern, args, int(k.groups.value), k.threads, 20) * 1e6
             gbs = nbytes / (us * 1e-6) / 1e9
             print(f"{shape:>12} {variant:>26} {sched.rule:>12} {us:9.1f} {gbs:8.0f} {gbs / probe:8.1%} {err:9.1e}")
 

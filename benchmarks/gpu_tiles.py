@@ -11,7 +11,8 @@ after another (the performance model's serial term charges 2 x 1.05 us a step).
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from deploycc.kernel_runner import render
 from deploycc.quantization import QUANTIZATION
 from deploycc.runtime.devices import open_device
 from deploycc.schedule import mma
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_gemv import launch, random_weights, timed  # noqa: E402
 
 
 def program(scheme, m: int, rows: int, cols: int) -> tir.TensorProgram:
@@ -50,8 +54,7 @@ def main() -> None:
     for m in (int(x) for x in a.rows.split(",")):
         for shape in a.shapes.split(","):
             rows, cols = (int(x) for x in shape.split("x"))
-            packed = {n: (rng.integers(0, 2**32, sh, dtype=np.uint64).astype(np.uint32) if dt == "uint32"
-                          else (rng.standard_normal(sh) * 0.01).astype(dt)) for n, (sh, dt) in s.param_shapes(rows, cols).items()}
+            packed = random_weights(s, rows, cols, rng)
             x = rng.standard_normal((m, cols)).astype(np.float32)
             want = (x @ s.dequantize(packed, cols).T).astype(np.float32)
             ins = [device.upload(packed[n]) for n in s.param_shapes(rows, cols)]
@@ -60,19 +63,11 @@ def main() -> None:
                 mma.PREFETCH = prefetch
                 k = mma.rule(program(s, m, rows, cols), target).kernels[0]
                 kern = device.build(render([k], target), [k.name])[k.name]
-                groups = int(k.groups.value)
-                grid = (groups, 1, 1) if groups <= 65535 else (65535, -(-groups // 65535), 1)
                 args = [*ins, xb, yb]
-                device.launch(kern, args, grid, (k.threads, 1, 1))
+                launch(device, kern, args, int(k.groups.value), k.threads)
                 got = device.download(yb, (m, rows), np.float32)
                 err = float(np.abs(got - want).max() / np.abs(want).max())
-                times = []
-                for _ in range(5):
-                    device.start_profile()
-                    for _ in range(10):
-                        device.launch(kern, args, grid, (k.threads, 1, 1))
-                    times.append(statistics.median(t for _, t, _ in device.take_profile()))
-                us = statistics.median(times) * 1e6
+                us = timed(device, kern, args, int(k.groups.value), k.threads, 10) * 1e6
                 steps = -(-cols // mma.BK)
                 print(f"{m:>5} {shape:>12} {str(prefetch):>8} {us:9.1f} {2 * m * rows * cols / (us * 1e-6) / 1e12:8.1f} "
                       f"{us / steps:9.2f} {err:9.1e}")

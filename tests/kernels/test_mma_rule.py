@@ -75,17 +75,22 @@ def test_edges(runner, m, k, n):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
 
 
+def run_quantized(runner, prog, rng):
+    """A quantized prefill program at 37 rows: random codes, fp16 scales and activations; (scheduled, got, want)."""
+    env = {"seq_len": 37}
+    shape = lambda b: tuple(int(sym.evaluate(sym.as_expr(d), {v: env[v.name] for v in sym.as_expr(d).free_vars()}))  # noqa: E731
+                            for d in b.shape)
+    inputs = [rng.integers(0, 2 ** 32, shape(b), np.uint64).astype(np.uint32) if b.dtype == "uint32" else
+              (rng.random(shape(b)) * 0.1).astype(np.float16) if b.dtype == "float16" else
+              rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
+    return run(runner, prog, inputs, shape(prog.outputs[0]))
+
+
 def test_dequantized_weights_and_epilogues(runner, quantized_programs):
     rng = np.random.default_rng(0)
     assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)
     for prog in quantized_programs:
-        env = {"seq_len": 37}
-        shape = lambda b: tuple(int(sym.evaluate(sym.as_expr(d), {v: env[v.name] for v in sym.as_expr(d).free_vars()}))  # noqa: E731
-                                for d in b.shape)
-        inputs = [rng.integers(0, 2 ** 32, shape(b), np.uint64).astype(np.uint32) if b.dtype == "uint32" else
-                  (rng.random(shape(b)) * 0.1).astype(np.float16) if b.dtype == "float16" else
-                  rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
-        scheduled_prog, got, want = run(runner, prog, inputs, shape(prog.outputs[0]))
+        scheduled_prog, got, want = run_quantized(runner, prog, rng)
         assert scheduled_prog.attrs["schedule"].rule == "gemv|mma", prog.name
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=prog.name)
 
@@ -136,13 +141,7 @@ def test_prefetched_k_steps_compute_the_same(runner, quantized_programs, monkeyp
         assert "pa[" in runner.sources[prog.name] and "pb[" in runner.sources[prog.name]
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"{m}x{k}x{n}")
     for prog in quantized_programs:
-        env = {"seq_len": 37}
-        shape = lambda b: tuple(int(sym.evaluate(sym.as_expr(d), {v: env[v.name] for v in sym.as_expr(d).free_vars()}))  # noqa: E731
-                                for d in b.shape)
-        inputs = [rng.integers(0, 2 ** 32, shape(b), np.uint64).astype(np.uint32) if b.dtype == "uint32" else
-                  (rng.random(shape(b)) * 0.1).astype(np.float16) if b.dtype == "float16" else
-                  rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
-        _, got, want = run(runner, prog, inputs, shape(prog.outputs[0]))
+        _, got, want = run_quantized(runner, prog, rng)
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=prog.name)
     x, w = rng.standard_normal((64, 2048), np.float32), rng.standard_normal((64, 2048), np.float32)
     _, got, _ = run(runner, linear(2048, 64), [x, w], (64, 64))
