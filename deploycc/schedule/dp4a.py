@@ -45,8 +45,9 @@ DP4A_FORMATS = ("q4_sym", "q4_asym", "q8_sym")  # qgemv.FORMATS in their plain l
 
 
 def shared_bytes(k: int) -> int:
-    """Shared memory the block's rounded activations take: K code bytes, an int sum per 8 and a float per 32."""
-    return k + 4 * (k // PER_LANE) + 4 * (k // BLOCK)
+    """Shared memory a block takes at most: its rounded activations (K code bytes, an int sum per 8 and a float per
+    32), and where K is split over slices, their sums (a float a row a slice, at most MAX_SLICES slices)."""
+    return k + 4 * (k // PER_LANE) + 4 * (k // BLOCK) + 4 * gemv.MAX_SLICES * (THREADS // 32 * ROWS)
 
 
 def takes(rows: int, k: int, bits: int, target) -> bool:

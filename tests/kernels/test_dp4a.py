@@ -30,7 +30,7 @@ from deploycc import presets
 from deploycc.errors import DeployError
 from deploycc.export import export
 from deploycc.interp import Interpreter
-from deploycc.ir.kernel import scheduled, strip_allocs
+from deploycc.ir.kernel import allocs_of, scheduled, strip_allocs
 from deploycc.ir.tir import Barrier, walk
 from deploycc.ir.tir_interp import reduction_parts, run_program
 from deploycc.kernel_runner import KernelRunner
@@ -97,6 +97,17 @@ def test_dp4a_kernels_split_over_k(scheme, monkeypatch):
     monkeypatch.setattr(gemv, "MIN_TRIPS", 0)
     rules = check_kernels(scheme, "llama-wide", emulation("shuffle"))
     assert f"gemv-dp4a-{FORMATS[scheme]}-split8" in rules, rules
+    # what `takes` allows (it is asked before the rule runs) covers the block's shared memory, the slices' sums too
+    from deploycc.schedule.dp4a import shared_bytes
+
+    _, _, compiled = compiled_model(scheme, "llama-wide")
+    split = [p for p in compiled.programs().values() if scheduled(p).rule.endswith("-split8")]
+    assert split
+    for p in split:
+        (k,) = scheduled(p).kernels
+        used = sum(4 * int(np.prod([int(d.value) for d in b.shape])) for b in allocs_of(k.body) if b.scope == "shared")
+        K = int(np.prod([int(d.value) for d in rounded_input(p).shape]))  # one row of activations: its inputs
+        assert 0 < used <= shared_bytes(K), (p.name, used, shared_bytes(K))
 
 
 def check_kernels(scheme, fixture, device):
