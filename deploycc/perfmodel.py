@@ -24,7 +24,10 @@ launch:
             law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
             about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
             (a decode attention over 9 heads: 9 blocks). Its two constants were fitted on an H100 (docs/gpu.md:
-            attention 30 us at 256 keys, about 180 at 2048). And "serial": the waves of blocks x the barriers a
+            attention 30 us at 256 keys, about 180 at 2048). A kernel whose schedule loads a batch into registers
+            before storing any (schedule/lowering.py: batched_copy) keeps that batch's bytes in flight instead
+            (programs.json's "in_flight": ir/kernel.py loads_in_flight; the decode attention's 128, which an H200
+            measured at 9.3 us a layer of SmolLM2's shape where IN_FLIGHT said 25). And "serial": the waves of blocks x the barriers a
             thread passes x PHASE_US, a block's steps one after another, each waiting on its loads (fitted on an
             H200's tensor-core tiles at a few rows, which no other term explained). The host's time to enqueue the step's launches
             (HOST_US each, measured there with the Python VM and CuPy; for the decode step, run as a CUDA graph,
@@ -179,6 +182,7 @@ class Launch:
     shared: int | None = None
     tensor: bool = False  # multiplies on the tensor cores (tf32, three products a multiply-add)
     barriers: int = 0  # a thread's barriers (programs.json: ir/kernel.py barriers)
+    in_flight: int = IN_FLIGHT  # bytes of loads a thread has waiting at once (programs.json: ir/kernel.py loads_in_flight)
     rule: str = ""  # its program's schedule rule (programs.json)
     occupancy: float = 0.0  # of a multiprocessor's threads
     filled: float = 0.0  # of the whole GPU's threads
@@ -349,6 +353,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     tensor = _tensor_kernels(pkg, m)
     rules = {k["name"]: p["schedule"].get("rule", "") for p in programs for k in p["schedule"]["kernels"]}
     passed = {k["name"]: k["barriers"] for p in programs for k in p["schedule"]["kernels"] if "barriers" in k}
+    flying = {k["name"]: k["in_flight"] for p in programs for k in p["schedule"]["kernels"] if "in_flight" in k}
     steps = {}
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
     if sequences and "step" in bc["functions"]:
@@ -369,6 +374,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             launch.rule = rules.get(launch.kernel, "")
             if launch.kernel in passed:
                 launch.barriers = _sym(passed[launch.kernel], ints)
+            launch.in_flight = max(IN_FLIGHT, flying.get(launch.kernel, 0))
             _time(launch, hw)
             step.launches.append(launch)
         steps[key] = step
@@ -406,7 +412,7 @@ def _time(x: Launch, hw: dict) -> None:
     x.filled = resident / (hw["multiprocessors"] * hw["threads_per_multiprocessor"])
     waves = -(-x.blocks // (hw["multiprocessors"] * blocks_per_mp))
     times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
-             "latency": x.bytes / max(resident, 1) / IN_FLIGHT * LATENCY_US * 1e-6,
+             "latency": x.bytes / max(resident, 1) / x.in_flight * LATENCY_US * 1e-6,
              "serial": waves * x.barriers * PHASE_US * 1e-6,
              "arithmetic": x.flops / (hw["tf32_tensor_tflops"] / TF32_PRODUCTS if x.tensor else hw["fp32_tflops"]) / 1e12}
     if not x.tensor and instructions_per_flop(x.rule) != FMA_INSTRUCTIONS_PER_FLOP:  # counted: what the SMs issue

@@ -286,6 +286,28 @@ def test_packages_record_the_barriers_their_kernels_pass(package):
     assert all(x.barriers == 0 for x in pred["steps"]["decode"].launches if x.rule == "gemv")
 
 
+def test_batched_copies_keep_their_loads_in_flight(package):
+    """The decode attention copies its key/value tiles COPY_BATCH trips at a time, two 4-byte loads a trip, loaded into
+    registers before any store (schedule/lowering.py: batched_copy): programs.json records those 128 bytes, and the
+    model's latency term divides a thread's bytes by them rather than IN_FLIGHT (an H200 measured that kernel at 9.3
+    us a layer of SmolLM2's shape; at IN_FLIGHT the model said 25). Kernels without such a copy record none."""
+    from deploycc.schedule.attention import COPY_BATCH
+
+    m = json.loads((package / "manifest.json").read_text())
+    doc = json.loads((package / m["kernels"]["programs"]).read_text())
+    kernels = {k["name"]: k for p in doc["programs"] for k in p["schedule"]["kernels"]}
+    part = [k for name, k in kernels.items() if name.endswith("_part") and "pages" not in str(k["scalars"])]
+    assert part and all(k["in_flight"] == COPY_BATCH * 2 * 4 for k in part)
+    assert not any("in_flight" in k for name, k in kernels.items() if "linear" in name or "rms_norm" in name)
+    pred = predict(package, context=48, prefill=40)
+    for x in pred["steps"]["decode"].launches:
+        assert x.in_flight == (COPY_BATCH * 8 if x.kernel.endswith("_part") else IN_FLIGHT)
+    x = Launch("attention_part", blocks=9, threads=96, bytes=3_000_000, in_flight=COPY_BATCH * 8)
+    _time(x, H100)
+    assert x.bound == "latency"
+    assert x.seconds == pytest.approx(3e6 / (9 * 96) / (COPY_BATCH * 8) * LATENCY_US * 1e-6 + LAUNCH_US * 1e-6)
+
+
 def test_presets_state_their_hardware(tmp_path):
     assert presets.load("rtx4090").hardware["bandwidth_gb_s"] == 1008 and presets.load("cpu").hardware is None
     text = (presets.resources.files("deploycc.configs") / "h100.yaml").read_text()

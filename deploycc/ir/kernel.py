@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import sym
-from .tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, SubgroupReduce, TensorProgram, V, loads, walk
+from .tir import (Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, SubgroupReduce, TensorProgram, V, loads,
+                  vector_lanes, walk)
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +68,32 @@ def barriers(stmt: Stmt, last: dict | None = None) -> sym.Expr:
         other = barriers(stmt.else_body, last) if stmt.else_body is not None else sym.as_expr(0)
         return then if other.is_const and other.value == 0 else sym.smax(then, other)
     return sym.as_expr(0)
+
+
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "int16": 2, "int8": 1, "uint8": 1}
+
+
+def loads_in_flight(stmt: Stmt) -> int:
+    """The bytes of device-memory loads one thread of a kernel has waiting together where its schedule says so: the
+    largest unrolled loop whose trips only load into registers (schedule/lowering.py: batched_copy, a batch of trips'
+    loads before any store), its global loads over all its trips; 0 where there is none. The performance model's
+    latency term (a thread's bytes over those in flight, a round trip each)."""
+    best = 0
+    for s in walk(stmt):
+        if not (isinstance(s, For) and s.kind == "unroll" and sym.as_expr(s.extent).is_const):
+            continue
+        inner = list(walk(s.body))
+        if not all(isinstance(x, (Seq, Store)) for x in inner):
+            continue
+        n = 0
+        for x in inner:
+            if isinstance(x, Store) and x.buffer.scope == "local":
+                for load in loads(x.value):
+                    if load.arg[0].scope == "global":
+                        base, lanes = vector_lanes(load.dtype) or (load.dtype, 1)
+                        n += ITEM_BYTES.get(base, 4) * lanes
+        best = max(best, n * sym.as_expr(s.extent).value)
+    return best
 
 
 def allocs_of(stmt: Stmt) -> list[Buffer]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from ..ir import sym
-from ..ir.kernel import barriers, scheduled
+from ..ir.kernel import barriers, loads_in_flight, scheduled
 from ..ir.tir import COMPARE, Alloc, Barrier, Block, Buffer, For, IfThenElse, Intrin, Seq, Store, TensorProgram, V, walk
 from .lower import sym_json
 
@@ -132,6 +132,9 @@ def _schedule(prog: TensorProgram, n: _Names) -> dict:
         passed = barriers(k.body)
         if not (passed.is_const and passed.value == 0):  # the performance model's serial term (perfmodel.py)
             entry["barriers"] = n.sym(passed)
+        in_flight = loads_in_flight(k.body)
+        if in_flight:  # the performance model's latency term
+            entry["in_flight"] = in_flight
         kernels.append(entry)
     out = {"rule": s.rule, "workspace": [n.buf(w) for w in s.workspace], "kernels": kernels}
     if s.dispatched:  # alternatives by shape (schedule/dispatch.py): each one does the program's whole work
