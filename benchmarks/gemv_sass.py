@@ -50,7 +50,7 @@ def kernels(shape: str, dp4a: bool) -> dict:
     out = {}
     for name, prog in mod.programs().items():
         s = scheduled(prog)
-        if s.rule == "gemv" or s.rule.startswith(("gemv-split", "gemv-dp4a-q4_sym")):
+        if s.rule == "gemv" or s.rule.startswith(("gemv-split", "gemv-norm", "gemv-dp4a-q4_sym")):
             w = next(b for b in prog.params if b.dtype == "uint32")
             n, words = (int(d.value) for d in w.shape)
             out[name] = (words * 8, n, s.rule, render(list(s.kernels), target))

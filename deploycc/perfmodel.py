@@ -27,12 +27,12 @@ launch:
             attention 30 us at 256 keys, about 180 at 2048). A kernel whose schedule loads a batch into registers
             before storing any (schedule/lowering.py: batched_copy) keeps that batch's bytes in flight instead
             (programs.json's "in_flight": ir/kernel.py loads_in_flight; the decode attention's 128, which an H200
-            measured at 9.3 us a layer of SmolLM2's shape where IN_FLIGHT said 25). And "serial": the waves of blocks x the barriers a
-            thread passes x PHASE_US, a block's steps one after another, each waiting on its loads (fitted on an
-            H200's tensor-core tiles at a few rows, which no other term explained). The host's time to enqueue the step's launches
-            (HOST_US each, measured there with the Python VM and CuPy; for the decode step, run as a CUDA graph,
-            GRAPH_HOST_US + GRAPH_INT_US per int argument + GRAPH_LAUNCH_US) runs beside the device's; a step takes
-            the longer of the two.
+            measured at 9.3 us a layer of SmolLM2's shape where IN_FLIGHT said 25). And "serial": the waves of
+            blocks x the barriers a thread passes x PHASE_US, a block's steps one after another, each waiting on its
+            loads (fitted on an H200's tensor-core tiles at a few rows, which no other term explained). The host's
+            time to enqueue the step's launches (HOST_US each, measured there with the Python VM and CuPy; for the
+            decode step, run as a CUDA graph, GRAPH_HOST_US + GRAPH_INT_US per int argument + GRAPH_LAUNCH_US) runs
+            beside the device's; a step takes the longer of the two.
 
 The batched step (the server's, `predict(..., sequences=(1, 16))`) is modelled alike, one token for each sequence
 after `context`. A decode step's predicted tokens per second is 1 / its time, and its fraction of the HBM roofline is the bytes it
@@ -425,7 +425,7 @@ def _time(x: Launch, hw: dict) -> None:
 
 def instructions_per_flop(rule: str) -> float:
     """INSTRUCTIONS_PER_FLOP of a schedule rule (the dp4a rule's formats alike), else a multiply-add's."""
-    key = "gemv-dp4a" if rule.startswith("gemv-dp4a") else "gemv" if rule.startswith("gemv-split") else rule
+    key = "gemv-dp4a" if rule.startswith("gemv-dp4a") else "gemv" if rule.startswith(("gemv-split", "gemv-norm")) else rule
     return INSTRUCTIONS_PER_FLOP.get(key, FMA_INSTRUCTIONS_PER_FLOP)
 
 

@@ -19,7 +19,7 @@ from .ir import sym
 from .ir.expr import CallTIR, Function, If
 from .ir.kernel import scheduled
 from .ir.module import IRModule
-from .schedule import dp4a, schedule
+from .schedule import dp4a, schedule, schedule_program
 from .transform import legalize
 from .transform.absorb_rounding import absorb_rounding
 from .transform.annotate_patterns import annotate_patterns
@@ -61,12 +61,21 @@ def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IR
         return legalize(m)
     def fused(m: IRModule) -> IRModule:
         m = fuse_tensor(fuse_ops(annotate_patterns(m)))
-        return inline_prologues(m) if target is not None and target.workgroup_gemv else m
+        if target is None or not target.workgroup_gemv:
+            return m
+        return inline_prologues(m, lambda prog: _folds_norm(prog, target))
+
     return [
         ("legalized", legalized),
         ("fused", fused),
         ("scheduled", lambda m: schedule(m, target)),
     ]
+
+
+def _folds_norm(prog, target) -> bool:
+    """Whether the schedule of a decode GEMV with a norm folded in is the GEMV's that accumulates the norm's sum
+    (schedule/gemv.py), not a slower rule that would take the program all the same."""
+    return schedule_program(prog, target).attrs["schedule"].rule.startswith("gemv-norm")
 
 
 def run(mod: IRModule, target=None, stop_after: str = "scheduled", fuse: bool = True) -> IRModule:

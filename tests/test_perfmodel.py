@@ -183,7 +183,7 @@ def test_the_decode_step_runs_as_a_graph(package):
     assert d.graph and not d0.graph and d.int_args == d0.int_args > 0
     assert d.int_args < sum(1 for _ in d.launches) * 4  # a few ints a launch (sizes), some launches none
     assert d.host_s == pytest.approx((GRAPH_HOST_US + GRAPH_INT_US * d.int_args + GRAPH_LAUNCH_US) * 1e-6)
-    assert d0.host_s == pytest.approx(len(d0.launches) * HOST_US * 1e-6) and d.host_s < d0.host_s / 10
+    assert d0.host_s == pytest.approx(len(d0.launches) * HOST_US * 1e-6) and d.host_s < d0.host_s / 5  # 21 launches
     assert d.device_s == d0.device_s  # the same kernels
     prefill, step, step0 = pred["steps"]["prefill"], pred["steps"]["step1"], direct["steps"]["step1"]
     assert not prefill.graph and prefill.host_s == pytest.approx(len(prefill.launches) * HOST_US * 1e-6)

@@ -10,8 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import sym
-from .tir import (Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, SubgroupReduce, TensorProgram, V, loads,
-                  vector_lanes, walk)
+from .tir import (
+    Alloc,
+    Barrier,
+    Buffer,
+    For,
+    IfThenElse,
+    Intrin,
+    Seq,
+    Stmt,
+    Store,
+    SubgroupReduce,
+    TensorProgram,
+    V,
+    loads,
+    vector_lanes,
+    walk,
+)
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,7 +10,9 @@ activations' loads, not the weights', were what held a one-row group to 470-520 
 Llama-3.2-1B head from 282 to 118 us (1.25 TB/s; benchmarks/gpu_gemv.py chose the knobs). The lanes' partial sums
 meet in a SubgroupReduce over the L lanes (CUDA: warp shuffles, no barrier; WGSL with subgroups: subgroup
 shuffles; elsewhere a shared-memory tree of log2(L) barriers, ir/subgroup.py) and lane 0 applies the epilogue and
-stores. dlight's decode-GEMV rule and llama.cpp's MMV kernels are the shape this follows. On CPU OpenCL (PoCL)
+stores. dlight's decode-GEMV rule and llama.cpp's MMV kernels are the shape this follows. An RMS norm folded in
+(transform/inline_prologue.py: "gemv-norm") adds one sum a lane, its inputs' squares, which crosses the lanes and
+slices with the rows' and scales each row by rsqrt(sum / K + eps) before the epilogue. On CPU OpenCL (PoCL)
 this layout is slower than one row per work-item (FACTS.md), so targets opt in with `workgroup_gemv`.
 """
 from __future__ import annotations
@@ -18,8 +20,9 @@ from __future__ import annotations
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, TensorProgram
-from ..ir.tir_rewrite import Substitute
-from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, unravel
+from ..ir.tir_interp import reduction_parts
+from ..ir.tir_rewrite import Substitute, map_value
+from .lowering import localize, lower_block, matmul_with_epilogues, split_matmul, split_stat_matmul, unravel
 
 LANES = 32  # threads per lane group (its ROWS output rows): a warp on NVIDIA, half a wavefront on AMD and Adreno
 VECTOR = 8  # consecutive inputs per lane and step: one 32-bit word of 4-bit codes, 16 bytes of fp16 weights
@@ -51,10 +54,14 @@ def slices(outputs: sym.Expr, trips: int, rows_per_group: int, threads: int, max
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if not target.workgroup_gemv:
         return None
-    found = split_matmul(prog)
-    if found is None:
-        return None
-    mm, epilogues, rhs = found
+    stat = split_stat_matmul(prog)  # a norm folded in (transform/inline_prologue.py): its sum beside the rows'
+    if stat is not None:
+        stat, mm, epilogues, rhs, factor = stat
+    else:
+        found = split_matmul(prog)
+        if found is None:
+            return None
+        mm, epilogues, rhs = found
     spatial = mm.spatial
     outputs = sym.as_expr(1)
     for it in spatial:
@@ -65,7 +72,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     if not (rows.is_const and rows.value == 1):
         return None  # prefill: the tiled matmul or the row rule
     out = mm.body.buffer
-    intermediates = allocs_of(prog.body)
+    intermediates = [b for b in allocs_of(prog.body) if stat is None or b is not stat.body.buffer]
     if not matmul_with_epilogues(mm, epilogues, intermediates):
         return None
     T = 1
@@ -73,6 +80,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         T *= 2
     L = min(LANES, T)
     W = ROWS  # rows per lane group: each input a lane loads serves W rows
+    slots = W + (stat is not None)  # a lane's sums: its rows', then the norm's sum of squares
     R = T // L * W  # rows per work-group
     red_it = mm.reduce[0]
     k_ext = sym.as_expr(red_it.extent)
@@ -89,7 +97,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     per = sym.floordiv(trips + (S - 1), S)  # a slice's steps
     step_of = sym.floordiv(Tt, T) * per + KK if S > 1 else KK
     firsts = [((step_of * unroll + u) * L + lane) * V for u in range(unroll)]
-    acc = Buffer("acc", (W,), "float32", "local")
+    acc = Buffer("acc", (slots,), "float32", "local")
 
     def below(k, n) -> tir.V:
         return tir.index(k).cmp("lt", tir.index(n))
@@ -97,21 +105,35 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     def term(w, k):
         part = Substitute(syms={**fixed[w], red_it.var: k}, fresh=False).value(rhs)
         return Store(acc, (sym.as_expr(w),), acc[w] + part)
+
+    def stat_terms(k) -> tuple[Stmt, ...]:
+        """The norm's sum of squares over the lane's inputs (the same loads as its rows' terms), one row: slot W."""
+        if stat is None:
+            return ()
+        _, sq = reduction_parts(stat)
+        one = {it.var: sym.as_expr(0) for it in stat.spatial}
+        return (Store(acc, (sym.as_expr(W),), acc[W] + Substitute(syms={**one, stat.reduce[0].var: k},
+                                                                   fresh=False).value(sq)),)
     in_row = [below(row, outputs) for row in rows_of]
     # K is a multiple of V: a lane's V inputs are all inside or all past the end; a row past the end is skipped
     step = Seq(tuple(IfThenElse(below(first, k_ext), Seq(tuple(
         IfThenElse(in_row[w], term(w, first + v)) if w else term(w, first + v)
-        for v in range(V) for w in range(W)))) for first in firsts))
-    steps = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(W)]
+        for v in range(V) for w in range(W)) + tuple(s for v in range(V) for s in stat_terms(first + v))))
+        for first in firsts))
+    steps = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(slots)]
     steps += [IfThenElse(in_row[0], For(kk, per if S > 1 else trips, step))]
-    steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(w),), acc[w]) for w in range(W)), "add", L))
+    steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(w),), acc[w]) for w in range(slots)), "add", L))
     lead = tir.index(lane).cmp("eq", tir.index(0))
     parts = None
     if S > 1:
-        parts, lead = meet_slices(steps, acc, W, L, R, S, T, Tt, within, lead)
+        parts, lead = meet_slices(steps, acc, slots, L, T // L * slots, S, T, Tt, within, lead)
+    scale = None  # the norm's factor of the summed squares, rsqrt(sum / K + eps): once a row, not once an input
+    if stat is not None:
+        scale = map_value(factor, lambda x: acc[W] if x.op == "load" and x.arg[0] is stat.body.buffer else None)
     for w in range(W):
         sub = Substitute(syms=fixed[w], fresh=False)
-        result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + acc[w])
+        made = acc[w] if scale is None else scale * acc[w]
+        result = Store(out, tuple(sub.expr(i) for i in mm.body.indices), sub.value(mm.init.value) + made)
         tail = Seq((result,) + tuple(lower_block(e, {a.var: fixed[w][b.var] for a, b in zip(e.iters, spatial)},
                                                  f"e{i}") for i, e in enumerate(epilogues)))
         if out in intermediates:
@@ -125,7 +147,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     body = For(g, groups, For(t, sym.as_expr(T * S), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
     k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, T * S, written)
-    return Schedule((k,), (), "gemv" if S == 1 else f"gemv-split{S}")
+    name = "gemv" if stat is None else "gemv-norm"
+    return Schedule((k,), (), name if S == 1 else f"{name}-split{S}")
 
 
 def meet_slices(steps: list, acc: Buffer, W: int, L: int, R: int, S: int, T: int, Tt, within, lead: tir.V):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..ir import sym, tir
-from ..ir.kernel import strip_allocs
+from ..ir.kernel import allocs_of, strip_allocs
 from ..ir.tir import Alloc, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, V
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute, map_value
@@ -232,6 +232,52 @@ def split_matmul(prog) -> tuple[Block, list[Block], V] | None:
         return None
     combine, rhs = reduction_parts(mm)
     return (mm, epilogues, rhs) if combine == "add" else None
+
+
+def hoist_factor(v: V, buf: Buffer) -> tuple[V, V] | None:
+    """v = rest * factor along a chain of products, where `factor` reads `buf` and nothing else and `rest` does not read
+    it: (rest, factor), or None. An RMS norm's output inlined into a matmul's summand, w[k] * (x[k] * rsqrt(s / K +
+    eps)) * W[n, k], gives (w[k] * x[k] * W[n, k], rsqrt(s / K + eps))."""
+    def reads(u: V) -> bool:
+        return any(ld.arg[0] is buf for ld in tir.loads(u))
+    if v.op != "mul" or not reads(v):
+        return None
+    a, b = v.src
+    if reads(a) and reads(b):
+        return None
+    if reads(a):
+        a, b = b, a
+    if all(ld.arg[0] is buf for ld in tir.loads(b)):
+        return a, b
+    got = hoist_factor(b, buf)
+    return None if got is None else (V("mul", v.dtype, (a, got[0])), got[1])
+
+
+def split_stat_matmul(prog) -> tuple[Block, Block, list[Block], V, V] | None:
+    """(statistic, matmul, epilogues, summand without the factor, factor) of a program (transform/inline_prologue.py's
+    norm folded into a decode GEMV) whose first block sums one row over K into a local buffer from 0 (an RMS norm's
+    sum of squares) and whose second is a matmul over the same K whose summand is a product with a factor of that sum
+    alone (rsqrt(sum / K + eps)): the GEMV accumulates the sum beside its rows' and scales their sums by the factor
+    once (schedule/gemv.py). None for any other program."""
+    stmts = strip_allocs(prog.body)
+    if len(stmts) < 2 or not all(isinstance(s, Block) for s in stmts):
+        return None
+    stat, mm, epilogues = stmts[0], stmts[1], stmts[2:]
+    if len(stat.reduce) != 1 or stat.init is None or len(mm.reduce) != 1 or mm.init is None:
+        return None
+    buf = stat.body.buffer
+    if (buf.scope != "local" or buf not in allocs_of(prog.body)
+            or stat.iters[-1].kind != "reduce" or mm.iters[-1].kind != "reduce"
+            or not all(sym.as_expr(it.extent).is_const and sym.as_expr(it.extent).value == 1 for it in stat.spatial)
+            or stat.init.value.op != "const" or stat.init.value.arg != 0
+            or not sym.prove_eq(stat.reduce[0].extent, mm.reduce[0].extent)):
+        return None
+    combine_stat, stat_rhs = reduction_parts(stat)
+    combine, rhs = reduction_parts(mm)
+    got = hoist_factor(rhs, buf) if combine_stat == "add" and combine == "add" else None
+    if got is None or any(ld.arg[0] is buf for e in epilogues for ld in tir.loads(e.body.value)):
+        return None
+    return stat, mm, epilogues, got[0], got[1]
 
 
 def matmul_with_epilogues(mm: Block, epilogues: list[Block], intermediates: list[Buffer]) -> bool:

@@ -6,6 +6,13 @@ elements, where on a GPU the launch costs more than the work. Here the GEMV's lo
 producer's expression (fuse_tensor's compute_inline, across two call_tir): each lane recomputes the elements it
 reads (a sigmoid and two loads each, shared by the rows of its lane group), and the producer's launch is gone.
 
+An RMS norm before a GEMV (the q/k/v, gate-up and head projections read the normed hidden state) goes the same
+way, its sum of squares included: y[n] = sum_k W[n, k] w[k] x[k] rsqrt(s / K + eps) with s = sum_k x[k]^2, where
+the factor depends on no k, so the GEMV (schedule/gemv.py, "gemv-norm") sums s beside its rows' products from the
+same loads of x and scales each row's sum by the factor once: two launches a layer fewer in decode, and no extra
+bytes. Composed only where that rule schedules the result (`takes`), and not for a linear that rounds its input to
+8 bits (--activations 8: the dp4a GEMV rounds x as it reads it from memory).
+
 Taken when the consumer is a matmul with epilogues of one output row (decode: the prefill tiles would recompute the
 prologue once per tile of outputs), the producer a single spatial block writing at its iterators (the inlining
 rule of fuse_tensor), read by nothing else, and both programs of constant shapes (decode's). The CPU presets are not
@@ -19,14 +26,15 @@ from ..ir import sym
 from ..ir.expr import Binding, BindingBlock, CallTIR, SeqExpr, with_body
 from ..ir.kernel import allocs_of, strip_allocs
 from ..ir.module import IRModule
-from ..ir.tir import Buffer, Seq, TensorProgram, walk
+from ..ir.tir import Alloc, Block, Buffer, Seq, TensorProgram, walk
 from ..ir.tir_rewrite import Substitute
 from .annotate_patterns import analyze
 from .dce import dead_code_elimination, used_vars
 from .fuse_tensor import _inlinable, _inline, _touches
 
 
-def inline_prologues(mod: IRModule) -> IRModule:
+def inline_prologues(mod: IRModule, takes=None) -> IRModule:
+    """`takes(program)`: whether a norm may be folded into that GEMV (see _compose); None: no norm is."""
     out = mod.with_functions(mod.functions)
     for name, fn in mod.graph_functions().items():
         if fn.attrs.get("primitive"):
@@ -39,7 +47,7 @@ def inline_prologues(mod: IRModule) -> IRModule:
             bindings = []  # a producer in the consumer's own dataflow block (its inputs are in scope there)
             for b in blk.bindings:
                 if isinstance(b, Binding) and isinstance(b.value, CallTIR) and blk.dataflow:
-                    b = _inline_into(b, made, uses, out, gone)
+                    b = _inline_into(b, made, uses, out, gone, takes)
                 bindings.append(b)
             blocks.append(BindingBlock(tuple(bindings), blk.dataflow))
         blocks = [BindingBlock(tuple(b for b in blk.bindings if b not in gone), blk.dataflow) for blk in blocks]
@@ -47,7 +55,7 @@ def inline_prologues(mod: IRModule) -> IRModule:
     return dead_code_elimination(out)
 
 
-def _inline_into(b: Binding, made: dict, uses: dict, mod: IRModule, gone: set) -> Binding:
+def _inline_into(b: Binding, made: dict, uses: dict, mod: IRModule, gone: set, takes=None) -> Binding:
     call: CallTIR = b.value
     prog: TensorProgram = mod[call.program]
     if call.sym_args or not _one_row_matmul(prog) or "activations" in prog.attrs:
@@ -57,7 +65,7 @@ def _inline_into(b: Binding, made: dict, uses: dict, mod: IRModule, gone: set) -
         if p is None or p in gone or uses.get(a) != 1 or p.value.sym_args:
             continue
         producer: TensorProgram = mod[p.value.program]
-        fused = _compose(prog, j, producer)
+        fused = _compose(prog, j, producer, takes)
         if fused is None:
             continue
         gone.add(p)
@@ -82,21 +90,36 @@ def _one_row_matmul(prog: TensorProgram) -> bool:
     return rows == 1
 
 
-def _compose(consumer: TensorProgram, j: int, producer: TensorProgram) -> TensorProgram | None:
-    """`consumer` with its input j computed by `producer`'s block where it is read (None if it does not inline)."""
-    stmts = strip_allocs(producer.body)
-    if (producer.num_outputs != 1 or allocs_of(producer.body) or len(stmts) != 1 or not _constant(producer)
-            or not _inlinable(stmts[0])):
+def _compose(consumer: TensorProgram, j: int, producer: TensorProgram, takes=None) -> TensorProgram | None:
+    """`consumer` with its input j computed by `producer`'s block where it is read (None if it does not inline).
+    A producer whose block reads sums it makes first into local buffers (an RMS norm: its sum of squares) is
+    composed only where `takes` accepts the result (the GEMV rule, which accumulates the sum beside its rows')."""
+    stmts, allocs = strip_allocs(producer.body), allocs_of(producer.body)
+    if producer.num_outputs != 1 or not stmts or not _constant(producer) or not _inlinable(stmts[-1]):
+        return None
+    if (len(stmts) > 1 or allocs) and (takes is None or not _row_sums(stmts[:-1], allocs)):
         return None
     x = consumer.inputs[j]
     ins = [Buffer(f"p{i}", b.shape, b.dtype) for i, b in enumerate(producer.inputs)]
-    made = Substitute(dict(zip(producer.params, ins + [x]))).stmt(producer.body)
+    sub = Substitute(dict(zip(producer.params, ins + [x])))
+    made = sub.stmt(Seq(tuple(stmts)))
     body = _inline(Seq((made, consumer.body)), [x])
     if any(_touches(s, x) for s in walk(body)):
         return None
     if isinstance(body, Seq) and len(body.stmts) == 1:
         body = body.stmts[0]
+    for a in allocs:
+        body = Alloc(sub.buf(a), body)
     params = consumer.inputs[:j] + tuple(ins) + consumer.inputs[j + 1:] + consumer.outputs
     name = "fused_" + "_".join(re.sub(r"\d+$", "", p.name).removeprefix("fused_") for p in (producer, consumer))
     prog = TensorProgram(name, params, body, (), consumer.num_outputs, dict(consumer.attrs))
+    if allocs:  # a sum, then the matmul: fused with its epilogues all the same (analyze says opaque)
+        prog = TensorProgram(name, params, body, (), consumer.num_outputs, {**prog.attrs, "pattern": "OUTPUT_EWISE_FUSIBLE"})
+        return prog if takes(prog) else None
     return TensorProgram(name, params, body, (), consumer.num_outputs, {**prog.attrs, "pattern": analyze(prog).name})
+
+
+def _row_sums(stmts: list, allocs: list) -> bool:
+    """Each statement a block summing into one of the local buffers `allocs` (a norm's statistics)."""
+    return all(isinstance(s, Block) and s.reduce and s.init is not None and s.body.buffer in allocs
+               and s.body.buffer.scope == "local" for s in stmts)

@@ -250,14 +250,15 @@ def kernel_work(lowered) -> dict[str, dict]:
     of its program's schedule: a prefill's activation quantization runs first): multiply-adds per row of the
     activations (N x K, the constant spatial extents times the reduction), and the bits the integer kernels round
     the activations to (absent: float). What `bench --roofline` turns into operations per byte and per second."""
-    from ..schedule.lowering import split_matmul
+    from ..schedule.lowering import split_matmul, split_stat_matmul
 
     out = {}
     for prog in lowered.programs.values():
         sched = scheduled(prog)
         if sched is None or not sched.kernels or prog.attrs.get("pattern") != "OUTPUT_EWISE_FUSIBLE":
             continue  # a matmul (fused with its epilogues) is OUTPUT_EWISE_FUSIBLE; a norm's sum of squares is not
-        found = split_matmul(prog)
+        stat = split_stat_matmul(prog)  # a norm folded into a decode GEMV: its sum of squares comes first
+        found = (stat[1],) if stat is not None else split_matmul(prog)
         if found is None:
             continue
         mm = found[0]

@@ -102,6 +102,25 @@ def test_decode_gemv(path, k, n, split):
         assert "shfl" not in src and "subgroup" not in src
 
 
+@pytest.mark.parametrize("k,n,split", [(576, 200, 1), (1000, 24, 2), (8192, 40, 8)])
+def test_decode_gemv_with_its_norm_folded_in(path, k, n, split):
+    """An RMS norm folded into the GEMV after it (transform/inline_prologue.py, GPU presets' decode): each lane sums
+    its inputs' squares beside its rows' products, the sum crosses the lanes (and the slices) with them, and each row
+    is scaled by rsqrt(sum / K + eps) once. x is 3 standard normals' scale, so a scale left out is off 3x."""
+    from deploycc.transform.inline_prologue import _compose
+
+    name, runner = path
+    if split == 8 and runner.target.max_threads_per_block < 512:
+        split = runner.target.max_threads_per_block // 64
+    norm = legalized("rms_norm", {"x": (1, k), "w": (k,)}, eps=1e-5)
+    prog = _compose(legalized("linear", {"y": (1, k), "w": (n, k)}), 0, norm, lambda p: True)
+    x = 3 * RNG.standard_normal((1, k), np.float32)
+    gamma, w = RNG.standard_normal((k,), np.float32), RNG.standard_normal((n, k), np.float32)
+    src = check(runner, prog, "gemv-norm" if split == 1 else f"gemv-norm-split{split}", [x, gamma, w], (1, n))
+    if name.startswith("cuda"):  # the factor once for each of a lane group's 4 rows, none in the loop over K
+        assert src.count("rsqrtf") == 4 and "acc[4]" in src, src
+
+
 @pytest.mark.parametrize("rows,length", [(1, 576), (3, 2048), (2, 40)])
 def test_rms_norm_rows(path, rows, length):
     _, runner = path
