@@ -1,11 +1,13 @@
 """The decode GEMV's variants on a CUDA GPU, one table: each shape of a 1B model's decode (q4f16_1 weights) scheduled by
 schedule/gemv.py with its knobs set (rows per lane group, steps written out per trip, threads per group, and
-optionally the lane groups below which K is split over slices: SPLIT_GROUPS, 0 for never), checked against numpy and
-timed with CUDA events (median of 5 batches of 20 launches). Run on a machine with a GPU and CuPy:
+optionally the lane groups below which K is split over slices: SPLIT_GROUPS, 0 for never, and whether a lane's 8
+products take their group's scale once, FACTOR_SCALES, 1 or 0), checked against numpy and timed with CUDA events
+(median of 5 batches of 20 launches). Run on a machine with a GPU and CuPy:
 
     python benchmarks/gpu_gemv.py [--shapes 2048x2048,16384x2048,128256x2048] [--variants 1:4:128,2:2:128,4:1:64:0,...]
 
-The default variants include today's rule with and without the split (4:1:64:2048, 4:1:64:0).
+The default variants include today's rule with and without the split (4:1:64:2048, 4:1:64:0) and without the
+scale taken once (4:1:64:2048:0).
 
 GB/s counts the weight bytes (codes and scales) a launch reads, against the device's read probe.
 """
@@ -63,7 +65,7 @@ def timed(device, kern, args, groups: int, threads: int, launches: int) -> float
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="2048x2048,16384x2048,2048x8192,128256x2048,576x576,49152x576")
-    ap.add_argument("--variants", default="4:1:64:0,4:1:64:2048,4:1:64:4096,1:1:128,2:1:128,4:2:128")
+    ap.add_argument("--variants", default="4:1:64:0,4:1:64:2048,4:1:64:2048:0,4:1:64:4096,1:1:128,2:1:128,4:2:128")
     ap.add_argument("--scheme", default="q4f16_1")
     a = ap.parse_args()
     device = open_device("cuda")
@@ -71,7 +73,8 @@ def main() -> None:
     s = QUANTIZATION[a.scheme]
     probe = device.read_probe()
     print(f"{device.name}: read probe {probe:.0f} GB/s; {a.scheme}")
-    print(f"{'shape':>12} {'rows:unroll:threads:split':>26} {'rule':>12} {'us':>9} {'GB/s':>8} {'of probe':>8} {'max err':>9}")
+    print(f"{'shape':>12} {'rows:unroll:threads:split:scale':>31} {'rule':>12} {'us':>9} {'GB/s':>8} {'of probe':>8} "
+          f"{'max err':>9}")
     rng = np.random.default_rng(0)
     for shape in a.shapes.split(","):
         rows, cols = (int(x) for x in shape.split("x"))
@@ -85,6 +88,7 @@ def main() -> None:
             knobs = [int(v) for v in variant.split(":")]
             gemv.ROWS, gemv.UNROLL, gemv.GROUP = knobs[:3]
             gemv.SPLIT_GROUPS = knobs[3] if len(knobs) > 3 else 0
+            gemv.FACTOR_SCALES = bool(knobs[4]) if len(knobs) > 4 else True
             t = dataclasses.replace(target, threads_per_block=max(gemv.GROUP, 32))
             sched = gemv.rule(program(s, rows, cols), t)
             k = sched.kernels[0]
@@ -95,7 +99,7 @@ def main() -> None:
             err = float(np.abs(got - want).max() / np.abs(want).max()) if want is not None else float("nan")
             us = timed(device, kern, args, int(k.groups.value), k.threads, 20) * 1e6
             gbs = nbytes / (us * 1e-6) / 1e9
-            print(f"{shape:>12} {variant:>26} {sched.rule:>12} {us:9.1f} {gbs:8.0f} {gbs / probe:8.1%} {err:9.1e}")
+            print(f"{shape:>12} {variant:>31} {sched.rule:>12} {us:9.1f} {gbs:8.0f} {gbs / probe:8.1%} {err:9.1e}")
 
 
 if __name__ == "__main__":

@@ -234,6 +234,47 @@ def split_matmul(prog) -> tuple[Block, list[Block], V] | None:
     return (mm, epilogues, rhs) if combine == "add" else None
 
 
+def _key(v: V):
+    """A value's structure, for equality of values built apart (a scale loaded at the same index for each input)."""
+    if v.op == "load":
+        buf, idx = v.arg
+        return ("load", id(buf), tuple(_key(i) if isinstance(i, V) else str(i) for i in idx))
+    return (v.op, v.dtype, str(v.arg) if v.op in ("const", "index") else None, tuple(_key(x) for x in v.src))
+
+
+def _factors(v: V) -> list[V]:
+    if v.op == "mul" and v.dtype.startswith("float"):
+        return [f for x in v.src for f in _factors(x)]
+    return [v]
+
+
+def common_factor(parts: list[V]) -> tuple[V, list[V]] | None:
+    """parts[i] = common * rests[i], the common factor a product of the factors every part has (a group's scale,
+    the same for the V inputs of a lane's step): (common, rests), or None where they share none. A GEMV multiplies
+    the common factor once into the rests' sum rather than into each part (schedule/gemv.py)."""
+    if len(parts) < 2:
+        return None
+    split = [_factors(p) for p in parts]
+    keys = [[_key(f) for f in fs] for fs in split]
+    shared = [k for k in dict.fromkeys(keys[0]) if all(k in ks for ks in keys[1:])]
+    if not shared:
+        return None
+    common = None
+    for k in shared:
+        f = split[0][keys[0].index(k)]
+        common = f if common is None else common * f
+    rests = []
+    for fs in split:
+        left = list(fs)
+        for k in shared:
+            del left[[_key(x) for x in left].index(k)]
+        rest = None
+        for f in left:
+            rest = f if rest is None else rest * f
+        rests.append(tir.const(1.0) if rest is None else rest)
+    return common, rests
+
+
 def hoist_factor(v: V, buf: Buffer) -> tuple[V, V] | None:
     """v = rest * factor along a chain of products, where `factor` reads `buf` and nothing else and `rest` does not read
     it: (rest, factor), or None. An RMS norm's output inlined into a matmul's summand, w[k] * (x[k] * rsqrt(s / K +

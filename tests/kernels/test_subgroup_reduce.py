@@ -102,6 +102,33 @@ def test_decode_gemv(path, k, n, split):
         assert "shfl" not in src and "subgroup" not in src
 
 
+@pytest.mark.parametrize("scheme,factored", [("q4f16_1", True), ("q8f16_0", True), ("q4f16_2", False)])
+@pytest.mark.parametrize("k,n,split", [(576, 200, 1), (8192, 40, 8)])
+def test_decode_gemv_multiplies_a_groups_scale_once(path, scheme, factored, k, n, split):
+    """Quantized weights: a lane's V = 8 inputs of a step are in one group of 32, so the products share the group's
+    scale, which the GEMV multiplies once into their sum (one store into each row's sum a step, not eight); a scheme
+    with a zero point added after the scale (q4f16_2: a minimum a group) shares no factor and keeps a product each."""
+    from deploycc.ir import tir as t_
+    from deploycc.quantization import QUANTIZATION
+
+    name, runner = path
+    if split == 8 and runner.target.max_threads_per_block < 512:
+        split = runner.target.max_threads_per_block // 64
+    s = QUANTIZATION[scheme]
+    bufs = s.buffers(n, k)
+    X, Y = t_.Buffer("x", (1, k), "float32"), t_.Buffer("y", (1, n), "float32")
+    its = t_.iters("m r c", (1, n, k), "SSR")
+    m, r, c = (t_.v(i) for i in its)
+    prog = TensorProgram("qgemv", (*bufs, X, Y), Block("gemv", its, Store(Y, (m, r), Y[m, r] + X[m, c] * s.value(bufs, r, c)),
+                                                        init=Store(Y, (m, r), t_.const(0.0))))
+    packed = s.quantize(RNG.standard_normal((n, k)).astype(np.float32))
+    x = RNG.standard_normal((1, k)).astype(np.float32)
+    src = check(runner, prog, "gemv" if split == 1 else f"gemv-split{split}", [*(packed[p] for p in s.param_shapes(n, k)), x],
+                (1, n))
+    if name.startswith("cuda"):
+        assert src.count("acc[0] = (acc[0] +") == (1 if factored else 8), src
+
+
 @pytest.mark.parametrize("k,n,split", [(576, 200, 1), (1000, 24, 2), (8192, 40, 8)])
 def test_decode_gemv_with_its_norm_folded_in(path, k, n, split):
     """An RMS norm folded into the GEMV after it (transform/inline_prologue.py, GPU presets' decode): each lane sums
