@@ -1,13 +1,14 @@
 """The decode GEMV's variants on a CUDA GPU, one table: each shape of a 1B model's decode (q4f16_1 weights) scheduled by
 schedule/gemv.py with its knobs set (rows per lane group, steps written out per trip, threads per group, and
-optionally the lane groups below which K is split over slices: SPLIT_GROUPS, 0 for never, and whether a lane's 8
-products take their group's scale once, FACTOR_SCALES, 1 or 0), checked against numpy and timed with CUDA events
+optionally the lane groups below which K is split over slices: SPLIT_GROUPS, 0 for never, and what a lane's 8
+products take once: 0 nothing, 1 their group's scale (FACTOR_SCALES), 2 also the codes' zero point (OFFSET_ONCE,
+the default)), checked against numpy and timed with CUDA events
 (median of 5 batches of 20 launches). Run on a machine with a GPU and CuPy:
 
     python benchmarks/gpu_gemv.py [--shapes 2048x2048,16384x2048,128256x2048] [--variants 1:4:128,2:2:128,4:1:64:0,...]
 
-The default variants include today's rule with and without the split (4:1:64:2048, 4:1:64:0) and without the
-scale taken once (4:1:64:2048:0).
+The default variants include today's rule with and without the split (4:1:64:2048, 4:1:64:0) and with less taken
+once (4:1:64:2048:0, 4:1:64:2048:1).
 
 GB/s counts the weight bytes (codes and scales) a launch reads, against the device's read probe.
 """
@@ -65,7 +66,7 @@ def timed(device, kern, args, groups: int, threads: int, launches: int) -> float
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="2048x2048,16384x2048,2048x8192,128256x2048,576x576,49152x576")
-    ap.add_argument("--variants", default="4:1:64:0,4:1:64:2048,4:1:64:2048:0,4:1:64:4096,1:1:128,2:1:128,4:2:128")
+    ap.add_argument("--variants", default="4:1:64:0,4:1:64:2048,4:1:64:2048:0,4:1:64:2048:1,4:1:64:4096,1:1:128,2:1:128,4:2:128")
     ap.add_argument("--scheme", default="q4f16_1")
     a = ap.parse_args()
     device = open_device("cuda")
@@ -88,7 +89,8 @@ def main() -> None:
             knobs = [int(v) for v in variant.split(":")]
             gemv.ROWS, gemv.UNROLL, gemv.GROUP = knobs[:3]
             gemv.SPLIT_GROUPS = knobs[3] if len(knobs) > 3 else 0
-            gemv.FACTOR_SCALES = bool(knobs[4]) if len(knobs) > 4 else True
+            once = knobs[4] if len(knobs) > 4 else 2
+            gemv.FACTOR_SCALES, gemv.OFFSET_ONCE = once >= 1, once >= 2
             t = dataclasses.replace(target, threads_per_block=max(gemv.GROUP, 32))
             sched = gemv.rule(program(s, rows, cols), t)
             k = sched.kernels[0]

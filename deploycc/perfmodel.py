@@ -71,13 +71,13 @@ TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/m
 # Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
 # FLOPs and one instruction) unless counted. The decode GEMVs were counted in the SASS nvcc makes for sm_90
 # (benchmarks/gemv_sass.py, an 8B Llama's widths, q4f16_1, whose program has 4 FLOPs a weight): the float GEMV
-# (schedule/gemv.py) 6.16 instructions a weight (shift, mask, int-to-float, the zero point, the multiply-add; the
-# group's scale once a lane's 8 inputs since 2026-11-28: 8.0 before), the dp4a GEMV (schedule/dp4a.py) 3.0 with its
-# rounding of x. So on an H100 the float GEMV cannot stream the weights at the HBM's bandwidth: its SMs issue
-# 33.4 T instructions a second, 5.4 T weights. The GEMV with an RMS norm folded in (transform/inline_prologue.py:
-# "gemv-norm") 8.00 a weight (each input also times its norm weight and its square summed, shared by a lane's four
+# (schedule/gemv.py) 5.50 instructions a weight (shift, mask, int-to-float, the multiply-add; since 2026-11-28 the
+# group's scale and the codes' zero point once a lane's 8 inputs: 8.0 before), the dp4a GEMV (schedule/dp4a.py) 3.0
+# with its rounding of x. So on an H100 the float GEMV cannot stream the weights at the HBM's bandwidth: its SMs
+# issue 33.4 T instructions a second, 6.1 T weights. The GEMV with an RMS norm folded in (transform/inline_prologue.py:
+# "gemv-norm") 6.53 a weight (each input also times its norm weight and its square summed, shared by a lane's four
 # rows); its program has 6 FLOPs a weight once the norm's factor, which the kernel takes once a row, is counted so.
-INSTRUCTIONS_PER_FLOP = {"gemv": 6.16 / 4, "gemv-norm": 8.00 / 6, "gemv-dp4a": 0.75}
+INSTRUCTIONS_PER_FLOP = {"gemv": 5.50 / 4, "gemv-norm": 6.53 / 6, "gemv-dp4a": 0.75}
 # the share of the fp32 peak's instruction rate those GEMVs issue at: Llama-3.2-1B's head (262.7 M weights, 8.0
 # instructions each) took 107.7 us on an H200 (2026-11-28; 62.8 at the peak's rate), SmolLM2's (28.3 M) 18.7
 ISSUE_EFFICIENCY = 0.6

@@ -11,9 +11,9 @@ Llama-3.2-1B head from 282 to 118 us (1.25 TB/s; benchmarks/gpu_gemv.py chose th
 meet in a SubgroupReduce over the L lanes (CUDA: warp shuffles, no barrier; WGSL with subgroups: subgroup
 shuffles; elsewhere a shared-memory tree of log2(L) barriers, ir/subgroup.py) and lane 0 applies the epilogue and
 stores. Where a lane's V products share a factor (a quantized group's scale: its V inputs are in one group of 32),
-the factor multiplies their sum once (FACTOR_SCALES; in nvcc's SASS 6.16 instructions a 4-bit weight, 8.00 with the
-scale taken by each product). dlight's decode-GEMV rule and llama.cpp's MMV kernels are the shape this follows. An
-RMS norm folded in
+the factor multiplies their sum once (FACTOR_SCALES), and a zero point subtracted from each code is taken once off
+the inputs' sum (OFFSET_ONCE): in nvcc's SASS 5.50 instructions a 4-bit weight, 8.00 with both taken by each
+product. dlight's decode-GEMV rule and llama.cpp's MMV kernels are the shape this follows. An RMS norm folded in
 (transform/inline_prologue.py: "gemv-norm") adds one sum a lane, its inputs' squares, which crosses the lanes and
 slices with the rows' and scales each row by rsqrt(sum / K + eps) before the epilogue. On CPU OpenCL (PoCL)
 this layout is slower than one row per work-item (FACTS.md), so targets opt in with `workgroup_gemv`.
@@ -25,7 +25,16 @@ from ..ir.kernel import Kernel, Schedule, allocs_of, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, TensorProgram
 from ..ir.tir_interp import reduction_parts
 from ..ir.tir_rewrite import Substitute, map_value
-from .lowering import common_factor, localize, lower_block, matmul_with_epilogues, split_matmul, split_stat_matmul, unravel
+from .lowering import (
+    common_factor,
+    localize,
+    lower_block,
+    matmul_with_epilogues,
+    offset_out,
+    split_matmul,
+    split_stat_matmul,
+    unravel,
+)
 
 LANES = 32  # threads per lane group (its ROWS output rows): a warp on NVIDIA, half a wavefront on AMD and Adreno
 VECTOR = 8  # consecutive inputs per lane and step: one 32-bit word of 4-bit codes, 16 bytes of fp16 weights
@@ -41,6 +50,7 @@ SPLIT_GROUPS = 2048
 MAX_SLICES = 8
 MIN_TRIPS = 2
 FACTOR_SCALES = True  # a lane's V products' common factor (a group's scale) multiplied once into their sum
+OFFSET_ONCE = True  # and the codes' zero point taken once off the inputs' sum (sum x (q - 8) = sum x q - 8 sum x)
 
 
 def slices(outputs: sym.Expr, trips: int, rows_per_group: int, threads: int, max_threads: int) -> int:
@@ -112,14 +122,18 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 
     def row_terms(w, first) -> Stmt | None:
         """Row w's products over a lane's V inputs where they share a factor (a group's scale: its V inputs are in
-        one group of 32): that factor times their sum, once, not once an input (in nvcc's SASS for sm_90 the
-        Llama-3.2-1B o projection's 4-bit weights took 6.47 instructions each so, 8.53 before); None where they share
-        none (float weights)."""
+        one group of 32): that factor times their sum, once, not once an input, and a zero point the codes share
+        (q - 8) off the inputs' sum once (in nvcc's SASS for sm_90 the Llama-3.2-1B o projection's 4-bit weights took
+        5.81 instructions each so, 8.53 before); None where they share none (float weights)."""
         parts = [Substitute(syms={**fixed[w], red_it.var: first + v}, fresh=False).value(rhs) for v in range(V)]
         found = common_factor(parts) if FACTOR_SCALES and V > 1 else None
         if found is None:
             return None
         common, rests = found
+        shifted = offset_out(rests) if OFFSET_ONCE else None
+        if shifted is not None:  # the codes' products summed, the zero point taken once off the inputs' sum
+            products, zero, inputs = shifted
+            return Store(acc, (sym.as_expr(w),), acc[w] + common * (products - zero * inputs))
         total = rests[0]
         for r in rests[1:]:
             total = total + r

@@ -275,6 +275,33 @@ def common_factor(parts: list[V]) -> tuple[V, list[V]] | None:
     return common, rests
 
 
+def offset_out(rests: list[V]) -> tuple[V, V, V] | None:
+    """rests[i] = P_i * (a_i - c), c one constant for all (a 4-bit code's zero point, 8): (sum of P_i a_i, c, sum of
+    P_i), whose difference sum - c * sum is theirs: a GEMV sums the codes' products and the inputs apart, and
+    subtracts the zero point once (P_i, a lane's inputs, the same for its rows). None where they are not so."""
+    split = [_factors(r) for r in rests]
+    found = []
+    for fs in split:
+        j = next((i for i, f in enumerate(fs) if f.op == "sub" and f.src[1].op == "const"), None)
+        if j is None:
+            return None
+        found.append(j)
+    consts = {str(fs[j].src[1].arg) for fs, j in zip(split, found)}
+    if len(consts) != 1:
+        return None
+    products, others = None, None
+    for fs, j in zip(split, found):
+        rest = [f for i, f in enumerate(fs) if i != j]
+        p = None
+        for f in rest:
+            p = f if p is None else p * f
+        p = tir.const(1.0) if p is None else p
+        with_code = p * fs[j].src[0]
+        products = with_code if products is None else products + with_code
+        others = p if others is None else others + p
+    return products, split[0][found[0]].src[1], others
+
+
 def hoist_factor(v: V, buf: Buffer) -> tuple[V, V] | None:
     """v = rest * factor along a chain of products, where `factor` reads `buf` and nothing else and `rest` does not read
     it: (rest, factor), or None. An RMS norm's output inlined into a matmul's summand, w[k] * (x[k] * rsqrt(s / K +

@@ -106,8 +106,10 @@ def test_decode_gemv(path, k, n, split):
 @pytest.mark.parametrize("k,n,split", [(576, 200, 1), (8192, 40, 8)])
 def test_decode_gemv_multiplies_a_groups_scale_once(path, scheme, factored, k, n, split):
     """Quantized weights: a lane's V = 8 inputs of a step are in one group of 32, so the products share the group's
-    scale, which the GEMV multiplies once into their sum (one store into each row's sum a step, not eight); a scheme
-    with a zero point added after the scale (q4f16_2: a minimum a group) shares no factor and keeps a product each."""
+    scale, which the GEMV multiplies once into their sum (one store into each row's sum a step, not eight), and the
+    codes' zero point (8, or 128 for 8 bits) is taken once off the inputs' sum (sum x (q - 8) = sum x q - 8 sum x: one
+    8.0f a row, not eight); a scheme with a minimum added after the scale (q4f16_2) shares no factor and keeps a
+    product each."""
     from deploycc.ir import tir as t_
     from deploycc.quantization import QUANTIZATION
 
@@ -127,6 +129,8 @@ def test_decode_gemv_multiplies_a_groups_scale_once(path, scheme, factored, k, n
                 (1, n))
     if name.startswith("cuda"):
         assert src.count("acc[0] = (acc[0] +") == (1 if factored else 8), src
+        if factored:  # the 4 rows of a lane group, the zero point once each
+            assert src.count("8.0f") == 4, src
 
 
 @pytest.mark.parametrize("k,n,split", [(576, 200, 1), (1000, 24, 2), (8192, 40, 8)])
