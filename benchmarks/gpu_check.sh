@@ -17,7 +17,9 @@
 # Llama-3.2-1B-shaped h100 packages with float and 8-bit (--activations 8, dp4a) activations and a cpu-webgpu one,
 # verified, the decode GEMV's K split, the tiles' prefetch and the norms' fold A/B (gpu_gemv.py, gpu_tiles.py,
 # gpu_norm_fold.py), the packages benchmarked with --roofline, graphs against
-# launch by launch, and the batched step profiled. benchmarks/gpu_calibrate.py then compares the profiles
+# launch by launch, and the batched step profiled (2026-11-28, evening: 314 s with TESTS_N=14 TESTS_S=170, which cut
+# the last 13% of the tests; with the norm-fold A/B since, TESTS_N=14 TESTS_S=220 should take about 460 s).
+# benchmarks/gpu_calibrate.py then compares the profiles
 # (lease-bench.jsonl) with the performance model, on packages compiled here from the same code.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
