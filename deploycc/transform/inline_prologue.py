@@ -32,9 +32,12 @@ from .annotate_patterns import analyze
 from .dce import dead_code_elimination, used_vars
 from .fuse_tensor import _inlinable, _inline, _touches
 
-# Norms folded into the GEMVs after them (below). Off only for benchmarks/gpu_norm_fold.py's A/B on a GPU: the fold
-# adds a fifth to those GEMVs' instructions (6.53 a weight against 5.50 in nvcc's SASS for sm_90) and saves a launch.
+# What is folded into the decode GEMVs; off only for benchmarks/gpu_fold.py's A/B on a GPU. Each saves a launch and
+# costs instructions: a norm adds a fifth to its GEMV's (6.53 a weight against 5.50 in nvcc's SASS for sm_90); the
+# gated product is recomputed by every lane group for the inputs it reads (the 1B's down projection, 512 lane
+# groups: 12.19 a weight), where a kernel of its own computes each element once.
 FOLD_NORMS = True
+FOLD_GATED = True
 
 
 def inline_prologues(mod: IRModule, takes=None) -> IRModule:
@@ -102,6 +105,8 @@ def _compose(consumer: TensorProgram, j: int, producer: TensorProgram, takes=Non
     if producer.num_outputs != 1 or not stmts or not _constant(producer) or not _inlinable(stmts[-1]):
         return None
     if (len(stmts) > 1 or allocs) and (takes is None or not FOLD_NORMS or not _row_sums(stmts[:-1], allocs)):
+        return None
+    if len(stmts) == 1 and not allocs and not FOLD_GATED:
         return None
     x = consumer.inputs[j]
     ins = [Buffer(f"p{i}", b.shape, b.dtype) for i, b in enumerate(producer.inputs)]

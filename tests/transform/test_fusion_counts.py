@@ -66,3 +66,23 @@ def test_gpu_decode_gemvs_read_the_gated_product(model):
         interp.run("prefill", np.array([[3, 1, 4, 1, 5]], np.int32), cache, *params)
         logits.append(interp.run("decode", np.array([[9]], np.int32), cache, *params)[0, -1])
     assert np.abs(logits[0] - logits[1]).max() <= 1e-6 * np.abs(logits[1]).max()
+
+
+def test_each_fold_can_be_switched_off(monkeypatch):
+    """benchmarks/gpu_fold.py's variants: with FOLD_GATED off the down projection reads its input from the gated
+    product's own kernel (one launch a layer more), with FOLD_NORMS off too the GPU preset's decode launches are the
+    cpu presets' (inline_prologue.py folds nothing else)."""
+    from deploycc.pipeline import launches
+    from deploycc.pipeline import run as run_pipeline
+    from deploycc.transform import inline_prologue
+
+    loaded = deploycc.load_model(str(make_tiny("llama-gqa1")))
+    exported = export(loaded, 32)
+    layers = loaded.config.num_hidden_layers
+    cpu = len(launches(run_pipeline(exported, presets.load("cpu-opencl").target, "fused"), "decode"))
+    counts = []
+    for off in ((), ("FOLD_GATED",), ("FOLD_GATED", "FOLD_NORMS")):
+        for flag in ("FOLD_GATED", "FOLD_NORMS"):
+            monkeypatch.setattr(inline_prologue, flag, flag not in off)
+        counts.append(len(launches(run_pipeline(exported, presets.load("h100").target, "fused"), "decode")))
+    assert counts == [cpu - layers - (2 * layers + 1), cpu - (2 * layers + 1), cpu]
