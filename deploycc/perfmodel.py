@@ -76,8 +76,9 @@ TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/m
 # with its rounding of x. So on an H100 the float GEMV cannot stream the weights at the HBM's bandwidth: its SMs
 # issue 33.4 T instructions a second, 6.1 T weights. The GEMV with an RMS norm folded in (transform/inline_prologue.py:
 # "gemv-norm") 6.53 a weight (each input also times its norm weight and its square summed, shared by a lane's four
-# rows); its program has 6 FLOPs a weight once the norm's factor, which the kernel takes once a row, is counted so.
-INSTRUCTIONS_PER_FLOP = {"gemv": 5.50 / 4, "gemv-norm": 6.53 / 6, "gemv-dp4a": 0.75}
+# rows); its program has 9 FLOPs a weight, the norm's factor rsqrt(sum / K + eps) written inside the sum over K,
+# which the kernel takes once a row.
+INSTRUCTIONS_PER_FLOP = {"gemv": 5.50 / 4, "gemv-norm": 6.53 / 9, "gemv-dp4a": 0.75}
 # the share of the fp32 peak's instruction rate those GEMVs issue at: Llama-3.2-1B's head (262.7 M weights, 8.0
 # instructions each) took 107.7 us on an H200 (2026-11-28; 62.8 at the peak's rate), SmolLM2's (28.3 M) 18.7
 ISSUE_EFFICIENCY = 0.6
@@ -309,36 +310,9 @@ def _flops_by_kernel(programs: list) -> dict:
         parts = [k for k in ks if k.endswith("_part")]  # the split form: its combine after it does none
         if p["schedule"].get("dispatched"):
             ks = [k for k in ks if not k.endswith("_merge")]
-        body = p["body"]
-        if p["schedule"].get("rule", "").startswith("gemv-norm"):  # the norm's factor: once a row, not an input
-            body = _hoisted(body, {i for i, b in enumerate(p.get("buffers", [])) if b.get("scope") == "local"})
         for k in ks if p["schedule"].get("dispatched") else parts or ks[-1:]:
-            out[k] = body
+            out[k] = p["body"]
     return out
-
-
-def _hoisted(v, local: set):
-    """A loop-level JSON body with each value that reads only `local` buffers (a folded norm's rsqrt(sum / K + eps),
-    which schedule/gemv.py computes once a row: the program writes it inside the sum over K) counted as a constant."""
-    if not isinstance(v, list) or not v:
-        return v
-    if isinstance(v[0], str) and v[0] not in ("const", "index", "load") and _reads_only(v, local):
-        return ["const", "float32", 0.0]
-    return [_hoisted(x, local) if isinstance(x, list) else x for x in v]
-
-
-def _reads_only(v, local: set) -> bool:
-    """Whether a value reads some buffer, and only `local` ones."""
-    found = []
-
-    def visit(x):
-        if isinstance(x, list) and x:
-            if x[0] == "load" and isinstance(x[1], int):
-                found.append(x[1] in local)
-            for y in x[1:]:
-                visit(y)
-    visit(v)
-    return bool(found) and all(found)
 
 
 def _kernel_buffers(programs: list) -> dict:

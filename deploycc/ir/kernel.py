@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..runtime.vm import DTYPE_BYTES
 from . import sym
 from .tir import (
     Alloc,
@@ -85,9 +86,6 @@ def barriers(stmt: Stmt, last: dict | None = None) -> sym.Expr:
     return sym.as_expr(0)
 
 
-ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "int16": 2, "int8": 1, "uint8": 1}
-
-
 def loads_in_flight(stmt: Stmt) -> int:
     """The bytes of device-memory loads one thread of a kernel has waiting together where its schedule says so: the
     largest unrolled loop whose trips only load into registers (schedule/lowering.py: batched_copy, a batch of trips'
@@ -106,7 +104,7 @@ def loads_in_flight(stmt: Stmt) -> int:
                 for load in loads(x.value):
                     if load.arg[0].scope == "global":
                         base, lanes = vector_lanes(load.dtype) or (load.dtype, 1)
-                        n += ITEM_BYTES.get(base, 4) * lanes
+                        n += DTYPE_BYTES.get(base, 4) * lanes
         best = max(best, n * sym.as_expr(s.extent).value)
     return best
 

@@ -33,6 +33,7 @@ from .lowering import (
     offset_out,
     split_matmul,
     split_stat_matmul,
+    sum_of,
     unravel,
 )
 
@@ -116,16 +117,11 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     def below(k, n) -> tir.V:
         return tir.index(k).cmp("lt", tir.index(n))
 
-    def term(w, k):
-        part = Substitute(syms={**fixed[w], red_it.var: k}, fresh=False).value(rhs)
-        return Store(acc, (sym.as_expr(w),), acc[w] + part)
-
-    def row_terms(w, first) -> Stmt | None:
-        """Row w's products over a lane's V inputs where they share a factor (a group's scale: its V inputs are in
-        one group of 32): that factor times their sum, once, not once an input, and a zero point the codes share
-        (q - 8) off the inputs' sum once (in nvcc's SASS for sm_90 the Llama-3.2-1B o projection's 4-bit weights took
-        5.81 instructions each so, 8.53 before); None where they share none (float weights)."""
-        parts = [Substitute(syms={**fixed[w], red_it.var: first + v}, fresh=False).value(rhs) for v in range(V)]
+    def row_sum(w, parts: list) -> tir.V | None:
+        """Row w's products over a lane's V inputs, added to its sum: where they share a factor (a group's scale: its
+        V inputs are in one group of 32), that factor times their sum, once, not once an input, and a zero point the
+        codes share (q - 8) off the inputs' sum once (in nvcc's SASS for sm_90 the Llama-3.2-1B o projection's 4-bit
+        weights took 5.81 instructions each so, 8.53 before); None where they share none (float weights)."""
         found = common_factor(parts) if FACTOR_SCALES and V > 1 else None
         if found is None:
             return None
@@ -133,28 +129,30 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         shifted = offset_out(rests) if OFFSET_ONCE else None
         if shifted is not None:  # the codes' products summed, the zero point taken once off the inputs' sum
             products, zero, inputs = shifted
-            return Store(acc, (sym.as_expr(w),), acc[w] + common * (products - zero * inputs))
-        total = rests[0]
-        for r in rests[1:]:
-            total = total + r
-        return Store(acc, (sym.as_expr(w),), acc[w] + common * total)
+            return acc[w] + common * (products - zero * inputs)
+        return acc[w] + common * sum_of(rests)
+
+    squares = reduction_parts(stat)[1] if stat is not None else None
+    one = {it.var: sym.as_expr(0) for it in stat.spatial} if stat is not None else {}
 
     def stat_terms(k) -> tuple[Stmt, ...]:
         """The norm's sum of squares over the lane's inputs (the same loads as its rows' terms), one row: slot W."""
         if stat is None:
             return ()
-        _, sq = reduction_parts(stat)
-        one = {it.var: sym.as_expr(0) for it in stat.spatial}
         return (Store(acc, (sym.as_expr(W),), acc[W] + Substitute(syms={**one, stat.reduce[0].var: k},
-                                                                   fresh=False).value(sq)),)
+                                                                   fresh=False).value(squares)),)
     in_row = [below(row, outputs) for row in rows_of]
+
     # K is a multiple of V: a lane's V inputs are all inside or all past the end; a row past the end is skipped
     def products(first) -> tuple[Stmt, ...]:
-        factored = [row_terms(w, first) for w in range(W)]
-        if factored[0] is not None:
-            return tuple(IfThenElse(in_row[w], f) if w else f for w, f in enumerate(factored))
-        return tuple(IfThenElse(in_row[w], term(w, first + v)) if w else term(w, first + v)
-                     for v in range(V) for w in range(W))
+        parts = [[Substitute(syms={**fixed[w], red_it.var: first + v}, fresh=False).value(rhs) for v in range(V)]
+                 for w in range(W)]
+        sums = [row_sum(w, parts[w]) for w in range(W)]
+        if sums[0] is not None:
+            stores = [Store(acc, (sym.as_expr(w),), x) for w, x in enumerate(sums)]
+            return tuple(IfThenElse(in_row[w], st) if w else st for w, st in enumerate(stores))
+        return tuple(IfThenElse(in_row[w], Store(acc, (sym.as_expr(w),), acc[w] + parts[w][v])) if w
+                     else Store(acc, (sym.as_expr(w),), acc[w] + parts[w][v]) for v in range(V) for w in range(W))
     step = Seq(tuple(IfThenElse(below(first, k_ext), Seq(
         products(first) + tuple(s for v in range(V) for s in stat_terms(first + v)))) for first in firsts))
     steps = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(slots)]

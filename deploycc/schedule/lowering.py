@@ -248,6 +248,13 @@ def _factors(v: V) -> list[V]:
     return [v]
 
 
+def _product(factors: list[V]) -> V:
+    out = None
+    for f in factors:
+        out = f if out is None else out * f
+    return tir.const(1.0) if out is None else out
+
+
 def common_factor(parts: list[V]) -> tuple[V, list[V]] | None:
     """parts[i] = common * rests[i], the common factor a product of the factors every part has (a group's scale,
     the same for the V inputs of a lane's step): (common, rests), or None where they share none. A GEMV multiplies
@@ -259,20 +266,13 @@ def common_factor(parts: list[V]) -> tuple[V, list[V]] | None:
     shared = [k for k in dict.fromkeys(keys[0]) if all(k in ks for ks in keys[1:])]
     if not shared:
         return None
-    common = None
-    for k in shared:
-        f = split[0][keys[0].index(k)]
-        common = f if common is None else common * f
     rests = []
     for fs in split:
         left = list(fs)
         for k in shared:
             del left[[_key(x) for x in left].index(k)]
-        rest = None
-        for f in left:
-            rest = f if rest is None else rest * f
-        rests.append(tir.const(1.0) if rest is None else rest)
-    return common, rests
+        rests.append(_product(left))
+    return _product([split[0][keys[0].index(k)] for k in shared]), rests
 
 
 def offset_out(rests: list[V]) -> tuple[V, V, V] | None:
@@ -289,17 +289,16 @@ def offset_out(rests: list[V]) -> tuple[V, V, V] | None:
     consts = {str(fs[j].src[1].arg) for fs, j in zip(split, found)}
     if len(consts) != 1:
         return None
-    products, others = None, None
-    for fs, j in zip(split, found):
-        rest = [f for i, f in enumerate(fs) if i != j]
-        p = None
-        for f in rest:
-            p = f if p is None else p * f
-        p = tir.const(1.0) if p is None else p
-        with_code = p * fs[j].src[0]
-        products = with_code if products is None else products + with_code
-        others = p if others is None else others + p
-    return products, split[0][found[0]].src[1], others
+    others = [_product([f for i, f in enumerate(fs) if i != j]) for fs, j in zip(split, found)]
+    return (sum_of([p * fs[j].src[0] for p, fs, j in zip(others, split, found)]), split[0][found[0]].src[1],
+            sum_of(others))
+
+
+def sum_of(values: list[V]) -> V:
+    out = values[0]
+    for v in values[1:]:
+        out = out + v
+    return out
 
 
 def hoist_factor(v: V, buf: Buffer) -> tuple[V, V] | None:

@@ -122,10 +122,10 @@ def _compose(consumer: TensorProgram, j: int, producer: TensorProgram, takes=Non
     params = consumer.inputs[:j] + tuple(ins) + consumer.inputs[j + 1:] + consumer.outputs
     name = "fused_" + "_".join(re.sub(r"\d+$", "", p.name).removeprefix("fused_") for p in (producer, consumer))
     prog = TensorProgram(name, params, body, (), consumer.num_outputs, dict(consumer.attrs))
-    if allocs:  # a sum, then the matmul: fused with its epilogues all the same (analyze says opaque)
-        prog = TensorProgram(name, params, body, (), consumer.num_outputs, {**prog.attrs, "pattern": "OUTPUT_EWISE_FUSIBLE"})
-        return prog if takes(prog) else None
-    return TensorProgram(name, params, body, (), consumer.num_outputs, {**prog.attrs, "pattern": analyze(prog).name})
+    # a sum, then the matmul, is fused with its epilogues all the same (analyze says opaque)
+    pattern = "OUTPUT_EWISE_FUSIBLE" if allocs else analyze(prog).name
+    prog = TensorProgram(name, params, body, (), consumer.num_outputs, {**prog.attrs, "pattern": pattern})
+    return prog if not allocs or takes(prog) else None
 
 
 def _row_sums(stmts: list, allocs: list) -> bool:
