@@ -19,8 +19,10 @@ launch:
             LATENCY_US, FLOPs / peak) + LAUNCH_US, the peak fp32's (for the decode GEMVs, whose instructions a FLOP
             were counted in their SASS, "issue": the instructions they issue, INSTRUCTIONS_PER_FLOP, at the fp32
             peak's rate of instructions, of which they reach ISSUE_EFFICIENCY), or for a kernel on the
-            tensor cores (schedule/mma.py) the tf32 tensor peak over the TF32_PRODUCTS products each multiply-add
-            takes. The middle term is Little's
+            tensor cores (schedule/mma.py) its tensor peak (tf32's over the TF32_PRODUCTS products a float
+            multiply-add takes in 3xTF32, fp16's over the CODES_PRODUCTS of a 4- or 8-bit weight's codes) and,
+            beside it, the instructions its tiles issue (TENSOR_INSTRUCTIONS_PER_FLOP, counted in their SASS, at
+            that same rate of instructions). The middle term is Little's
             law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
             about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
             (a decode attention over 9 heads: 9 blocks). Its two constants were fitted on an H100 (docs/gpu.md:
@@ -68,6 +70,13 @@ LATENCY_US = 0.5  # a load's round trip to device memory
 PHASE_US = 1.05
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
+CODES_PRODUCTS = 2  # and a multiply-add of 4- or 8-bit weights' codes (mma.codes_rule: x in bfloat16 and half parts)
+# The tensor-core tiles' instructions a FLOP, by kind, counted in the SASS nvcc makes for sm_90 (benchmarks/
+# tiles_sass.py, Llama-3.2-1B's widths, q4f16_1, whose programs have 4 FLOPs a multiply-add): a warp's K step of 32
+# over its 32 x 32 outputs (32,768 multiply-adds) issues 1,189 instructions in the 3xTF32 tiles (4 trips of the
+# 210-instruction loop of 8 of K and the staging's 349), 466 in the codes' tiles: per thread of the warp, 32 x those
+# over 4 x 32,768 FLOPs. Both issue more than their tensor cores take: the SMs' issue rate bounds them.
+TENSOR_INSTRUCTIONS_PER_FLOP = {"tf32": 32 * 1189 / (4 * 32768), "codes": 32 * 466 / (4 * 32768)}
 # Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
 # FLOPs and one instruction) unless counted. The decode GEMVs were counted in the SASS nvcc makes for sm_90
 # (benchmarks/gemv_sass.py, an 8B Llama's widths, q4f16_1, whose program has 4 FLOPs a weight): the float GEMV
@@ -184,7 +193,7 @@ class Launch:
     buffers: list = field(default_factory=list)  # (bytes, whether a weight, whether KV cache rows) per argument
     registers: int | None = None
     shared: int | None = None
-    tensor: bool = False  # multiplies on the tensor cores (tf32, three products a multiply-add)
+    tensor: str = ""  # multiplies on the tensor cores: "tf32" (three products a multiply-add) or "codes" (two)
     barriers: int = 0  # a thread's barriers (programs.json: ir/kernel.py barriers)
     in_flight: int = IN_FLIGHT  # bytes of loads a thread has waiting at once (programs.json: ir/kernel.py loads_in_flight)
     rule: str = ""  # its program's schedule rule (programs.json)
@@ -284,12 +293,14 @@ def _registers(pkg: Path, manifest: dict) -> dict:
     return out
 
 
-def _tensor_kernels(pkg: Path, manifest: dict) -> set:
-    """The kernels that multiply on the tensor cores (schedule/mma.py: wmma::mma_sync in their CUDA C)."""
-    out = set()
+def _tensor_kernels(pkg: Path, manifest: dict) -> dict:
+    """{kernel: "tf32" or "codes"} of the kernels that multiply on the tensor cores (schedule/mma.py: wmma::mma_sync in
+    their CUDA C; the codes' tiles multiply bfloat16 fragments)."""
+    out = {}
     for f in {e["file"] for e in manifest["kernels"]["entries"].values()}:
         parts = re.split(r'extern "C" __global__ void (\w+)\(', (pkg / f).read_text())
-        out |= {name for name, body in zip(parts[1::2], parts[2::2]) if "wmma::mma_sync" in body}
+        out.update({name: "codes" if "__nv_bfloat16" in body else "tf32"
+                    for name, body in zip(parts[1::2], parts[2::2]) if "wmma::mma_sync" in body})
     return out
 
 
@@ -374,7 +385,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             if launch.kernel in accessed:
                 _bound_by_accesses(launch, *accessed[launch.kernel], ints)
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
-            launch.tensor = launch.kernel in tensor
+            launch.tensor = tensor.get(launch.kernel, "")
             launch.rule = rules.get(launch.kernel, "")
             if launch.kernel in passed:
                 launch.barriers = _sym(passed[launch.kernel], ints)
@@ -418,13 +429,24 @@ def _time(x: Launch, hw: dict) -> None:
     times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
              "latency": x.bytes / max(resident, 1) / x.in_flight * LATENCY_US * 1e-6,
              "serial": waves * x.barriers * PHASE_US * 1e-6,
-             "arithmetic": x.flops / (hw["tf32_tensor_tflops"] / TF32_PRODUCTS if x.tensor else hw["fp32_tflops"]) / 1e12}
-    if not x.tensor and instructions_per_flop(x.rule) != FMA_INSTRUCTIONS_PER_FLOP:  # counted: what the SMs issue
+             "arithmetic": x.flops / tensor_peak(x.tensor, hw) if x.tensor else x.flops / (hw["fp32_tflops"] * 1e12)}
+    if x.tensor:  # the tiles' instructions, counted: what the SMs issue beside the tensor cores' work
+        times["issue"] = (x.flops * TENSOR_INSTRUCTIONS_PER_FLOP[x.tensor]
+                          / (hw["fp32_tflops"] * FMA_INSTRUCTIONS_PER_FLOP * ISSUE_EFFICIENCY) / 1e12)
+    elif instructions_per_flop(x.rule) != FMA_INSTRUCTIONS_PER_FLOP:  # counted: what the SMs issue
         times["issue"] = (x.flops * instructions_per_flop(x.rule)
                           / (hw["fp32_tflops"] * FMA_INSTRUCTIONS_PER_FLOP * ISSUE_EFFICIENCY) / 1e12)
         del times["arithmetic"]
     x.bound = max(times, key=times.get)
     x.seconds = times[x.bound] + LAUNCH_US * 1e-6
+
+
+def tensor_peak(kind: str, hw: dict) -> float:
+    """The program FLOPs a second of tensor-core tiles of `kind`: the tf32 peak over 3xTF32's three products, or the
+    fp16 peak (float accumulation) over the codes' two."""
+    if kind == "codes":
+        return hw["fp16_tensor_tflops"] * 1e12 / CODES_PRODUCTS
+    return hw["tf32_tensor_tflops"] * 1e12 / TF32_PRODUCTS
 
 
 def instructions_per_flop(rule: str) -> float:

@@ -8,8 +8,8 @@ from .cstyle import CStyleRenderer
 
 
 class CUDARenderer(CStyleRenderer):
-    types = {**CStyleRenderer.types, "float16": "half", "uint32": "unsigned int", "uint8": "unsigned char",
-             "int8": "signed char", "int64": "long long"}
+    types = {**CStyleRenderer.types, "float16": "half", "bfloat16": "__nv_bfloat16", "uint32": "unsigned int",
+             "uint8": "unsigned char", "int8": "signed char", "int64": "long long"}
     index_type = "long long"
     unary = {**CStyleRenderer.unary, "rsqrt": "rsqrtf", "abs": "fabsf", "exp": "expf", "log": "logf",
              "sqrt": "sqrtf", "tanh": "tanhf", "sin": "sinf", "cos": "cosf", "erf": "erff", "rint": "rintf"}
@@ -26,19 +26,27 @@ class CUDARenderer(CStyleRenderer):
         const = "" if written else "const "
         return f"{const}{self.ctype(buf.dtype)}* __restrict__ {self.name(buf, buf.name)}"
 
+    STORAGE = {"float16": ("__half2float", "__float2half"), "bfloat16": ("__bfloat162float", "__float2bfloat16")}
+
     def load(self, buf, indices) -> str:
-        if buf.dtype == "float16":  # computed in float; half is storage
-            return f"__half2float({super().load(buf, indices)})"
+        if buf.dtype in self.STORAGE:  # computed in float; half and bfloat16 are storage
+            return f"{self.STORAGE[buf.dtype][0]}({super().load(buf, indices)})"
         return super().load(buf, indices)
 
     def store(self, st) -> str:
-        if st.buffer.dtype == "float16":
+        if st.buffer.dtype in self.STORAGE:
             return (f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = "
-                    f"__float2half({self.value(st.value)});")
+                    f"{self.STORAGE[st.buffer.dtype][1]}({self.value(st.value)});")
         return super().store(st)
 
     def cast(self, dtype: str, inner: str) -> str:
+        if dtype == "bfloat16":  # the float rounded to bfloat16 (schedule/mma.py's split of an operand)
+            return f"__bfloat162float(__float2bfloat16({inner}))"
         return f"(({'float' if dtype == 'float16' else self.ctype(dtype)})({inner}))"
+
+    def shared_decl(self, buf) -> str:
+        """Aligned to 256 bits, as the warp matrix API's loads and stores need their pointers (schedule/mma.py)."""
+        return f"__shared__ __align__(32) {self.local_decl(buf)}"
 
     def sigmoid(self, x: str) -> str:
         return f"(1.0f / (1.0f + expf(-({x}))))"
@@ -65,10 +73,16 @@ class CUDARenderer(CStyleRenderer):
         return lines + [ind + self.store(Store(x.buffer, x.indices, V("var", d, (), r)))
                         for r, d, x in zip(regs, dtypes, st.stores)]
 
-    # the warp matrix API's fragments (schedule/mma.py): tf32 inputs, float accumulators, m16n16k8
+    # the warp matrix API's fragments (schedule/mma.py): tf32 inputs, float accumulators, m16n16k8; and m16n16k16 with
+    # bfloat16 or half inputs (mma.codes_rule)
     FRAGMENTS = {"wmma.matrix_a": "wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major",
                  "wmma.matrix_b": "wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major",
-                 "wmma.accumulator": "wmma::accumulator, 16, 16, 8, float"}
+                 "wmma.accumulator": "wmma::accumulator, 16, 16, 8, float",
+                 "wmma.matrix_a.bf16": "wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major",
+                 "wmma.matrix_a.f16": "wmma::matrix_a, 16, 16, 16, half, wmma::row_major",
+                 "wmma.matrix_b.bf16": "wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major",
+                 "wmma.matrix_b.f16": "wmma::matrix_b, 16, 16, 16, half, wmma::col_major",
+                 "wmma.accumulator.k16": "wmma::accumulator, 16, 16, 16, float"}
 
     def alloc_decl(self, buf) -> str:
         if buf.scope in self.FRAGMENTS:
@@ -76,7 +90,8 @@ class CUDARenderer(CStyleRenderer):
         return super().alloc_decl(buf)
 
     def intrin(self, st) -> list[str]:
-        """schedule/mma.py's calls: fill, load (split into tf32 hi and lo), the three products, store."""
+        """schedule/mma.py's calls: fill, load (split into tf32 hi and lo), the three products, store; and
+        codes_rule's load, product, scaled add."""
         n = [self.name(b, b.name) for b in st.buffers]
         i = [self.int_expr(x) for x in st.ints]
         if st.name == "wmma.fill":
@@ -97,6 +112,16 @@ class CUDARenderer(CStyleRenderer):
         if st.name == "wmma.add":  # fragments of one type share their layout: elementwise
             a, b = f"{n[0]}[{i[0]}]", f"{n[1]}[{i[0]}]"
             return [f"for (int e = 0; e < {a}.num_elements; e++) {a}.x[e] += {b}.x[e];"]
+        if st.name == "wmma.load":  # a fragment of inputs from shared memory, as its type's layout says
+            return [f"wmma::load_matrix_sync({n[0]}[{i[0]}], {n[1]} + {i[1]}, {i[2]});"]
+        if st.name == "wmma.load_acc":  # an accumulator's values, row-major
+            return [f"wmma::load_matrix_sync({n[0]}[{i[0]}], {n[1]} + {i[1]}, {i[2]}, wmma::mem_row_major);"]
+        if st.name == "wmma.mma":  # d += a x b
+            d, a, b = (f"{x}[{y}]" for x, y in zip(n, i))
+            return [f"wmma::mma_sync({d}, {a}, {b}, {d});"]
+        if st.name == "wmma.scale_add":  # acc += scale x part, elementwise (accumulators of one shape share a layout)
+            acc, sc, part = (f"{x}[{y}]" for x, y in zip(n, i))
+            return [f"for (int e = 0; e < {acc}.num_elements; e++) {acc}.x[e] += {sc}.x[e] * {part}.x[e];"]
         if st.name == "wmma.store":
             return [f"wmma::store_matrix_sync({n[0]} + {i[1]}, {n[1]}[{i[0]}], {i[2]}, wmma::mem_row_major);"]
         return super().intrin(st)
@@ -104,7 +129,8 @@ class CUDARenderer(CStyleRenderer):
     def module(self, kernels) -> str:
         text = super().module(kernels)
         if "wmma::" in text:  # the warp matrix API (NVRTC and nvcc find mma.h beside cuda_fp16.h)
-            wmma = self.preamble.replace("\n\n", "\n#include <mma.h>\nusing namespace nvcuda;\n\n", 1)
+            bf16 = "#include <cuda_bf16.h>\n" if "__nv_bfloat16" in text else ""
+            wmma = self.preamble.replace("\n\n", f"\n{bf16}#include <mma.h>\nusing namespace nvcuda;\n\n", 1)
             text = text.replace(self.preamble, wmma, 1)
         return text
 

@@ -16,6 +16,7 @@ from bad_inputs.common import assert_one_line_error, cli
 from deploycc import presets
 from deploycc.errors import DeployError
 from deploycc.perfmodel import (
+    CODES_PRODUCTS,
     FMA_INSTRUCTIONS_PER_FLOP,
     GRAPH_HOST_US,
     GRAPH_INT_US,
@@ -27,6 +28,7 @@ from deploycc.perfmodel import (
     LATENCY_US,
     LAUNCH_US,
     PHASE_US,
+    TENSOR_INSTRUCTIONS_PER_FLOP,
     TF32_PRODUCTS,
     Launch,
     _time,
@@ -112,18 +114,31 @@ def test_every_launch_of_both_steps_is_modelled(package):
 
 
 def test_prefill_matmuls_on_the_tensor_cores_are_timed_at_their_peak(package):
-    """h100's prefill linears run on the tensor cores (schedule/mma.py): their arithmetic time is their FLOPs at the
-    tf32 tensor peak over the three products a float multiply-add takes, not at the fp32 peak."""
+    """h100's prefill linears run on the tensor cores (schedule/mma.py), its 4-bit ones as products of their codes
+    (mma.codes_rule): each is timed at the slower of the fp16 tensor peak over the two products a multiply-add takes
+    and the instructions its tiles issue (counted in their SASS), not at the fp32 peak; 3xTF32's tiles at the tf32
+    peak over three products, or their instructions, 2.6x the codes'."""
     pred = predict(package, context=48, prefill=64)
     prefill = pred["steps"]["prefill"].launches
     tensor = [x for x in prefill if x.tensor]
     assert tensor and all(x.kernel.startswith("fused_dequantize") or "linear" in x.kernel for x in tensor)
+    assert {x.tensor for x in tensor} == {"codes"}  # q4f16_1: every linear's weights are codes
     assert not any(x.tensor for x in pred["steps"]["decode"].launches)  # decode: the GEMVs
-    rate = H100["tf32_tensor_tflops"] / TF32_PRODUCTS * 1e12
+    issue = H100["fp32_tflops"] * 1e12 * FMA_INSTRUCTIONS_PER_FLOP * ISSUE_EFFICIENCY  # instructions a second
     for x in tensor:
-        assert x.seconds >= x.flops / rate + LAUNCH_US * 1e-6 - 1e-12
-        if x.bound == "arithmetic":
-            assert x.seconds == pytest.approx(x.flops / rate + LAUNCH_US * 1e-6)
+        floor = max(x.flops / (H100["fp16_tensor_tflops"] * 1e12 / CODES_PRODUCTS),
+                    x.flops * TENSOR_INSTRUCTIONS_PER_FLOP["codes"] / issue)
+        assert x.seconds >= floor + LAUNCH_US * 1e-6 - 1e-12
+        if x.bound in ("arithmetic", "issue"):
+            assert x.seconds == pytest.approx(floor + LAUNCH_US * 1e-6)
+    same = Launch("linear", blocks=1024, threads=128, bytes=1 << 20, flops=1 << 36, tensor="tf32")
+    codes = Launch("linear", blocks=1024, threads=128, bytes=1 << 20, flops=1 << 36, tensor="codes")
+    _time(same, H100)
+    _time(codes, H100)
+    assert same.bound == codes.bound == "issue"
+    launch = LAUNCH_US * 1e-6
+    assert (same.seconds - launch) / (codes.seconds - launch) == pytest.approx(1189 / 466)
+    assert TF32_PRODUCTS == 3 and same.seconds > (1 << 36) / (H100["tf32_tensor_tflops"] * 1e12 / TF32_PRODUCTS)
 
 
 def test_a_launch_is_charged_what_its_program_touches(package):
@@ -259,7 +274,7 @@ def test_a_blocks_barriers_run_one_after_another():
     n = next(iter(prog.params[0].shape[0].free_vars()))
     blocks = int(evaluate(tiles.groups, {n: 40}))  # past MANY rows: the tiles
     bytes_ = 576 * 1536 * 9 // 16 + 40 * (1536 + 576) * 4
-    x = Launch("tiles", blocks=blocks, threads=tiles.threads, bytes=bytes_, barriers=passed.value, tensor=True,
+    x = Launch("tiles", blocks=blocks, threads=tiles.threads, bytes=bytes_, barriers=passed.value, tensor="tf32",
                flops=2 * 40 * 1536 * 576)
     _time(x, H100)
     assert x.bound == "serial" and x.seconds == pytest.approx((97 * PHASE_US + LAUNCH_US) * 1e-6)

@@ -12,7 +12,7 @@ from ..ir.tir import TensorProgram
 from . import attention, dispatch, dp4a, fallback, gemv, matmul, mma, qgemv, row, row_block
 from .vectorize import vectorize
 
-RULES = (attention.rule, qgemv.rule, dp4a.rule, dp4a.rounding, dispatch.rule, mma.rule, matmul.rule, gemv.rule,
+RULES = (attention.rule, qgemv.rule, dp4a.rule, dp4a.rounding, dispatch.rule, mma.codes_rule, mma.rule, matmul.rule, gemv.rule,
          row_block.rule, row.rule, fallback.rule)
 
 

@@ -32,7 +32,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     p = matmul.prefill_matmul(prog, 2)
     if p is None or p.m_total.is_const:
         return None  # a constant row count takes one kernel: the decode GEMV or the tiles
-    tiles = mma.rule(prog, target) or matmul.rule(prog, target)
+    tiles = mma.codes_rule(prog, target) or mma.rule(prog, target) or matmul.rule(prog, target)
     few = gemv.few_rows(prog, target, p) if tiles is not None else None
     if few is None:
         return None

@@ -25,6 +25,7 @@
 #define __restrict__ __restrict
 #define __shared__ static __attribute__((section("dcc_shared"), aligned(16)))
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned int x, y, z; };
 struct dim3 { unsigned int x, y, z; };
@@ -142,13 +143,38 @@ static inline float __half2float(half h) {
   return f;
 }
 
-// -- tensor cores: nvcuda::wmma with tf32 inputs and float accumulators, m16n16k8 (sm_80+), the shape the schedules
-// use (deploycc/schedule/mma.py). CUDA leaves a fragment's distribution over the warp's lanes unspecified (kernels
-// touch fragments only through these calls and elementwise loops over x[0 .. num_elements)), so here every lane holds
-// the whole tile, element (r, c) at x[r * cols + c]. Every call is collective over the warp, as __syncwarp: each
-// lane waits until all 32 reach the same call, and a lane elsewhere or returned is an error. mma_sync multiplies in
-// float (a product of two tf32 values is exact in float) and adds the products to c in k order; a GPU's order and
-// rounding inside one mma differ, within a few float ulps of the sum's magnitudes.
+// -- bfloat16: storage, with cuda_bf16.h's conversions (round to nearest, ties to even; inf and NaN kept)
+struct __nv_bfloat16 { uint16_t x; };
+static inline __nv_bfloat16 __float2bfloat16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  __nv_bfloat16 h;
+  if ((u & 0x7fffffffu) > 0x7f800000u) { h.x = (uint16_t)((u >> 16) | 0x40u); return h; }  // NaN, quiet
+  u += 0x7fffu + ((u >> 16) & 1u);  // a carry into the exponent is right too (up to inf)
+  h.x = (uint16_t)(u >> 16);
+  return h;
+}
+static inline float __bfloat162float(__nv_bfloat16 h) {
+  uint32_t u = (uint32_t)h.x << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// A fault a kernel's call makes (a fragment's pointer or leading dimension outside what the API allows): the launch
+// fails with it once its block has run (runtime/devices/cuda_emu_run.inc).
+extern "C" void dcc_fault(int line, const char* what);
+
+// -- tensor cores: nvcuda::wmma, the shapes the schedules use (deploycc/schedule/mma.py): m16n16k8 with tf32 inputs
+// and m16n16k16 with half or __nv_bfloat16 inputs, float accumulators (sm_80+). CUDA leaves a fragment's distribution
+// over the warp's lanes unspecified (kernels touch fragments only through these calls and elementwise loops over
+// x[0 .. num_elements) of fragments of one type, which share their layout), so here every lane holds the whole tile,
+// element (r, c) at x[r * cols + c], as float (a half or bfloat16 exactly). Every call is collective over the warp,
+// as __syncwarp: each lane waits until all 32 reach the same call, and a lane elsewhere or returned is an error.
+// As CUDA documents, a load's or store's pointer must be 256-bit aligned and its leading dimension a multiple of 16
+// bytes; either outside that is a fault. mma_sync multiplies in double (a product of two tf32, half or bfloat16
+// values is exact) and adds the products to c in k order; a GPU's order and rounding inside one mma differ, within a
+// few float ulps of the sum's magnitudes.
 namespace nvcuda {
 namespace wmma {
 struct matrix_a {};
@@ -162,8 +188,16 @@ template <class Use, int M, int N, int K> struct dcc_tile;
 template <int M, int N, int K> struct dcc_tile<matrix_a, M, N, K> { enum { rows = M, cols = K }; };
 template <int M, int N, int K> struct dcc_tile<matrix_b, M, N, K> { enum { rows = K, cols = N }; };
 template <int M, int N, int K> struct dcc_tile<accumulator, M, N, K> { enum { rows = M, cols = N }; };
+// the element types each shape takes, and the type a fragment of them loads from memory
+template <class T, int K> struct dcc_element { enum { ok = 0 }; };
+template <> struct dcc_element<precision::tf32, 8> { enum { ok = 1 }; typedef float stored; };
+template <> struct dcc_element<float, 8> { enum { ok = 1 }; typedef float stored; };
+template <> struct dcc_element<half, 16> { enum { ok = 1 }; typedef half stored; };
+template <> struct dcc_element<__nv_bfloat16, 16> { enum { ok = 1 }; typedef __nv_bfloat16 stored; };
+template <> struct dcc_element<float, 16> { enum { ok = 1 }; typedef float stored; };
 template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
-  static_assert(M == 16 && N == 16 && K == 8, "the emulation has wmma's m16n16k8 (tf32) shape only");
+  static_assert(M == 16 && N == 16 && dcc_element<T, K>::ok,
+                "the emulation has wmma's m16n16k8 (tf32) and m16n16k16 (half, __nv_bfloat16) shapes only");
   enum { rows = dcc_tile<Use, M, N, K>::rows, cols = dcc_tile<Use, M, N, K>::cols, num_elements = rows * cols };
   float x[num_elements];
 };
@@ -175,29 +209,40 @@ static inline float __float_to_tf32(float f) {
   memcpy(&f, &u, 4);
   return f;
 }
+static inline float dcc_value(float v) { return v; }
+static inline float dcc_value(half v) { return __half2float(v); }
+static inline float dcc_value(__nv_bfloat16 v) { return __bfloat162float(v); }
 static inline void dcc_warp_call(int line) { (void)dcc_warp_exchange(0xffffffffu, 0, dcc_lane(), line); }
+template <class E> static inline void dcc_check(const E* p, unsigned ldm, int line) {
+  if ((uintptr_t)p % 32)
+    dcc_fault(line, "a wmma load or store whose pointer is not 256-bit aligned");
+  else if ((ldm * sizeof(E)) % 16)
+    dcc_fault(line, "a wmma load or store whose leading dimension is not a multiple of 16 bytes");
+}
 template <class L> static inline bool dcc_row_major(L) { return true; }
 static inline bool dcc_row_major(col_major) { return false; }
-template <class Use, class T, class L>
-static inline void dcc_load(fragment<Use, 16, 16, 8, T, L>& f, const float* p, unsigned ldm, bool row, int line) {
+template <class F, class E> static inline void dcc_load(F& f, const E* p, unsigned ldm, bool row, int line) {
   dcc_warp_call(line);
-  typedef fragment<Use, 16, 16, 8, T, L> F;
+  dcc_check(p, ldm, line);
   for (int r = 0; r < F::rows; r++)
-    for (int c = 0; c < F::cols; c++) f.x[r * F::cols + c] = row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+    for (int c = 0; c < F::cols; c++)
+      f.x[r * F::cols + c] = dcc_value(row ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]);
 }
-template <class Use, class T, class L>
-static inline void dcc_load_matrix(fragment<Use, 16, 16, 8, T, L>& f, const float* p, unsigned ldm, int line) {
+template <class Use, int K, class T, class L>
+static inline void dcc_load_matrix(fragment<Use, 16, 16, K, T, L>& f, const typename dcc_element<T, K>::stored* p,
+                                   unsigned ldm, int line) {
   dcc_load(f, p, ldm, dcc_row_major(L()), line);
 }
-template <class T>
-static inline void dcc_load_matrix(fragment<accumulator, 16, 16, 8, T>& f, const float* p, unsigned ldm, layout_t l,
+template <int K, class T>
+static inline void dcc_load_matrix(fragment<accumulator, 16, 16, K, T>& f, const float* p, unsigned ldm, layout_t l,
                                    int line) {
   dcc_load(f, p, ldm, l == mem_row_major, line);
 }
-template <class T>
-static inline void dcc_store_matrix(float* p, const fragment<accumulator, 16, 16, 8, T>& f, unsigned ldm, layout_t l,
+template <int K, class T>
+static inline void dcc_store_matrix(float* p, const fragment<accumulator, 16, 16, K, T>& f, unsigned ldm, layout_t l,
                                     int line) {
   dcc_warp_call(line);
+  dcc_check(p, ldm, line);
   for (int r = 0; r < 16; r++)
     for (int c = 0; c < 16; c++) (l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]) = f.x[r * 16 + c];
 }
@@ -205,20 +250,22 @@ template <class F> static inline void dcc_fill(F& f, float v, int line) {
   dcc_warp_call(line);
   for (int e = 0; e < F::num_elements; e++) f.x[e] = v;
 }
-template <class LA, class LB, class T>
-static inline void dcc_mma(fragment<accumulator, 16, 16, 8, T>& d, const fragment<matrix_a, 16, 16, 8, precision::tf32, LA>& a,
-                           const fragment<matrix_b, 16, 16, 8, precision::tf32, LB>& b,
-                           const fragment<accumulator, 16, 16, 8, T>& c, int line) {
+template <int K, class TA, class TB, class LA, class LB, class T>
+static inline void dcc_mma(fragment<accumulator, 16, 16, K, T>& d, const fragment<matrix_a, 16, 16, K, TA, LA>& a,
+                           const fragment<matrix_b, 16, 16, K, TB, LB>& b, const fragment<accumulator, 16, 16, K, T>& c,
+                           int line) {
+  static_assert(sizeof(TA) == sizeof(TB) && dcc_element<TA, K>::ok && dcc_element<TB, K>::ok,
+                "mma_sync multiplies fragments of one element type");
   dcc_warp_call(line);
   // as the tensor cores add (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021): the products exact,
   // summed with the accumulator, and the sum rounded toward zero once, not to nearest after each product. The bias
   // of that rounding is what a long K accumulated in one fragment gathers (an H200 measured it: tests/kernels/
-  // test_mma_rule.py); the tf32 products are exact in double and nine terms of them sum there to well past float.
+  // test_mma_rule.py); the products are exact in double and K + 1 terms of them sum there to well past float.
   float out[256];
   for (int r = 0; r < 16; r++)
     for (int n = 0; n < 16; n++) {
       double s = c.x[r * 16 + n];
-      for (int k = 0; k < 8; k++) s += (double)a.x[r * 8 + k] * (double)b.x[k * 16 + n];
+      for (int k = 0; k < K; k++) s += (double)a.x[r * K + k] * (double)b.x[k * 16 + n];
       float f = (float)s;
       if (fabs((double)f) > fabs(s)) f = nextafterf(f, 0.0f);
       out[r * 16 + n] = f;

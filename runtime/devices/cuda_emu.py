@@ -33,8 +33,9 @@ from .cuda import CUDADevice
 ORDERS = {"forward": 0, "reverse": 1, "shuffle": 2}
 GUARD_BYTE = 0xA5  # the bytes on each side of a buffer: as many as the buffer has, 64 to 1 MiB, so that a store
 CHECKED = 256  # shifted by up to that lands in them (and not on another allocation); the CHECKED nearest are checked
+ALIGN = 256  # a buffer's first byte, as cudaMalloc's
 # the headers a CUDA package's source includes, here
-STUBS = {"cuda_fp16.h": '#include "cuda_emu.h"\n', "mma.h": '#include "cuda_emu.h"\n',
+STUBS = {"cuda_fp16.h": '#include "cuda_emu.h"\n', "cuda_bf16.h": '#include "cuda_emu.h"\n', "mma.h": '#include "cuda_emu.h"\n',
          "math_constants.h": "#define CUDART_INF_F __builtin_inff()\n#define CUDART_NAN_F __builtin_nanf(\"\")\n"}
 KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)')
 
@@ -113,7 +114,9 @@ class CUDAEmulator(CUDADevice):
     def alloc(self, nbytes: int) -> Buffer:
         nbytes = self._check_alloc(nbytes)
         guard = -(-min(max(64, nbytes), 1 << 20) // 64) * 64
-        raw = np.full(nbytes + 2 * guard, GUARD_BYTE, np.uint8).view(Guarded)
+        whole = np.full(nbytes + 2 * guard + ALIGN, GUARD_BYTE, np.uint8)
+        skip = -(whole.ctypes.data + guard) % ALIGN  # the buffer's first byte aligned as cudaMalloc aligns it
+        raw = whole[skip:skip + nbytes + 2 * guard].view(Guarded)
         raw.guard = guard
         raw[guard:guard + nbytes] = 0
         return Buffer(raw, nbytes, self)

@@ -341,7 +341,7 @@ def test_dp4a_is_four_byte_products_summed():
 WMMA = HEADER + "#include <mma.h>\n" + r'''
 using namespace nvcuda;
 // each warp: D (16 x 16, row-major, ldm 20) = A (16 x 8, row-major, ldm 12) x B (8 x 16, B col-major: element (k, n)
-// at n * 10 + k) + C (16 x 16, col-major, ldm 17), the inputs rounded to tf32 elementwise in their fragments
+// at n * 12 + k) + C (16 x 16, col-major, ldm 20), the inputs rounded to tf32 elementwise in their fragments
 extern "C" __global__ void wmma_tf32(const float* __restrict__ a, const float* __restrict__ b,
                                      const float* __restrict__ c, float* __restrict__ d, float* __restrict__ r) {
   int w = (int)threadIdx.x / 32;
@@ -349,8 +349,8 @@ extern "C" __global__ void wmma_tf32(const float* __restrict__ a, const float* _
   wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb;
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> fc, fd;
   wmma::load_matrix_sync(fa, a + w * 16 * 12, 12);
-  wmma::load_matrix_sync(fb, b + w * 16 * 10, 10);
-  wmma::load_matrix_sync(fc, c + w * 16 * 17, 17, wmma::mem_col_major);
+  wmma::load_matrix_sync(fb, b + w * 16 * 12, 12);
+  wmma::load_matrix_sync(fc, c + w * 16 * 20, 20, wmma::mem_col_major);
   for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
   for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
   wmma::mma_sync(fd, fa, fb, fc);
@@ -401,8 +401,8 @@ def test_wmma_tf32_follows_its_documented_semantics(order):
     the numpy model rounds A and B to tf32 and sums in float64 (the emulation's float sums are within 1e-6)."""
     rng = np.random.default_rng(1)
     a = rng.standard_normal((4, 16, 12)).astype(np.float32)
-    b = rng.standard_normal((4, 16, 10)).astype(np.float32)  # per warp: row n holds B's column n (k = 0..7)
-    c = rng.standard_normal((4, 16, 17)).astype(np.float32)  # per warp: row n holds C's column n
+    b = rng.standard_normal((4, 16, 12)).astype(np.float32)  # per warp: row n holds B's column n (k = 0..7)
+    c = rng.standard_normal((4, 16, 20)).astype(np.float32)  # per warp: row n holds C's column n
     d = emulator(order)
     k = d.build(WMMA, ["wmma_tf32"])["wmma_tf32"]
     out, r = d.alloc((64 * 20 + 64 * 16) * 4), d.alloc(16)
@@ -437,5 +437,131 @@ def test_wmma_calls_every_lane_must_reach():
     k = d.build(src, ["wmma_tf32"])["wmma_tf32"]
     with pytest.raises(DeviceError, match=r"warp 0: lane 0 waits at the warp primitive of line \d+ while lane 16 "
                                           r"waits at another line: every lane of the warp must reach it"):
-        d.launch(k, [d.alloc(4 * 16 * 12 * 4), d.alloc(4 * 16 * 10 * 4), d.alloc(4 * 16 * 17 * 4),
+        d.launch(k, [d.alloc(4 * 16 * 12 * 4), d.alloc(4 * 16 * 12 * 4), d.alloc(4 * 16 * 20 * 4),
                      d.alloc((64 * 20 + 64 * 16) * 4), d.alloc(16)], (1, 1, 1), (128, 1, 1))
+
+
+# ---- tensor cores: m16n16k16 with bfloat16 and half inputs (schedule/mma.py: codes_rule) ------------------------------
+
+WMMA16 = HEADER + "#include <cuda_bf16.h>\n#include <mma.h>\n" + r'''
+using namespace nvcuda;
+// each warp: D (16 x 16, row-major, ldm 20) = A (16 x 16, row-major, ldm 24) x B (16 x 16, col-major: element (k, n)
+// at n * 24 + k) + C (16 x 16, row-major, ldm 20), once in bfloat16 and once in half; the float inputs converted
+// to the 16-bit types by every thread for its own elements, into shared memory
+extern "C" __global__ void wmma16(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ c,
+                                  float* __restrict__ d) {
+  __shared__ __align__(32) __nv_bfloat16 ab[4 * 16 * 24], bb[4 * 16 * 24];
+  __shared__ __align__(32) half ah[4 * 16 * 24], bh[4 * 16 * 24];
+  int w = (int)threadIdx.x / 32;
+  for (int i = (int)threadIdx.x; i < 4 * 16 * 24; i += (int)blockDim.x) {
+    ab[i] = __float2bfloat16(a[i]);
+    bb[i] = __float2bfloat16(b[i]);
+    ah[i] = __float2half(a[i]);
+    bh[i] = __float2half(b[i]);
+  }
+  __syncthreads();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fab;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fbb;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fah;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> fbh;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc, fd;
+  wmma::load_matrix_sync(fab, ab + w * 16 * 24, 24);
+  wmma::load_matrix_sync(fbb, bb + w * 16 * 24, 24);
+  wmma::load_matrix_sync(fah, ah + w * 16 * 24, 24);
+  wmma::load_matrix_sync(fbh, bh + w * 16 * 24, 24);
+  wmma::load_matrix_sync(fc, c + w * 16 * 20, 20, wmma::mem_row_major);
+  wmma::mma_sync(fd, fab, fbb, fc);
+  wmma::store_matrix_sync(d + w * 16 * 20, fd, 20, wmma::mem_row_major);
+  wmma::mma_sync(fd, fah, fbh, fc);
+  wmma::store_matrix_sync(d + 64 * 20 + w * 16 * 20, fd, 20, wmma::mem_col_major);
+}
+'''
+
+
+def bf16_model(x: np.ndarray) -> np.ndarray:
+    """cuda_bf16.h's __float2bfloat16: the top 16 bits of the float rounded to nearest, ties to even; NaN stays NaN
+    (quiet), large finite floats round to inf."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    out = np.where(nan, ((u >> 16) | 0x40) << 16, rounded) & 0xFFFFFFFF
+    return out.astype(np.uint32).view(np.float32)
+
+
+def test_bfloat16_conversions_are_cuda_bf16s():
+    """Ties to even both ways, the overflow edge, inf and NaN, and a million random bit patterns, against the model
+    above; the model itself pinned on the cases CUDA's documentation gives (1 + 2^-8 is a tie: to 1)."""
+    ties = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F8000, 0x7F7F7FFF, 0x7F800000, 0xFF800000, 0x7F800001,
+                     0x00008000, 0x00018000], np.uint32)
+    want_ties = bf16_model(ties.view(np.float32)).view(np.uint32) >> 16
+    assert [hex(v) for v in want_ties[:7]] == ["0x3f80", "0x3f82", "0xbf80", "0x7f80", "0x7f7f", "0x7f80", "0xff80"]
+    rng = np.random.default_rng(2)
+    x = np.concatenate([ties.view(np.float32),
+                        rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)])
+    src = HEADER + "#include <cuda_bf16.h>\n" + r'''
+extern "C" __global__ void bf(const float* __restrict__ x, __nv_bfloat16* __restrict__ h, float* __restrict__ back,
+                              int n) {
+  int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) { h[i] = __float2bfloat16(x[i]); back[i] = __bfloat162float(h[i]); }
+}
+'''
+    d = emulator()
+    k = d.build(src, ["bf"])["bf"]
+    h, back = d.alloc(x.size * 2), d.alloc(x.size * 4)
+    d.launch(k, [d.upload(x), h, back, x.size], (-(-x.size // 256), 1, 1), (256, 1, 1))
+    want = bf16_model(x).view(np.uint32)
+    np.testing.assert_array_equal(d.download(h, x.size, np.uint16), (want >> 16).astype(np.uint16))
+    np.testing.assert_array_equal(d.download(back, x.size, np.float32).view(np.uint32), want)
+
+
+@pytest.mark.parametrize("order", ["forward", "shuffle"])
+def test_wmma_16bit_follows_its_documented_semantics(order):
+    """Four warps, each D = A x B + C in m16n16k16 with bfloat16 and with half inputs (the same float tiles converted
+    each way), in the layouts and leading dimensions CUDA's wmma API takes; the numpy model converts A and B
+    (bf16_model, numpy's float16) and sums in float64 (the emulation's float sums are within 1e-6)."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((4, 16, 24)).astype(np.float32)
+    b = rng.standard_normal((4, 16, 24)).astype(np.float32)  # per warp: row n holds B's column n (k = 0..15)
+    c = rng.standard_normal((4, 16, 20)).astype(np.float32)
+    d = emulator(order)
+    k = d.build(WMMA16, ["wmma16"])["wmma16"]
+    out = d.alloc(2 * 64 * 20 * 4)
+    d.launch(k, [d.upload(a), d.upload(b), d.upload(c), out], (1, 1, 1), (128, 1, 1))
+    got = d.download(out, (2, 4, 16, 20), np.float32)
+    C = c[:, :, :16].astype(np.float64)
+    row_major = got[0][:, :, :16]  # (m, n) at m * 20 + n
+    col_major = got[1].transpose(0, 2, 1)[:, :16, :]  # (m, n) at n * 20 + m
+    for convert, part in ((bf16_model, row_major), (lambda x: x.astype(np.float16), col_major)):
+        A = convert(a[:, :, :16]).astype(np.float64)
+        B = convert(b[:, :, :16]).astype(np.float64).transpose(0, 2, 1)  # (k, n)
+        np.testing.assert_allclose(part, A @ B + C, atol=1e-5, rtol=1e-6)
+    # the types matter: bfloat16's 8 bits against half's 11 are off by far more than the tolerance
+    assert np.abs(row_major - col_major).max() > 1e-3
+
+
+@pytest.mark.parametrize("change,reason", [
+    ("wmma::load_matrix_sync(fab, ab + w * 16 * 24, 24);", "wmma::load_matrix_sync(fab, ab + w * 16 * 24 + 8, 24);"),
+    ("wmma::load_matrix_sync(fc, c + w * 16 * 20, 20, wmma::mem_row_major);",
+     "wmma::load_matrix_sync(fc, c + w * 16 * 20, 18, wmma::mem_row_major);"),
+])
+def test_wmma_pointers_and_leading_dimensions_are_checked(change, reason):
+    """CUDA requires a fragment's pointer 256-bit aligned and its leading dimension a multiple of 16 bytes; the
+    emulation fails a launch that breaks either (here 16 bytes off, and 18 floats)."""
+    d = emulator()
+    k = d.build(WMMA16.replace(change, reason), ["wmma16"])["wmma16"]
+    why = "pointer is not 256-bit aligned" if "+ 8" in reason else "leading dimension is not a multiple of 16 bytes"
+    with pytest.raises(DeviceError, match=why):
+        d.launch(k, [d.alloc(4 * 16 * 24 * 4), d.alloc(4 * 16 * 24 * 4), d.alloc(4 * 16 * 20 * 4),
+                     d.alloc(2 * 64 * 20 * 4)], (1, 1, 1), (128, 1, 1))
+
+
+def test_the_16bit_wmma_kernel_is_cuda():
+    """The kernel the model above holds the emulation to compiles with nvcc for both presets' GPUs."""
+    from conftest import require_nvcc
+
+    from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
+
+    require_nvcc()
+    for arch in ("sm_90", "sm_89"):
+        ptx = compile_cuda(WMMA16, arch)
+        assert "mma.sync" in ptx and ".bf16" in ptx and set(ptxas_check(ptx, arch)) == {"wmma16"}

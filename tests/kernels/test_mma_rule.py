@@ -91,7 +91,7 @@ def test_dequantized_weights_and_epilogues(runner, quantized_programs):
     assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)
     for prog in quantized_programs:
         scheduled_prog, got, want = run_quantized(runner, prog, rng)
-        assert scheduled_prog.attrs["schedule"].rule == "gemv|mma", prog.name
+        assert scheduled_prog.attrs["schedule"].rule == "gemv|mma-codes", prog.name
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=prog.name)
 
 
@@ -147,3 +147,89 @@ def test_prefetched_k_steps_compute_the_same(runner, quantized_programs, monkeyp
     _, got, _ = run(runner, linear(2048, 64), [x, w], (64, 64))
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     assert float(np.abs(got - exact).max()) <= 2 * sequential_error(x, w, exact)
+
+
+# ---- 4- and 8-bit weights: their codes' products in bfloat16 and half (mma.codes_rule) -----------------------------
+
+CODES = ["q4f16_1", "q8f16_0", "Q4_0", "Q5_0", "Q8_0", "IQ4_NL"]  # a scale a 32 times a small integer
+NOT_CODES = ["q4f16_2", "Q4_1", "Q4_K", "Q6_K"]  # a minimum a group, or scales a 16: the 3xTF32 tiles
+
+
+def scheme_of(name: str):
+    from deploycc.quantization import BLOCK_SCHEMES
+    from deploycc.quantization.schemes import QUANTIZATION
+
+    return QUANTIZATION.get(name) or BLOCK_SCHEMES[name]
+
+
+def quantized_linear(name: str, k: int, n: int):
+    """y[rows, n] = x[rows, k] . W[n, k], W dequantized from `name`'s packed tensors inside the sum (as fused)."""
+    from deploycc.ir import tir
+
+    scheme = scheme_of(name)
+    bufs, rows = scheme.buffers(n, k), sym.var("seq_len")
+    x, y = tir.Buffer("x", (rows, k), "float32"), tir.Buffer("y", (rows, n), "float32")
+    its = tir.iters("i j k", (rows, n, k), "SSR")
+    i, j, kk = (tir.v(it) for it in its)
+    mm = tir.Block("matmul", its, tir.Store(y, (i, j), y[i, j] + x[i, kk] * scheme.value(bufs, j, kk)),
+                   init=tir.Store(y, (i, j), tir.const(0.0)))
+    return tir.TensorProgram(f"linear_{name}", (*bufs, x, y), mm)
+
+
+def random_packed(name: str, n: int, k: int, rng) -> list:
+    """`name`'s packed tensors of an n x k weight: group schemes quantize random weights; GGUF formats take random
+    blocks with f16 scales of 0.01 standard deviation."""
+    from deploycc.quantization.gguf_blocks import LAYOUTS
+
+    scheme = scheme_of(name)
+    if name in LAYOUTS:
+        block, nbytes, fields = LAYOUTS[name]
+        raw = rng.integers(0, 256, (n, k // block, nbytes), dtype=np.uint8)
+        for _, at, _, kind in fields:
+            if kind == "f16":
+                d = (rng.standard_normal((n, k // block, 1)) * 0.01).astype(np.float16)
+                raw[:, :, at:at + 2] = d.view(np.uint8).reshape(n, k // block, 2)
+        packed = scheme.from_blocks(raw.reshape(n, -1))
+    else:
+        packed = scheme.quantize(rng.standard_normal((n, k)).astype(np.float32))
+    return [packed[p] for p in scheme.param_shapes(n, k)]
+
+
+@pytest.mark.parametrize("name", CODES + NOT_CODES)
+def test_codes_rule_takes_scaled_small_integers(runner, name):
+    """Weights that are a scale constant over 32 of K times an integer within 256 go to the codes rule, the others to
+    3xTF32; both against the interpreter at 37 rows, K = 256, N = 80 (edges: a partial row tile and column tile),
+    within 1e-5 of the largest output."""
+    rng = np.random.default_rng(len(name))
+    x = rng.standard_normal((37, 256)).astype(np.float32)
+    prog, got, want = run(runner, quantized_linear(name, 256, 80), [*random_packed(name, 80, 256, rng), x], (37, 80))
+    assert prog.attrs["schedule"].rule == ("gemv|mma-codes" if name in CODES else "gemv|mma"), name
+    assert ("__nv_bfloat16" in runner.sources[prog.name]) == (name in CODES)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_codes_products_are_as_accurate_as_float32(runner, monkeypatch, split):
+    """Over K = 2,048 of q4f16_1 weights, the codes kernel's error against float64 (of x and the dequantized weights)
+    is within twice a sequential float32 sum's; with x's bfloat16 part alone (its half part's products dropped: the
+    negative control) it is far outside it."""
+    if not split:
+        from deploycc.targets.cuda import CUDARenderer
+
+        plain = CUDARenderer.intrin
+
+        def hi_only(self, st):
+            return [] if st.name == "wmma.mma" and "fa_lo" in st.buffers[1].name else plain(self, st)
+        monkeypatch.setattr(CUDARenderer, "intrin", hi_only)
+        runner = KernelRunner(runner.device, runner.target)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((64, 2048)).astype(np.float32)
+    packed = random_packed("q4f16_1", 64, 2048, rng)
+    prog, got, _ = run(runner, quantized_linear("q4f16_1", 2048, 64), [*packed, x], (64, 64))
+    assert prog.attrs["schedule"].rule == "gemv|mma-codes"
+    w = scheme_of("q4f16_1").dequantize(dict(zip(scheme_of("q4f16_1").param_shapes(64, 2048), packed)), 2048)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = sequential_error(x, w, exact)
+    err = float(np.abs(got - exact).max())
+    print(f"x in two parts={split}: {err:.3g} against float32's {bound:.3g}")
+    assert (err <= 2 * bound) if split else (err > 10 * bound)
