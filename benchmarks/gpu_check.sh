@@ -107,8 +107,8 @@ for k in p.get('kernels', [])[:6]: print('   ', k['kernel'][:50], round(k['launc
   }
   stamp "the decode GEMV with and without its K split (benchmarks/gpu_gemv.py)"
   timeout 90 $PY benchmarks/gpu_gemv.py --shapes 2048x8192,2048x2048,3072x2048,16384x2048,576x1536 2>&1 | tee "$LOGS/gemv.log"
-  stamp "the prefill tiles with and without their K steps' prefetch (benchmarks/gpu_tiles.py)"
-  timeout 90 $PY benchmarks/gpu_tiles.py 2>&1 | tee "$LOGS/tiles.log"
+  stamp "the prefill tiles: 3xTF32 with and without their K steps' prefetch, the codes' (benchmarks/gpu_tiles.py)"
+  timeout 110 $PY benchmarks/gpu_tiles.py 2>&1 | tee "$LOGS/tiles.log"
   stamp "what is folded into the GEMVs against kernels of their own (benchmarks/gpu_fold.py)"
   timeout 240 $PY benchmarks/gpu_fold.py 2>&1 | tee "$LOGS/fold.log"
   bench S-h100 --roofline; bench S-h100-a8 --roofline; bench L-h100 --roofline; bench L-h100-a8 --roofline

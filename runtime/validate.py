@@ -49,7 +49,8 @@ TARGET_INTS = {"max_threads_per_block": (1, 4096), "threads_per_block": (1, 4096
                "max_shared_memory": (1, 1 << 30), "max_storage_binding": (4, 1 << 48), "max_storage_buffers": (4, 1024),
                "max_buffer_size": (4, 1 << 48), "max_grid": (1, INT32_MAX), "row_tile_m": (1, 64), "row_tile_n": (1, 16),
                "memory_bytes": (0, 1 << 50), "vector_width": (1, 16), "num_threads": (0, 256)}
-TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math", "integer_matmuls", "tensor_cores", "dp4a")
+TARGET_BOOLS = ("fp16_arithmetic", "tiled_matmul", "workgroup_gemv", "fast_math", "integer_matmuls", "tensor_cores", "tf32_tiles",
+                "dp4a")
 _ARCH = re.compile(r"(sm_\d{2,3}[a-z]?)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ISAS = ("native", "x86-64-v3", "x86-64-v4", "generic")  # a cpu package's instruction set (targets/base.py imports it)

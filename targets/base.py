@@ -46,8 +46,11 @@ class Target:
     # Shared-memory tiles for prefill matmuls. Off for CPU OpenCL: PoCL runs work-group barriers
     # slowly and its caches already serve one row per work-item well (FACTS.md).
     tiled_matmul: bool = True
-    # Prefill matmuls on tensor cores (CUDA's warp matrix API, tf32, sm_80 and later: schedule/mma.py)
+    # Prefill matmuls on tensor cores (CUDA's warp matrix API, sm_80 and later: schedule/mma.py): 4- and 8-bit
+    # weights as products of their codes in bfloat16 and half (mma.codes_rule), and where tf32_tiles is on, float
+    # weights in three tf32 products (3xTF32: a third of the tf32 rate, which on a GeForce is below its float32 cores')
     tensor_cores: bool = False
+    tf32_tiles: bool = True
     # Decode GEMV with one work-group per output and a shared-memory tree reduction (coalesced
     # loads). Off for CPU OpenCL, where one row per work-item is faster.
     workgroup_gemv: bool = True
@@ -96,7 +99,7 @@ class Target:
         if not isinstance(self.arch, str) or not _ARCH.match(self.arch):
             raise ValueError(f"'arch' is {self.arch!r}; give a CUDA architecture such as sm_90 (or leave it empty)")
         if self.tensor_cores and (self.kind != "cuda" or not self.arch or int(re.sub(r"\D", "", self.arch)) < 80):
-            raise ValueError("'tensor_cores' needs a cuda target of arch sm_80 or later (tf32); set the arch or remove it")
+            raise ValueError("'tensor_cores' needs a cuda target of arch sm_80 or later (tf32, bf16); set the arch or remove it")
         if self.dp4a and (self.kind != "cuda" or not self.arch or int(re.sub(r"\D", "", self.arch)) < 61):
             raise ValueError("'dp4a' needs a cuda target of arch sm_61 or later; set the arch or remove it")
 

@@ -26,6 +26,9 @@ them with the API's documented semantics.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
@@ -48,7 +51,8 @@ PREFETCH = False
 
 
 def rule(prog: TensorProgram, target) -> Schedule | None:
-    if not getattr(target, "tensor_cores", False) or target.kind != "cuda" or target.max_threads_per_block < THREADS:
+    if not getattr(target, "tensor_cores", False) or not getattr(target, "tf32_tiles", True) or (
+            target.kind != "cuda" or target.max_threads_per_block < THREADS):
         return None
     p = prefill_matmul(prog, 16)
     if p is None or p.fa.dtype != "float32" or p.fb.dtype != "float32":
@@ -123,16 +127,26 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 
 
 # ---- 4- and 8-bit weights: products of their exact codes in bfloat16 and half -----------------------------------
-# A weight that is a group's scale times a small integer (q4f16_1's codes less 8, q8f16_0's, GGUF's Q4_0, Q5_0 and
-# Q8_0), its group 32 wide along K or a multiple of that: the codes are exact in bfloat16 and in half, so the tensor
-# cores multiply them exactly, and one K step of 32 has one scale a column, which multiplies the step's sums in float.
-# The activations x go in two parts, hi = bfloat16(x) (float's range, 8 bits) and lo = half(x - hi) (|lo| <= 2^-9
-# |x|, 11 bits more), two m16n16k16 products where 3xTF32 takes three of half the K, and no split of the weights.
+# A weight that is a scale times a small integer, plus a minimum, the scale and the minimum constant over 32 of K
+# (q4f16_1's codes less 8, q8f16_0's, q4f16_2's with a minimum; GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, and the
+# K-quants Q4_K, Q5_K, IQ4_XS, whose sub-blocks of 32 scale a super-block's scale) or over 16 (Q6_K, Q3_K): the codes
+# are exact in bfloat16 and in half, so the tensor cores multiply them exactly, and each span of 32 (or 16) of K has
+# one scale and one minimum a column, which multiply the span's sums in float. The activations x go in two parts,
+# hi = bfloat16(x) (float's range, 8 bits) and lo = half(x - hi) (|lo| <= 2^-9 |x|, 11 bits more): two m16n16k16
+# products where 3xTF32 takes three of half the K, and no split of the weights. A minimum m multiplies the span's sum
+# of x, taken on the tensor cores too (x times a tile of ones): sum x (s q + m) = s sum x q + m sum x.
 CODES = True  # off: these weights take the 3xTF32 tiles too (benchmarks A/B the two on a GPU)
-CODES_K = 32  # K a step, and the group width the scales must be constant over
+CODES_K = 32  # K a step
 CODES_LD = CODES_K + 8  # a staged row of 16-bit elements: a multiple of 8 (16 bytes) as wmma's leading dimensions
 SCALE_LD = BN + 4  # the staged scales' rows (16 of them, a column's scale repeated: an accumulator fragment's worth)
 CODE_MAX = 256  # the integers bfloat16 holds exactly
+
+
+def codes_shared(spans: int, minimum: bool) -> int:
+    """Shared bytes of the codes' tiles: x's parts and the codes (16-bit, BM and BN rows of CODES_LD), the scales (and
+    minimums) of each span of a K step, a 16 x 16 tile of ones in both types for the minimums' sums, the results'."""
+    per_span = 4 * 16 * SCALE_LD * (2 if minimum else 1)
+    return 2 * 2 * (BM + BN) * CODES_LD + spans * per_span + (2 * 2 * 256 if minimum else 0) + 4 * BM * (BN + PAD)
 
 
 def _int_range(v: V) -> tuple[float, float] | None:
@@ -177,52 +191,107 @@ def _int_range(v: V) -> tuple[float, float] | None:
     return None
 
 
-def _constant_over_steps(v: V, k: sym.SymVar) -> bool:
-    """Whether `v` reads the same elements at every k of an aligned step of CODES_K (a scale of groups of 32)."""
+def _indices(v: V) -> list:
+    """Every index expression a value computes with: its loads' indices and its `index` values (a shift's amount); None
+    for an index that is itself a loaded value."""
+    if v.op == "index":
+        return [sym.as_expr(v.arg)]
+    out = []
+    if v.op == "load":
+        out = [None if isinstance(i, V) else sym.as_expr(i) for i in v.arg[1]]
+    for x in v.src:
+        out += _indices(x)
+    return out
+
+
+SAMPLED_K = 1024  # k a span's constancy is checked over where the symbolic check cannot tell (four super-blocks)
+
+
+def _constant_over(v: V, k: sym.SymVar, width: int) -> bool:
+    """Whether `v` reads the same elements at every k of an aligned span of `width` (a scale of groups of 32): proven
+    on the indices where their difference from the span's first k is symbolically within (-1, 1); else (a K-quant's
+    sub-block of a super-block: mods and quotients of k) evaluated for every k below SAMPLED_K, the other variables at
+    0 and 5 (the indices are k's quotients and remainders by constants up to a super-block's 256 and a row's linear
+    terms, periodic in k with a period that divides SAMPLED_K)."""
     kt, kk = sym.var("kt_"), sym.var("kk_")
-    bounds = sym.Bounds().declare(kk, 0, CODES_K - 1)
-    for ld in tir.loads(v):
-        for e in ld.arg[1]:
-            if isinstance(e, V):
-                return False
-            e = sym.as_expr(e)
-            lo, hi = bounds.range_of(sym.substitute(e, {k: kt * CODES_K + kk}) - sym.substitute(e, {k: kt * CODES_K}))
-            if not (-1 < lo and hi < 1):
+    bounds = sym.Bounds().declare(kk, 0, width - 1)
+    ks = np.arange(SAMPLED_K, dtype=np.int64)
+    ops = {"floordiv": np.floor_divide, "mod": np.mod, "min": np.minimum, "max": np.maximum}
+    for e in _indices(v):
+        if e is None:
+            return False
+        lo, hi = bounds.range_of(sym.substitute(e, {k: kt * width + kk}) - sym.substitute(e, {k: kt * width}))
+        if -1 < lo and hi < 1:
+            continue
+        for other in (0, 5):
+            env = {x: other for x in e.free_vars() if x != k}
+            at = np.broadcast_to(sym.evaluate(e, {**env, k: ks}, ops), ks.shape)
+            if (at != np.repeat(at[::width], width)).any():
                 return False
     return True
 
 
-def scaled_codes(p: Prefill) -> tuple[V, V] | None:
-    """(scale, code) with the program's weight = scale * code: the code an integer within CODE_MAX (the product of
-    the factors that are integers), the scale the rest, the same over each aligned K step of CODES_K; or None."""
-    codes, scales = [], []
-    for f in _factors(p.fb):
-        (codes if _int_range(f) is not None else scales).append(f)
-    if not codes or not all(_constant_over_steps(f, p.red.var) for f in scales):
-        return None
-    code = _product(codes)
-    lo, hi = _int_range(code)
-    if -CODE_MAX <= lo and hi <= CODE_MAX:
-        return _product(scales), code
+def _terms(v: V, sign: int = 1) -> list[tuple[int, V]]:
+    """v as a sum of signed terms (its top-level adds and subtracts)."""
+    if v.op in ("add", "sub") and v.dtype.startswith("float"):
+        a, b = v.src
+        return _terms(a, sign) + _terms(b, -sign if v.op == "sub" else sign)
+    return [(sign, v)]
+
+
+@dataclass
+class Codes:
+    """A weight as scale * code + minimum: code an integer within CODE_MAX that varies along K, scale and minimum (None:
+    none) constant over each aligned span of `width` of K."""
+
+    scale: V
+    code: V
+    minimum: V | None
+    width: int
+
+
+def scaled_codes(p: Prefill) -> Codes | None:
+    """The program's weight as Codes (the widest span that holds), or None: one term with factors that vary within a
+    span (their product the code), at most one term without (the minimum)."""
+    for width in (CODES_K, CODES_K // 2):
+        codes, minimum = None, None
+        for sign, term in _terms(p.fb):
+            factors = _factors(term)
+            varying = [f for f in factors if not _constant_over(f, p.red.var, width)]
+            fixed = [f for f in factors if _constant_over(f, p.red.var, width)]
+            scale = _product(fixed) if sign > 0 else -_product(fixed)
+            if not varying:
+                if minimum is not None:
+                    break
+                minimum = scale
+                continue
+            span = _int_range(_product(varying)) if all(_int_range(f) is not None for f in varying) else None
+            if codes is not None or span is None or not (-CODE_MAX <= span[0] and span[1] <= CODE_MAX):
+                break
+            codes = (scale, _product(varying))
+        else:
+            if codes is not None:
+                return Codes(codes[0], codes[1], minimum, width)
     return None
 
 
 def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     """A prefill matmul of 4- or 8-bit weights on the tensor cores: the same 64 x 64 tiles and warps as `rule`, a K
     step of 32 staged as x's two parts (bfloat16, half) and the codes in both types, each warp's fragments multiplied
-    in m16n16k16 (hi x codes, lo x codes into one fresh fragment a step), the step's sums times the columns' scales
+    in m16n16k16 (hi x codes, lo x codes into one fresh fragment a span), each span's sums times the columns' scales
     (staged as 16 rows of BN, loaded as an accumulator fragment: its layout is the sums') added into the result in
-    float."""
+    float, and where the weights have a minimum, the span's sums of x (x times a tile of ones) times the columns'
+    minimums likewise."""
     if not CODES or not getattr(target, "tensor_cores", False) or target.kind != "cuda" or (
             target.max_threads_per_block < THREADS):
         return None
     p = prefill_matmul(prog, 16)
     if p is None or p.fa.dtype != "float32":
         return None
-    found = scaled_codes(p)
-    if found is None:
+    w = scaled_codes(p)
+    spans = CODES_K // w.width if w is not None else 0
+    if w is None or codes_shared(spans, w.minimum is not None) > target.max_shared_memory:
         return None
-    scale, code = found
     n_ext, k_ext, m_total = sym.as_expr(p.col.extent), sym.as_expr(p.red.extent), p.m_total
     g, t, kt, e = (sym.SymVar(x) for x in ("g", "t", "kt", "e"))
     G, Tt, KT = (sym.as_expr(x) for x in (g, t, kt))
@@ -230,12 +299,15 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     LA, LC = CODES_LD, BN + PAD
     a_hi, a_lo = Buffer("As_hi", (BM * LA,), "bfloat16", "shared"), Buffer("As_lo", (BM * LA,), "float16", "shared")
     b_b, b_h = Buffer("Bs_b", (BN * LA,), "bfloat16", "shared"), Buffer("Bs_h", (BN * LA,), "float16", "shared")
-    Ss = Buffer("Ss", (16 * SCALE_LD,), "float32", "shared")
+    Ss = Buffer("Ss", (spans * 16 * SCALE_LD,), "float32", "shared")
+    Ms = Buffer("Ms", (spans * 16 * SCALE_LD,), "float32", "shared")
+    ones_b, ones_h = Buffer("ones_b", (256,), "bfloat16", "shared"), Buffer("ones_h", (256,), "float16", "shared")
     Cs = Buffer("Cs", (BM * LC,), "float32", "shared")
     fa_hi, fa_lo = (Buffer(x, (2,), "float32", f"wmma.matrix_a.{d}") for x, d in (("fa_hi", "bf16"), ("fa_lo", "f16")))
     fb_b, fb_h = (Buffer(x, (2,), "float32", f"wmma.matrix_b.{d}") for x, d in (("fb_b", "bf16"), ("fb_h", "f16")))
-    acc, part, sc = (Buffer(x, (n,), "float32", "wmma.accumulator.k16") for x, n in (("acc", 4), ("acc_step", 4),
-                                                                                     ("sc", 2)))
+    f1_b, f1_h = (Buffer(x, (1,), "float32", f"wmma.matrix_b.{d}") for x, d in (("f1_b", "bf16"), ("f1_h", "f16")))
+    acc, part, sc, xs = (Buffer(x, (n,), "float32", "wmma.accumulator.k16") for x, n in (
+        ("acc", 4), ("acc_step", 4), ("sc", 2), ("xsum", 2)))
     run = 8  # a thread stages runs of 8 consecutive k: one word of 4-bit codes, 16 bytes of each 16-bit type
     v = Buffer("v", (run,), "float32", "local")
     c = sym.as_expr
@@ -252,9 +324,9 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
                            Store(v, (c(j),), tir.const(0.0))) for j in range(run)]
 
     def code_at(n: sym.Expr, k: sym.Expr) -> V:
-        return tir.cast("float32", Substitute(syms={p.col.var: n, p.red.var: k}, fresh=False).value(code))
+        return tir.cast("float32", Substitute(syms={p.col.var: n, p.red.var: k}, fresh=False).value(w.code))
 
-    stage = Seq((
+    stage = [
         For(e, c(BM * CODES_K // THREADS // run), Seq((  # x's two parts
             *loaded(m0, m_total, p.a_at),
             *[Store(a_hi, (at + j,), v[c(j)]) for j in range(run)],
@@ -263,35 +335,62 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
             *loaded(n0, n_ext, code_at),
             *[Store(b_b, (at + j,), v[c(j)]) for j in range(run)],
             *[Store(b_h, (at + j,), v[c(j)]) for j in range(run)]))),
-    ))
-    # the columns' scales at this step, each repeated down 16 rows: thread t stages column t % BN
+    ]
+    # each span's scales (and minimums) of the step's columns, repeated down 16 rows: thread t stages column t % BN
     col = sym.mod(flat, BN)
-    scale_at = Substitute(syms={p.col.var: n0 + col, p.red.var: KT * CODES_K}, fresh=False).value(scale)
     in_n = tir.index(n0 + col).cmp("lt", tir.index(n_ext))
-    scale_reg = Buffer("sv", (1,), "float32", "local")  # loaded once, stored in 16 * BN / THREADS rows
-    stage_scales = Seq((IfThenElse(in_n, Store(scale_reg, (c(0),), tir.cast("float32", scale_at)),
-                                   Store(scale_reg, (c(0),), tir.const(0.0))),
-                        For(e, c(16 * BN // THREADS), Store(Ss, (sym.floordiv(flat, BN) * SCALE_LD + col,),
-                                                            scale_reg[c(0)]))))
+    held = Buffer("sv", (1,), "float32", "local")  # loaded once, stored in 16 * BN / THREADS rows
+    for buf, value in ((Ss, w.scale), (Ms, w.minimum)):
+        for span in range(spans if value is not None else 0):
+            at_k = Substitute(syms={p.col.var: n0 + col, p.red.var: KT * CODES_K + span * w.width}, fresh=False)
+            stage += [IfThenElse(in_n, Store(held, (c(0),), tir.cast("float32", at_k.value(value))),
+                                 Store(held, (c(0),), tir.const(0.0))),
+                      For(e, c(16 * BN // THREADS), Store(buf, (span * 16 * SCALE_LD + sym.floordiv(flat, BN) * SCALE_LD
+                                                                + col,), held[c(0)]))]
     warp = sym.floordiv(Tt, 32)
     wm, wn = sym.floordiv(warp, 2) * 32, sym.mod(warp, 2) * 32
-    ks = sym.SymVar("ks")
-    KS = sym.as_expr(ks)
-    products = [Intrin("wmma.load", (f, src), (c(i), (wm + 16 * i) * LA + KS * 16, c(LA)), (f,))
-                for i in range(2) for f, src in ((fa_hi, a_hi), (fa_lo, a_lo))]
-    products += [Intrin("wmma.load", (f, src), (c(j), (wn + 16 * j) * LA + KS * 16, c(LA)), (f,))
-                 for j in range(2) for f, src in ((fb_b, b_b), (fb_h, b_h))]
-    products += [Intrin("wmma.mma", (part, fa, fb), (c(2 * i + j), c(i), c(j)), (part,))
-                 for i in range(2) for j in range(2) for fa, fb in ((fa_hi, fb_b), (fa_lo, fb_h))]
-    step = Seq((
-        stage, stage_scales, Barrier(),
-        *[Intrin("wmma.fill", (part,), (c(f),), (part,)) for f in range(4)],
-        For(ks, c(CODES_K // 16), Seq(tuple(products))),
-        *[Intrin("wmma.load_acc", (sc, Ss), (c(j), wn + 16 * j, c(SCALE_LD)), (sc,)) for j in range(2)],
-        *[Intrin("wmma.scale_add", (acc, sc, part), (c(2 * i + j), c(j), c(2 * i + j)), (acc,))
-          for i in range(2) for j in range(2)],
-        Barrier(),
-    ))
+    pairs = ((fa_hi, fb_b), (fa_lo, fb_h))
+
+    def products(ks: int) -> list:  # K 16 * ks .. 16 * ks + 15: each fragment's hi x codes + lo x codes into part
+        out = [Intrin("wmma.load", (f, src), (c(i), (wm + 16 * i) * LA + 16 * ks, c(LA)), (f,))
+               for i in range(2) for f, src in ((fa_hi, a_hi), (fa_lo, a_lo))]
+        out += [Intrin("wmma.load", (f, src), (c(j), (wn + 16 * j) * LA + 16 * ks, c(LA)), (f,))
+                for j in range(2) for f, src in ((fb_b, b_b), (fb_h, b_h))]
+        out += [Intrin("wmma.mma", (part, fa, fb), (c(2 * i + j), c(i), c(j)), (part,))
+                for i in range(2) for j in range(2) for fa, fb in pairs]
+        if w.minimum is not None:  # the rows' sums of x: x times ones
+            out += [Intrin("wmma.mma", (xs, fa, f1), (c(i), c(i), c(0)), (xs,))
+                    for i in range(2) for fa, f1 in ((fa_hi, f1_b), (fa_lo, f1_h))]
+        return out
+
+    def scaled(span: int) -> list:  # acc += scale x part (+ minimum x the sums of x), the span's fragments fresh after
+        out = [Intrin("wmma.load_acc", (sc, Ss), (c(j), span * 16 * SCALE_LD + wn + 16 * j, c(SCALE_LD)), (sc,))
+               for j in range(2)]
+        out += [Intrin("wmma.scale_add", (acc, sc, part), (c(2 * i + j), c(j), c(2 * i + j)), (acc,))
+                for i in range(2) for j in range(2)]
+        if w.minimum is not None:
+            out += [Intrin("wmma.load_acc", (sc, Ms), (c(j), span * 16 * SCALE_LD + wn + 16 * j, c(SCALE_LD)), (sc,))
+                    for j in range(2)]
+            out += [Intrin("wmma.scale_add", (acc, sc, xs), (c(2 * i + j), c(j), c(i)), (acc,))
+                    for i in range(2) for j in range(2)]
+        return out + fresh
+
+    fresh = [Intrin("wmma.fill", (part,), (c(f),), (part,)) for f in range(4)]
+    if w.minimum is not None:
+        fresh += [Intrin("wmma.fill", (xs,), (c(i),), (xs,)) for i in range(2)]
+    body_k: list = [*stage, Barrier()]
+    for ks in range(CODES_K // 16):
+        body_k += products(ks)
+        if (ks + 1) * 16 % w.width == 0:
+            body_k += scaled(ks * 16 // w.width)
+    body_k.append(Barrier())
+    ones: list = []
+    if w.minimum is not None:  # the tile of ones, once
+        ones = [For(e, c(256 // THREADS), Seq((Store(ones_b, (sym.as_expr(e) * THREADS + Tt,), tir.const(1.0)),
+                                               Store(ones_h, (sym.as_expr(e) * THREADS + Tt,), tir.const(1.0))))),
+                Barrier(),
+                Intrin("wmma.load", (f1_b, ones_b), (c(0), c(0), c(16)), (f1_b,)),
+                Intrin("wmma.load", (f1_h, ones_h), (c(0), c(0), c(16)), (f1_h,))]
     ce = sym.SymVar("ce")
     cflat = sym.as_expr(ce) * THREADS + Tt
     cr, cc = sym.floordiv(cflat, BN), sym.mod(cflat, BN)
@@ -299,13 +398,15 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
                                      tir.index(n0 + cc).cmp("lt", tir.index(n_ext))))
     body: Stmt = Seq((
         *[Intrin("wmma.fill", (acc,), (c(f),), (acc,)) for f in range(4)],
-        For(kt, sym.floordiv(k_ext + (CODES_K - 1), CODES_K), step),
+        *fresh, *ones,
+        For(kt, sym.floordiv(k_ext + (CODES_K - 1), CODES_K), Seq(tuple(body_k))),
         *[Intrin("wmma.store", (Cs, acc), (c(2 * i + j), (wm + 16 * i) * LC + wn + 16 * j, c(LC)), (Cs,))
           for i in range(2) for j in range(2)],
         Barrier(),
         For(ce, c(BM * BN // THREADS), IfThenElse(in_range, p.tail(m0 + cr, n0 + cc, Cs[cr * LC + cc]))),
     ))
-    for buf in (scale_reg, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, Cs, Ss, b_h, b_b, a_lo, a_hi):
+    minimum_bufs = (xs, f1_h, f1_b, Ms, ones_h, ones_b) if w.minimum is not None else ()
+    for buf in (held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *minimum_bufs, Cs, Ss, b_h, b_b, a_lo, a_hi):
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

@@ -330,7 +330,7 @@ def preset_cuda_threads_over_hardware(tmp):
 
 def preset_tensor_cores_on_opencl(tmp):
     return compile_args(copy_tiny(tmp), "--device", "adreno", "--override", "target.tensor_cores=true"), [
-        "'tensor_cores' needs a cuda target of arch sm_80 or later (tf32)"]
+        "'tensor_cores' needs a cuda target of arch sm_80 or later (tf32, bf16)"]
 
 
 def preset_prefill_chunk_over_context(tmp):

@@ -33,8 +33,10 @@ def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
     copies.append(schedule_program(kv_copy_paged_program(), p.target))
     kernels = [k for prog in [*mod.programs().values(), *copies] for k in scheduled(prog).kernels]
     source = render(kernels, p.target)
-    # prefill on the tensor cores where the preset has them (schedule/mma.py)
-    assert ("wmma::mma_sync" in source and "#include <mma.h>" in source) == p.target.tensor_cores
+    # prefill of this float model on the tensor cores where the preset has them and takes float weights there
+    # (schedule/mma.py: h100's 3xTF32; rtx4090's tensor cores take 4- and 8-bit weights only)
+    assert ("wmma::mma_sync" in source and "#include <mma.h>" in source) == (p.target.tensor_cores and
+                                                                          p.target.tf32_tiles)
     ptx = compile_cuda(source, p.target.arch)
     usage = ptxas_check(ptx, p.target.arch)
     from deploycc.targets.cstyle import ident

@@ -64,6 +64,13 @@ def test_the_rule_takes_prefill_linears_on_tensor_core_presets_only():
         assert "mma" not in schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"].rule
     decode = program("linear", {"x": (1, 64), "w": (32, 64)})
     assert schedule_program(decode, presets.load("h100").target).attrs["schedule"].rule == "gemv"
+    # 4-bit weights: their codes' products on both CUDA presets' tensor cores (rtx4090 has tf32_tiles off)
+    for preset in ("h100", "rtx4090"):
+        got = schedule_program(quantized_linear("q4f16_1", 64, 32), presets.load(preset).target)
+        assert got.attrs["schedule"].rule == "gemv|mma-codes", preset
+    for preset in ("adreno", "chrome-webgpu", "cpu"):
+        got = schedule_program(quantized_linear("q4f16_1", 64, 32), presets.load(preset).target)
+        assert "mma" not in got.attrs["schedule"].rule, preset
 
 
 @pytest.mark.parametrize("m,k,n", [(9, 32, 16), (17, 64, 16), (70, 96, 130), (64, 40, 64), (129, 8, 65)])
@@ -151,8 +158,11 @@ def test_prefetched_k_steps_compute_the_same(runner, quantized_programs, monkeyp
 
 # ---- 4- and 8-bit weights: their codes' products in bfloat16 and half (mma.codes_rule) -----------------------------
 
-CODES = ["q4f16_1", "q8f16_0", "Q4_0", "Q5_0", "Q8_0", "IQ4_NL"]  # a scale a 32 times a small integer
-NOT_CODES = ["q4f16_2", "Q4_1", "Q4_K", "Q6_K"]  # a minimum a group, or scales a 16: the 3xTF32 tiles
+# a scale (and a minimum) constant over 32 of K, or over 16, times a small integer
+CODES = ["q4f16_1", "q8f16_0", "q4f16_2", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q3_K", "Q4_K", "Q5_K",
+         "Q6_K", "IQ4_XS"]
+# float weights; and Q2_K, whose scales and minimums change every 16 of K (the tiles' shared memory would pass 48 KiB)
+NOT_CODES = ["q0f16", "Q2_K"]
 
 
 def scheme_of(name: str):
@@ -233,3 +243,25 @@ def test_codes_products_are_as_accurate_as_float32(runner, monkeypatch, split):
     err = float(np.abs(got - exact).max())
     print(f"x in two parts={split}: {err:.3g} against float32's {bound:.3g}")
     assert (err <= 2 * bound) if split else (err > 10 * bound)
+
+
+@pytest.mark.parametrize("preset", ["h100", "rtx4090"])
+def test_codes_tiles_assemble_without_spills(preset):
+    """The codes' tiles of 2,048 x 2,048 linears compile with nvcc for the preset's GPU, bfloat16 fragments in their PTX,
+    no register spills, and at most 128 registers a thread (four blocks of 128 threads an SM by registers) where the
+    weights have no minimum: q4f16_1, Q5_0 (its 5th bit from another word); at most 168 with a minimum (Q4_K's sums
+    of x in two more fragments: three blocks) or scales a 16 (Q6_K). ptxas on 2026-11-28: 124, 128, 164, 142."""
+    from conftest import require_nvcc
+
+    from deploycc.kernel_runner import render
+    from deploycc.runtime.devices.cuda import compile_cuda, ptxas_check
+
+    require_nvcc()
+    target = presets.load(preset).target
+    for name, most in (("q4f16_1", 128), ("Q5_0", 128), ("Q4_K", 168), ("Q6_K", 168)):
+        prog = schedule_program(quantized_linear(name, 2048, 2048), target)
+        assert prog.attrs["schedule"].rule == "gemv|mma-codes"
+        ptx = compile_cuda(render(list(prog.attrs["schedule"].kernels), target), target.arch)
+        assert "wmma.mma.sync.aligned.row.col.m16n16k16.f32.bf16.bf16.f32" in ptx
+        tiles = ptxas_check(ptx, target.arch)[prog.name]
+        assert tiles["spill_stores"] == 0 and tiles["registers"] <= most, (name, tiles)
