@@ -5,9 +5,9 @@ For each prefill linear of a model shape's first layer (benchmarks/gpu_model.py'
 real widths), q4f16_1 on `h100`, the tile kernel of each rule that takes it: "mma" (schedule/mma.py's rule: float
 operands split in two tf32 parts, three products; the weights dequantized in the staging) and "mma-codes"
 (mma.codes_rule: the 4-bit codes exact in bfloat16 and half, x in a bfloat16 and a half part, two products, the
-group's scale once a step). Its K step is the loop (a backward branch's span) with the most tensor-core
-instructions (HMMA); printed per K step of 32 and warp: its instructions, HMMA, shared loads and stores, global
-loads; and the registers ptxas gives a thread. (About a minute on 2 cores, the checkpoints made.)
+group's scale once a span of 32). Printed per K step and warp (its 32 x 32 outputs): the step's K, the instructions it
+issues (and per 32 of K), HMMA, shared loads and stores, global loads (k_step says how they are found and
+counted); and the registers ptxas gives a thread. (About 15 s on 2 cores, the checkpoints made.)
 
     PATH=$PATH:<cuobjdump's bin> .venv/bin/python benchmarks/tiles_sass.py [--shape Llama-3.2-1B-shaped] [--json]
 """
@@ -62,19 +62,46 @@ def registers(source: str, tmp: Path) -> int:
     return max(int(m) for m in re.findall(r"Used (\d+) registers", r.stderr))
 
 
-def k_step(code: list) -> dict:
-    """The counts of the loop with the most HMMA."""
-    best: list = []
+PRODUCTS = {"mma": 3, "mma-codes": 2}  # tensor-core products a multiply-add takes (3xTF32; x's two parts)
+
+
+def _macs(op: str) -> int:
+    """The multiply-adds of one HMMA (HMMA.16816: m16 n8 k16)."""
+    m = re.match(r"HMMA\.(16)(8)(\d+)", op)
+    return int(m[1]) * int(m[2]) * int(m[3])
+
+
+def k_step(code: list, rule: str) -> dict:
+    """The counts of a warp's K step over its 32 x 32 outputs, and its instructions per 32 of K: the loop (a backward
+    branch's span) with the most HMMA, widest first; a loop inside it that nvcc kept (3xTF32's four steps of 8)
+    counted once a trip, its trips those that make a step of 32's multiply-adds (32 x 32 x 32 x the products a
+    multiply-add takes); without one, the step's K is its HMMA's multiply-adds over 32 x 32 x the products."""
+    loops = []
     for addr, ins in code:
         m = re.search(r"BRA\s+0x([0-9a-f]+)", ins)
         if m and int(m[1], 16) < addr:
-            body = [x for a, x in code if int(m[1], 16) <= a <= addr]
-            if sum("HMMA" in x for x in body) > sum("HMMA" in x for x in best):
-                best = body
-    ops = [re.sub(r"^@!?P\w+\s+", "", x).split()[0] for x in best]
-    return {"instructions": len(ops), "hmma": sum(o.startswith("HMMA") for o in ops),
-            "lds": sum(o.startswith(("LDS", "LDSM")) for o in ops), "sts": sum(o.startswith("STS") for o in ops),
-            "ldg": sum(o.startswith("LDG") for o in ops)}
+            loops.append((int(m[1], 16), addr))
+    ops = {a: re.sub(r"^@!?P\w+\s+", "", x).split()[0] for a, x in code}
+
+    def hmma(lo, hi):
+        return [ops[a] for a in ops if lo <= a <= hi and ops[a].startswith("HMMA")]
+    outer = max(loops, key=lambda s: (len(hmma(*s)), s[1] - s[0]))
+    macs = sum(_macs(o) for o in hmma(*outer))
+    inner = [s for s in loops if s != outer and outer[0] <= s[0] and s[1] <= outer[1] and hmma(*s)]
+    # a loop kept inside (3xTF32's) makes a step of 32 in its trips; else the step's K is what its HMMA multiply
+    trips, k = (32 * 32 * 32 * PRODUCTS[rule] // macs, 32) if inner else (1, macs // (32 * 32 * PRODUCTS[rule]))
+    count = {"k_step": k, "instructions": 0, "hmma": 0, "lds": 0, "sts": 0, "ldg": 0}
+    for a, op in ops.items():
+        if not outer[0] <= a <= outer[1]:
+            continue
+        times = trips if any(lo <= a <= hi for lo, hi in inner) else 1
+        count["instructions"] += times
+        count["hmma"] += times * op.startswith("HMMA")
+        count["lds"] += times * op.startswith(("LDS", "LDSM"))
+        count["sts"] += times * op.startswith("STS")
+        count["ldg"] += times * op.startswith("LDG")
+    count["per_32"] = count["instructions"] * 32 / k
+    return count
 
 
 def main() -> None:
@@ -89,16 +116,16 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, k, n, rule, source in kernels(args.shape):
-            rows.append({"kernel": name, "rule": rule, "k": k, "n": n, **k_step(sass(source, name, Path(tmp))),
+            rows.append({"kernel": name, "rule": rule, "k": k, "n": n, **k_step(sass(source, name, Path(tmp)), rule),
                          "registers": registers(source, Path(tmp))})
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'kernel':44s} {'rule':10s} {'K':>6s} {'N':>6s} {'instr':>6s} {'HMMA':>5s} {'LDS':>5s} {'STS':>5s} "
-          f"{'LDG':>5s} {'regs':>5s}")
+    print(f"{'kernel':44s} {'rule':10s} {'K':>6s} {'N':>6s} {'step':>4s} {'instr':>6s} {'/32 K':>6s} {'HMMA':>5s} "
+          f"{'LDS':>5s} {'STS':>5s} {'LDG':>5s} {'regs':>5s}")
     for r in rows:
-        print(f"{r['kernel'][-44:]:44s} {r['rule']:10s} {r['k']:6d} {r['n']:6d} {r['instructions']:6d} {r['hmma']:5d} "
-              f"{r['lds']:5d} {r['sts']:5d} {r['ldg']:5d} {r['registers']:5d}")
+        print(f"{r['kernel'][-44:]:44s} {r['rule']:10s} {r['k']:6d} {r['n']:6d} {r['k_step']:4d} {r['instructions']:6d} "
+              f"{r['per_32']:6.0f} {r['hmma']:5d} {r['lds']:5d} {r['sts']:5d} {r['ldg']:5d} {r['registers']:5d}")
 
 
 if __name__ == "__main__":

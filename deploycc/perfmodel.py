@@ -19,10 +19,10 @@ launch:
             LATENCY_US, FLOPs / peak) + LAUNCH_US, the peak fp32's (for the decode GEMVs, whose instructions a FLOP
             were counted in their SASS, "issue": the instructions they issue, INSTRUCTIONS_PER_FLOP, at the fp32
             peak's rate of instructions, of which they reach ISSUE_EFFICIENCY), or for a kernel on the
-            tensor cores (schedule/mma.py) its tensor peak (tf32's over the TF32_PRODUCTS products a float
-            multiply-add takes in 3xTF32, fp16's over the CODES_PRODUCTS of a 4- or 8-bit weight's codes) and,
-            beside it, the instructions its tiles issue (TENSOR_INSTRUCTIONS_PER_FLOP, counted in their SASS, at
-            that same rate of instructions). The middle term is Little's
+            tensor cores (schedule/mma.py) its matmul's multiply-adds at its tensor peak (tf32's over the
+            TF32_PRODUCTS products a float multiply-add takes in 3xTF32, fp16's over the CODES_PRODUCTS of a 4- or
+            8-bit weight's codes) and, beside them, the instructions its tiles issue (TENSOR_INSTRUCTIONS_PER_MAC,
+            counted in their SASS, at that same rate of instructions). The middle term is Little's
             law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
             about two at once), so few resident threads cannot stream at the bandwidth however few bytes they read
             (a decode attention over 9 heads: 9 blocks). Its two constants were fitted on an H100 (docs/gpu.md:
@@ -71,12 +71,14 @@ PHASE_US = 1.05
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
 CODES_PRODUCTS = 2  # and a multiply-add of 4- or 8-bit weights' codes (mma.codes_rule: x in bfloat16 and half parts)
-# The tensor-core tiles' instructions a FLOP, by kind, counted in the SASS nvcc makes for sm_90 (benchmarks/
-# tiles_sass.py, Llama-3.2-1B's widths, q4f16_1, whose programs have 4 FLOPs a multiply-add): a warp's K step of 32
-# over its 32 x 32 outputs (32,768 multiply-adds) issues 1,189 instructions in the 3xTF32 tiles (4 trips of the
-# 210-instruction loop of 8 of K and the staging's 349), 466 in the codes' tiles: per thread of the warp, 32 x those
-# over 4 x 32,768 FLOPs. Both issue more than their tensor cores take: the SMs' issue rate bounds them.
-TENSOR_INSTRUCTIONS_PER_FLOP = {"tf32": 32 * 1189 / (4 * 32768), "codes": 32 * 466 / (4 * 32768)}
+# The tensor-core tiles' instructions a multiply-add of their matmul, by kind, counted in the SASS nvcc makes for sm_90
+# (benchmarks/tiles_sass.py, Llama-3.2-1B's widths, q4f16_1): over its 32 x 32 outputs a warp's K step of 32 (32,768
+# multiply-adds) issues 1,189 instructions in the 3xTF32 tiles (4 trips of the 210-instruction loop of 8 of K and the
+# staging's 349), and its K step of 64 in the codes' tiles 809; a thread of the warp issues each. Both issue more
+# than their tensor cores take: the SMs' issue rate bounds them. (The tiles' time is counted in their matmul's
+# multiply-adds, not in the program's FLOPs: a 4-bit weight's program has 4 a multiply-add, its dequantization's two
+# among them.)
+TENSOR_INSTRUCTIONS_PER_MAC = {"tf32": 32 * 1189 / 32768, "codes": 32 * 809 / 65536}
 # Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
 # FLOPs and one instruction) unless counted. The decode GEMVs were counted in the SASS nvcc makes for sm_90
 # (benchmarks/gemv_sass.py, an 8B Llama's widths, q4f16_1, whose program has 4 FLOPs a weight): the float GEMV
@@ -138,6 +140,19 @@ def program_flops(stmt, env: dict) -> int:
     return 0
 
 
+def program_macs(stmt, env: dict) -> int:
+    """The iterations of a program's first block, for the sizes in `env`: a prefill matmul's multiply-adds (the
+    tensor-core tiles take programs whose first block is their matmul: schedule/matmul.py prefill_matmul)."""
+    head = stmt[0]
+    if head == "block":
+        return math.prod(_sym(it[1], env) for it in stmt[2])
+    for inner in (stmt[1] if head == "seq" else [stmt[2]] if head == "alloc" else []):
+        found = program_macs(inner, env)
+        if found:
+            return found
+    return 0
+
+
 def _value_accesses(v, out: dict, times: int) -> None:
     """Add `times` x the loads of a value (loop-level JSON form), by buffer, to out."""
     if not isinstance(v, list) or not v:
@@ -194,6 +209,7 @@ class Launch:
     registers: int | None = None
     shared: int | None = None
     tensor: str = ""  # multiplies on the tensor cores: "tf32" (three products a multiply-add) or "codes" (two)
+    macs: int = 0  # the multiply-adds of its program's matmul (the tensor-core tiles': program_macs)
     barriers: int = 0  # a thread's barriers (programs.json: ir/kernel.py barriers)
     in_flight: int = IN_FLIGHT  # bytes of loads a thread has waiting at once (programs.json: ir/kernel.py loads_in_flight)
     rule: str = ""  # its program's schedule rule (programs.json)
@@ -386,6 +402,8 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
                 _bound_by_accesses(launch, *accessed[launch.kernel], ints)
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
             launch.tensor = tensor.get(launch.kernel, "")
+            if launch.tensor and launch.kernel in bodies:
+                launch.macs = program_macs(bodies[launch.kernel], ints)
             launch.rule = rules.get(launch.kernel, "")
             if launch.kernel in passed:
                 launch.barriers = _sym(passed[launch.kernel], ints)
@@ -429,9 +447,11 @@ def _time(x: Launch, hw: dict) -> None:
     times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
              "latency": x.bytes / max(resident, 1) / x.in_flight * LATENCY_US * 1e-6,
              "serial": waves * x.barriers * PHASE_US * 1e-6,
-             "arithmetic": x.flops / tensor_peak(x.tensor, hw) if x.tensor else x.flops / (hw["fp32_tflops"] * 1e12)}
-    if x.tensor:  # the tiles' instructions, counted: what the SMs issue beside the tensor cores' work
-        times["issue"] = (x.flops * TENSOR_INSTRUCTIONS_PER_FLOP[x.tensor]
+             "arithmetic": x.flops / (hw["fp32_tflops"] * 1e12)}
+    if x.tensor:  # the tensor cores' products and the tiles' instructions (counted): what the SMs issue beside them
+        macs = x.macs or x.flops // 2
+        times["arithmetic"] = macs / tensor_macs(x.tensor, hw)
+        times["issue"] = (macs * TENSOR_INSTRUCTIONS_PER_MAC[x.tensor]
                           / (hw["fp32_tflops"] * FMA_INSTRUCTIONS_PER_FLOP * ISSUE_EFFICIENCY) / 1e12)
     elif instructions_per_flop(x.rule) != FMA_INSTRUCTIONS_PER_FLOP:  # counted: what the SMs issue
         times["issue"] = (x.flops * instructions_per_flop(x.rule)
@@ -441,12 +461,12 @@ def _time(x: Launch, hw: dict) -> None:
     x.seconds = times[x.bound] + LAUNCH_US * 1e-6
 
 
-def tensor_peak(kind: str, hw: dict) -> float:
-    """The program FLOPs a second of tensor-core tiles of `kind`: the tf32 peak over 3xTF32's three products, or the
-    fp16 peak (float accumulation) over the codes' two."""
+def tensor_macs(kind: str, hw: dict) -> float:
+    """The matmul's multiply-adds a second of tensor-core tiles of `kind` (a multiply-add two FLOPs): the tf32 peak
+    over 3xTF32's three products, or the fp16 peak (float accumulation) over the codes' two."""
     if kind == "codes":
-        return hw["fp16_tensor_tflops"] * 1e12 / CODES_PRODUCTS
-    return hw["tf32_tensor_tflops"] * 1e12 / TF32_PRODUCTS
+        return hw["fp16_tensor_tflops"] * 1e12 / 2 / CODES_PRODUCTS
+    return hw["tf32_tensor_tflops"] * 1e12 / 2 / TF32_PRODUCTS
 
 
 def instructions_per_flop(rule: str) -> float:

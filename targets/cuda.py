@@ -122,6 +122,8 @@ class CUDARenderer(CStyleRenderer):
         if st.name == "wmma.scale_add":  # acc += scale x part, elementwise (accumulators of one shape share a layout)
             acc, sc, part = (f"{x}[{y}]" for x, y in zip(n, i))
             return [f"for (int e = 0; e < {acc}.num_elements; e++) {acc}.x[e] += {sc}.x[e] * {part}.x[e];"]
+        if st.name == "warp.sync":  # the warp's lanes meet: shared stores before it are seen after it
+            return ["__syncwarp();"]
         if st.name == "wmma.store":
             return [f"wmma::store_matrix_sync({n[0]} + {i[1]}, {n[1]}[{i[0]}], {i[2]}, wmma::mem_row_major);"]
         return super().intrin(st)

@@ -136,17 +136,24 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 # products where 3xTF32 takes three of half the K, and no split of the weights. A minimum m multiplies the span's sum
 # of x, taken on the tensor cores too (x times a tile of ones): sum x (s q + m) = s sum x q + m sum x.
 CODES = True  # off: these weights take the 3xTF32 tiles too (benchmarks A/B the two on a GPU)
-CODES_K = 32  # K a step
-CODES_LD = CODES_K + 8  # a staged row of 16-bit elements: a multiple of 8 (16 bytes) as wmma's leading dimensions
-SCALE_LD = BN + 4  # the staged scales' rows (16 of them, a column's scale repeated: an accumulator fragment's worth)
+CODES_K = 64  # K a step, where its shared memory fits (else 32): half the barriers and round trips of 32
+SPAN = 32  # the widest span of K a scale may cover (a group, a sub-block); or half of it
 CODE_MAX = 256  # the integers bfloat16 holds exactly
 
 
-def codes_shared(spans: int, minimum: bool) -> int:
-    """Shared bytes of the codes' tiles: x's parts and the codes (16-bit, BM and BN rows of CODES_LD), the scales (and
-    minimums) of each span of a K step, a 16 x 16 tile of ones in both types for the minimums' sums, the results'."""
-    per_span = 4 * 16 * SCALE_LD * (2 if minimum else 1)
-    return 2 * 2 * (BM + BN) * CODES_LD + spans * per_span + (2 * 2 * 256 if minimum else 0) + 4 * BM * (BN + PAD)
+def codes_layout(bk: int) -> tuple[int, int]:
+    """(a staged row of x's parts and the codes: bk + 8 16-bit elements, a multiple of 8 (16 bytes) as wmma's leading
+    dimensions require, the 8 against bank conflicts; a staged row of scales: BN floats, 4 more at a step of 32)."""
+    return bk + 8, BN + (4 if bk <= 32 else 0)
+
+
+def codes_shared(bk: int, spans: int, minimum: bool) -> int:
+    """Shared bytes of the codes' tiles at a K step of bk: x's parts and the codes (16-bit, BM and BN rows), the
+    scales (and minimums) of each span of the step (16 rows: an accumulator fragment's worth), a 16 x 16 tile of ones
+    in both types for the minimums' sums, and a 16 x 16 fragment of results a warp."""
+    row, scale_row = codes_layout(bk)
+    per_span = 4 * 16 * scale_row * (2 if minimum else 1)
+    return 2 * 2 * (BM + BN) * row + spans * per_span + (2 * 2 * 256 if minimum else 0) + 4 * WARPS * 256
 
 
 def _int_range(v: V) -> tuple[float, float] | None:
@@ -253,7 +260,7 @@ class Codes:
 def scaled_codes(p: Prefill) -> Codes | None:
     """The program's weight as Codes (the widest span that holds), or None: one term with factors that vary within a
     span (their product the code), at most one term without (the minimum)."""
-    for width in (CODES_K, CODES_K // 2):
+    for width in (SPAN, SPAN // 2):
         codes, minimum = None, None
         for sign, term in _terms(p.fb):
             factors = _factors(term)
@@ -289,20 +296,23 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     if p is None or p.fa.dtype != "float32":
         return None
     w = scaled_codes(p)
-    spans = CODES_K // w.width if w is not None else 0
-    if w is None or codes_shared(spans, w.minimum is not None) > target.max_shared_memory:
+    fits = [bk for bk in (CODES_K, 32) if w is not None and
+            codes_shared(bk, bk // w.width, w.minimum is not None) <= target.max_shared_memory]
+    if not fits:
         return None
+    bk = fits[0]
+    spans = bk // w.width
     n_ext, k_ext, m_total = sym.as_expr(p.col.extent), sym.as_expr(p.red.extent), p.m_total
     g, t, kt, e = (sym.SymVar(x) for x in ("g", "t", "kt", "e"))
     G, Tt, KT = (sym.as_expr(x) for x in (g, t, kt))
     groups, m0, n0 = p.tiles(BM, BN, G)
-    LA, LC = CODES_LD, BN + PAD
+    LA, SL = codes_layout(bk)
     a_hi, a_lo = Buffer("As_hi", (BM * LA,), "bfloat16", "shared"), Buffer("As_lo", (BM * LA,), "float16", "shared")
     b_b, b_h = Buffer("Bs_b", (BN * LA,), "bfloat16", "shared"), Buffer("Bs_h", (BN * LA,), "float16", "shared")
-    Ss = Buffer("Ss", (spans * 16 * SCALE_LD,), "float32", "shared")
-    Ms = Buffer("Ms", (spans * 16 * SCALE_LD,), "float32", "shared")
+    Ss = Buffer("Ss", (spans * 16 * SL,), "float32", "shared")
+    Ms = Buffer("Ms", (spans * 16 * SL,), "float32", "shared")
     ones_b, ones_h = Buffer("ones_b", (256,), "bfloat16", "shared"), Buffer("ones_h", (256,), "float16", "shared")
-    Cs = Buffer("Cs", (BM * LC,), "float32", "shared")
+    Ws = Buffer("Ws", (WARPS * 256,), "float32", "shared")  # each warp's results, a fragment at a time
     fa_hi, fa_lo = (Buffer(x, (2,), "float32", f"wmma.matrix_a.{d}") for x, d in (("fa_hi", "bf16"), ("fa_lo", "f16")))
     fb_b, fb_h = (Buffer(x, (2,), "float32", f"wmma.matrix_b.{d}") for x, d in (("fb_b", "bf16"), ("fb_h", "f16")))
     f1_b, f1_h = (Buffer(x, (1,), "float32", f"wmma.matrix_b.{d}") for x, d in (("f1_b", "bf16"), ("f1_h", "f16")))
@@ -312,8 +322,8 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     v = Buffer("v", (run,), "float32", "local")
     c = sym.as_expr
     flat = sym.as_expr(e) * THREADS + Tt
-    r, k0 = sym.floordiv(flat, CODES_K // run), KT * CODES_K + sym.mod(flat, CODES_K // run) * run
-    at = r * LA + sym.mod(flat, CODES_K // run) * run
+    r, k0 = sym.floordiv(flat, bk // run), KT * bk + sym.mod(flat, bk // run) * run
+    at = r * LA + sym.mod(flat, bk // run) * run
 
     def inside(first: sym.Expr, bound: sym.Expr, j: int) -> V:
         return tir.V("and", "bool", (tir.index(first + r).cmp("lt", tir.index(bound)),
@@ -327,11 +337,11 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
         return tir.cast("float32", Substitute(syms={p.col.var: n, p.red.var: k}, fresh=False).value(w.code))
 
     stage = [
-        For(e, c(BM * CODES_K // THREADS // run), Seq((  # x's two parts
+        For(e, c(BM * bk // THREADS // run), Seq((  # x's two parts
             *loaded(m0, m_total, p.a_at),
             *[Store(a_hi, (at + j,), v[c(j)]) for j in range(run)],
             *[Store(a_lo, (at + j,), v[c(j)] - tir.cast("bfloat16", v[c(j)])) for j in range(run)]))),
-        For(e, c(BN * CODES_K // THREADS // run), Seq((  # the codes, exact in both types
+        For(e, c(BN * bk // THREADS // run), Seq((  # the codes, exact in both types
             *loaded(n0, n_ext, code_at),
             *[Store(b_b, (at + j,), v[c(j)]) for j in range(run)],
             *[Store(b_h, (at + j,), v[c(j)]) for j in range(run)]))),
@@ -342,10 +352,10 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     held = Buffer("sv", (1,), "float32", "local")  # loaded once, stored in 16 * BN / THREADS rows
     for buf, value in ((Ss, w.scale), (Ms, w.minimum)):
         for span in range(spans if value is not None else 0):
-            at_k = Substitute(syms={p.col.var: n0 + col, p.red.var: KT * CODES_K + span * w.width}, fresh=False)
+            at_k = Substitute(syms={p.col.var: n0 + col, p.red.var: KT * bk + span * w.width}, fresh=False)
             stage += [IfThenElse(in_n, Store(held, (c(0),), tir.cast("float32", at_k.value(value))),
                                  Store(held, (c(0),), tir.const(0.0))),
-                      For(e, c(16 * BN // THREADS), Store(buf, (span * 16 * SCALE_LD + sym.floordiv(flat, BN) * SCALE_LD
+                      For(e, c(16 * BN // THREADS), Store(buf, (span * 16 * SL + sym.floordiv(flat, BN) * SL
                                                                 + col,), held[c(0)]))]
     warp = sym.floordiv(Tt, 32)
     wm, wn = sym.floordiv(warp, 2) * 32, sym.mod(warp, 2) * 32
@@ -364,12 +374,12 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
         return out
 
     def scaled(span: int) -> list:  # acc += scale x part (+ minimum x the sums of x), the span's fragments fresh after
-        out = [Intrin("wmma.load_acc", (sc, Ss), (c(j), span * 16 * SCALE_LD + wn + 16 * j, c(SCALE_LD)), (sc,))
+        out = [Intrin("wmma.load_acc", (sc, Ss), (c(j), span * 16 * SL + wn + 16 * j, c(SL)), (sc,))
                for j in range(2)]
         out += [Intrin("wmma.scale_add", (acc, sc, part), (c(2 * i + j), c(j), c(2 * i + j)), (acc,))
                 for i in range(2) for j in range(2)]
         if w.minimum is not None:
-            out += [Intrin("wmma.load_acc", (sc, Ms), (c(j), span * 16 * SCALE_LD + wn + 16 * j, c(SCALE_LD)), (sc,))
+            out += [Intrin("wmma.load_acc", (sc, Ms), (c(j), span * 16 * SL + wn + 16 * j, c(SL)), (sc,))
                     for j in range(2)]
             out += [Intrin("wmma.scale_add", (acc, sc, xs), (c(2 * i + j), c(j), c(i)), (acc,))
                     for i in range(2) for j in range(2)]
@@ -379,7 +389,7 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     if w.minimum is not None:
         fresh += [Intrin("wmma.fill", (xs,), (c(i),), (xs,)) for i in range(2)]
     body_k: list = [*stage, Barrier()]
-    for ks in range(CODES_K // 16):
+    for ks in range(bk // 16):
         body_k += products(ks)
         if (ks + 1) * 16 % w.width == 0:
             body_k += scaled(ks * 16 // w.width)
@@ -391,22 +401,28 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
                 Barrier(),
                 Intrin("wmma.load", (f1_b, ones_b), (c(0), c(0), c(16)), (f1_b,)),
                 Intrin("wmma.load", (f1_h, ones_h), (c(0), c(0), c(16)), (f1_h,))]
+    # the results: each warp stores a fragment at a time in its own 16 x 16 of shared memory, and its lanes add the
+    # epilogues to 8 elements each (no block barrier, and a quarter of the block's tile of shared memory)
     ce = sym.SymVar("ce")
-    cflat = sym.as_expr(ce) * THREADS + Tt
-    cr, cc = sym.floordiv(cflat, BN), sym.mod(cflat, BN)
-    in_range = tir.V("and", "bool", (tir.index(m0 + cr).cmp("lt", tir.index(m_total)),
-                                     tir.index(n0 + cc).cmp("lt", tir.index(n_ext))))
+    el = sym.as_expr(ce) * 32 + sym.mod(Tt, 32)
+    out: list = []
+    for i in range(2):
+        for j in range(2):
+            row, colv = m0 + wm + 16 * i + sym.floordiv(el, 16), n0 + wn + 16 * j + sym.mod(el, 16)
+            in_range = tir.V("and", "bool", (tir.index(row).cmp("lt", tir.index(m_total)),
+                                             tir.index(colv).cmp("lt", tir.index(n_ext))))
+            out += [Intrin("wmma.store", (Ws, acc), (c(2 * i + j), warp * 256, c(16)), (Ws,)),
+                    Intrin("warp.sync", (), (), ()),
+                    For(ce, c(256 // 32), IfThenElse(in_range, p.tail(row, colv, Ws[warp * 256 + el]))),
+                    Intrin("warp.sync", (), (), ())]
     body: Stmt = Seq((
         *[Intrin("wmma.fill", (acc,), (c(f),), (acc,)) for f in range(4)],
         *fresh, *ones,
-        For(kt, sym.floordiv(k_ext + (CODES_K - 1), CODES_K), Seq(tuple(body_k))),
-        *[Intrin("wmma.store", (Cs, acc), (c(2 * i + j), (wm + 16 * i) * LC + wn + 16 * j, c(LC)), (Cs,))
-          for i in range(2) for j in range(2)],
-        Barrier(),
-        For(ce, c(BM * BN // THREADS), IfThenElse(in_range, p.tail(m0 + cr, n0 + cc, Cs[cr * LC + cc]))),
+        For(kt, sym.floordiv(k_ext + (bk - 1), bk), Seq(tuple(body_k))),
+        *out,
     ))
     minimum_bufs = (xs, f1_h, f1_b, Ms, ones_h, ones_b) if w.minimum is not None else ()
-    for buf in (held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *minimum_bufs, Cs, Ss, b_h, b_b, a_lo, a_hi):
+    for buf in (held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *minimum_bufs, Ws, Ss, b_h, b_b, a_lo, a_hi):
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_device, require_module
+from conftest import require_cxx, require_device, require_module
 
 import deploycc
 from deploycc.errors import DeployError
@@ -482,6 +482,36 @@ def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
     ref = reference_session(deploycc.load_model(str(path)), quantization="gguf")
     # atol 1e-4 + rtol 1e-4, as for every kernel (the K-quant model's logits reach |5|)
     np.testing.assert_allclose(logits(engine), logits(ref), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("preset,kquants", [("h100", True), ("rtx4090", False)])
+def test_gguf_blocks_on_the_cuda_tensor_cores(tmp_path, monkeypatch, preset, kquants):
+    """A GGUF of mixed formats compiled for a CUDA preset keeps its blocks, and its prefill linears multiply the
+    blocks' codes on the tensor cores (schedule/mma.py codes_rule: Q4_K's and Q4_1's minimums, Q6_K's scales a 16,
+    Q4_0's and Q8_0's scales a 32; the F16 weight on h100's 3xTF32 tiles) under the CUDA emulation (shuffled thread
+    order): 40 tokens' logits (past the few-row GEMV's 32 rows) and two decode steps within atol 1e-4 + rtol 1e-4 of
+    the kept-blocks reference, as every kernel."""
+    from deploycc.package import compile_model
+    from deploycc.runtime.engine import Engine
+
+    require_cxx()
+    monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "shuffle")
+    if kquants:
+        path, _ = write_tiny(tmp_path, K_MIXED, hidden_size=256, intermediate_size=256, head_dim=64)
+    else:
+        path, _ = write_tiny(tmp_path, MIXED)
+    out = compile_model(str(path), preset, out=str(tmp_path / "pkg"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["quantization"] == "gguf"
+    source = "".join((out / f).read_text() for f in {e["file"] for e in manifest["kernels"]["entries"].values()})
+    assert "wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16" in source
+    engine = Engine.load(out)
+    ref = reference_session(deploycc.load_model(str(path)), quantization="gguf")
+    ids = IDS * 5
+
+    def run(session):
+        return np.concatenate([session.prefill(ids, all_logits=True), *(session.decode(t)[None] for t in (7, 8))])
+    np.testing.assert_allclose(run(engine), run(ref), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.model
