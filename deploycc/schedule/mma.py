@@ -284,7 +284,8 @@ def scaled_codes(p: Prefill) -> Codes | None:
 
 def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     """A prefill matmul of 4- or 8-bit weights on the tensor cores: the same 64 x 64 tiles and warps as `rule`, a K
-    step of 32 staged as x's two parts (bfloat16, half) and the codes in both types, each warp's fragments multiplied
+    step of 64 (32 where that would not fit the target's shared memory: codes_shared) staged as x's two parts
+    (bfloat16, half) and the codes in both types, each warp's fragments multiplied
     in m16n16k16 (hi x codes, lo x codes into one fresh fragment a span), each span's sums times the columns' scales
     (staged as 16 rows of BN, loaded as an accumulator fragment: its layout is the sums') added into the result in
     float, and where the weights have a minimum, the span's sums of x (x times a tile of ones) times the columns'

@@ -14,7 +14,9 @@ reference (`verify`, deploycc's CLI, which has the reference), with DEPLOYCC_CUD
 shuffled orders (the h100 package's prefill linears on the tensor cores); the negative controls (the RMSNorm kernel's
 barrier deleted, its store shifted by one row, its warp butterfly a step short) fail in one line naming the kernel.
 Tensor cores: wmma's tf32 m16n16k8 fragments, loads and stores in both layouts, mma and the tf32 rounding against a
-numpy model, a call some lanes skip reported, the same kernel compiled by nvcc.
+numpy model, a call some lanes skip reported, the same kernel compiled by nvcc; m16n16k16 with bfloat16 and half
+inputs likewise, `__nv_bfloat16`'s conversions bit for bit against a model of cuda_bf16.h's, and a fragment's
+misaligned pointer or leading dimension reported.
 """
 from __future__ import annotations
 

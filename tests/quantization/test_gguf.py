@@ -461,15 +461,10 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
     assert ours.convert_ids_to_tokens(ours.encode("é")[2:]) == ["<0xC3>", "<0xA9>"]  # byte fallback
 
 
-@pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu"])
-@pytest.mark.parametrize("kquants", [False, True])
-def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
-    """A .gguf compiles with its quantized blocks kept by default (quantization "gguf"): the params
-    hold the packed words, and the package's logits equal the kept-blocks reference."""
+def compiled_mixed(tmp_path, preset: str, kquants: bool) -> tuple[Path, Path, dict]:
+    """(the .gguf, its package for `preset`, the manifest) of the K-quant mix or the other, kept as stored."""
     from deploycc.package import compile_model
-    from deploycc.runtime.engine import Engine
 
-    require_device(preset.split("-")[1])
     if kquants:  # K-quant super-blocks are 256 wide
         path, _ = write_tiny(tmp_path, K_MIXED, hidden_size=256, intermediate_size=256, head_dim=64)
     else:
@@ -477,6 +472,18 @@ def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
     out = compile_model(str(path), preset, out=str(tmp_path / "pkg"))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["quantization"] == "gguf"
+    return path, out, manifest
+
+
+@pytest.mark.parametrize("preset", ["cpu-opencl", "cpu-webgpu"])
+@pytest.mark.parametrize("kquants", [False, True])
+def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
+    """A .gguf compiles with its quantized blocks kept by default (quantization "gguf"): the params
+    hold the packed words, and the package's logits equal the kept-blocks reference."""
+    from deploycc.runtime.engine import Engine
+
+    require_device(preset.split("-")[1])
+    path, out, manifest = compiled_mixed(tmp_path, preset, kquants)
     assert any(p["dtype"] == "uint32" for p in manifest["params"])
     engine = Engine.load(out)
     ref = reference_session(deploycc.load_model(str(path)), quantization="gguf")
@@ -488,21 +495,14 @@ def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
 def test_gguf_blocks_on_the_cuda_tensor_cores(tmp_path, monkeypatch, preset, kquants):
     """A GGUF of mixed formats compiled for a CUDA preset keeps its blocks, and its prefill linears multiply the
     blocks' codes on the tensor cores (schedule/mma.py codes_rule: Q4_K's and Q4_1's minimums, Q6_K's scales a 16,
-    Q4_0's and Q8_0's scales a 32; the F16 weight on h100's 3xTF32 tiles) under the CUDA emulation (shuffled thread
-    order): 40 tokens' logits (past the few-row GEMV's 32 rows) and two decode steps within atol 1e-4 + rtol 1e-4 of
-    the kept-blocks reference, as every kernel."""
-    from deploycc.package import compile_model
+    Q4_0's and Q8_0's scales a 32; the other mix's F16 weight on rtx4090's float32 tiles) under the CUDA emulation
+    (shuffled thread order): 40 tokens' logits (past the few-row GEMV's 32 rows) and two decode steps within
+    atol 1e-4 + rtol 1e-4 of the kept-blocks reference, as every kernel."""
     from deploycc.runtime.engine import Engine
 
     require_cxx()
     monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "shuffle")
-    if kquants:
-        path, _ = write_tiny(tmp_path, K_MIXED, hidden_size=256, intermediate_size=256, head_dim=64)
-    else:
-        path, _ = write_tiny(tmp_path, MIXED)
-    out = compile_model(str(path), preset, out=str(tmp_path / "pkg"))
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["quantization"] == "gguf"
+    path, out, manifest = compiled_mixed(tmp_path, preset, kquants)
     source = "".join((out / f).read_text() for f in {e["file"] for e in manifest["kernels"]["entries"].values()})
     assert "wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16" in source
     engine = Engine.load(out)
