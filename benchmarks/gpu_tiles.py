@@ -1,8 +1,9 @@
 """The prefill tiles on the tensor cores (schedule/mma.py), one table: each shape of a 1B model's prefill linears
 (q4f16_1 weights, M rows of activations) in the 3xTF32 tiles (mma.rule, the weights dequantized to float) with and
 without their K steps' prefetch (mma.PREFETCH), and in the codes' tiles (mma.codes_rule: the 4-bit codes in bfloat16
-and half products, the group's scale once a K step), checked against numpy and timed with CUDA events (median of 5
-batches of 10 launches). Run on a machine with a GPU and CuPy (benchmarks/gpu_check.sh lease runs it):
+and half products, the group's scale once a span of 32) at their K step of 64 and of 32 (mma.CODES_K), checked
+against numpy and timed with CUDA events (median of 5 batches of 10 launches). Run on a machine with a GPU and CuPy
+(benchmarks/gpu_check.sh lease runs it):
 
     python benchmarks/gpu_tiles.py [--rows 128,512] [--shapes 2048x2048,16384x2048,2048x8192]
 
@@ -60,9 +61,10 @@ def main() -> None:
             want = (x @ s.dequantize(packed, cols).T).astype(np.float32)
             ins = [device.upload(packed[n]) for n in s.param_shapes(rows, cols)]
             xb, yb = device.upload(x), device.alloc(m * rows * 4)
-            for variant in ("3xTF32", "3xTF32 prefetch", "codes"):
+            for variant in ("3xTF32", "3xTF32 prefetch", "codes", "codes step 32"):
                 mma.PREFETCH = variant == "3xTF32 prefetch"
-                rule = mma.codes_rule if variant == "codes" else mma.rule
+                mma.CODES_K = 32 if variant == "codes step 32" else 64
+                rule = mma.codes_rule if variant.startswith("codes") else mma.rule
                 k = rule(program(s, m, rows, cols), target).kernels[0]
                 kern = device.build(render([k], target), [k.name])[k.name]
                 args = [*ins, xb, yb]
@@ -70,10 +72,10 @@ def main() -> None:
                 got = device.download(yb, (m, rows), np.float32)
                 err = float(np.abs(got - want).max() / np.abs(want).max())
                 us = timed(device, kern, args, int(k.groups.value), k.threads, 10) * 1e6
-                steps = -(-cols // mma.BK)
+                steps = -(-cols // (mma.CODES_K if variant.startswith("codes") else mma.BK))
                 print(f"{m:>5} {shape:>12} {variant:>15} {us:9.1f} {2 * m * rows * cols / (us * 1e-6) / 1e12:8.1f} "
                       f"{us / steps:9.2f} {err:9.1e}")
-    mma.PREFETCH = False
+    mma.PREFETCH, mma.CODES_K = False, 64
 
 
 if __name__ == "__main__":
