@@ -347,14 +347,17 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
             *[Store(b_b, (at + j,), v[c(j)]) for j in range(run)],
             *[Store(b_h, (at + j,), v[c(j)]) for j in range(run)]))),
     ]
-    # each span's scales (and minimums) of the step's columns, repeated down 16 rows: thread t stages column t % BN
+    # each span's scales (and minimums) of the step's columns, repeated down 16 rows: thread t stages column t % BN;
+    # zero past N and past K (a last step's span beyond K: its group is not in the weights)
     col = sym.mod(flat, BN)
-    in_n = tir.index(n0 + col).cmp("lt", tir.index(n_ext))
     held = Buffer("sv", (1,), "float32", "local")  # loaded once, stored in 16 * BN / THREADS rows
     for buf, value in ((Ss, w.scale), (Ms, w.minimum)):
         for span in range(spans if value is not None else 0):
-            at_k = Substitute(syms={p.col.var: n0 + col, p.red.var: KT * bk + span * w.width}, fresh=False)
-            stage += [IfThenElse(in_n, Store(held, (c(0),), tir.cast("float32", at_k.value(value))),
+            first_k = KT * bk + span * w.width
+            at_k = Substitute(syms={p.col.var: n0 + col, p.red.var: first_k}, fresh=False)
+            there = tir.V("and", "bool", (tir.index(n0 + col).cmp("lt", tir.index(n_ext)),
+                                          tir.index(first_k).cmp("lt", tir.index(k_ext))))
+            stage += [IfThenElse(there, Store(held, (c(0),), tir.cast("float32", at_k.value(value))),
                                  Store(held, (c(0),), tir.const(0.0))),
                       For(e, c(16 * BN // THREADS), Store(buf, (span * 16 * SL + sym.floordiv(flat, BN) * SL
                                                                 + col,), held[c(0)]))]

@@ -5,7 +5,8 @@ for cuda_fp16.h and the CUDA built-ins, and cuda_emu_run.inc's scheduler runs a 
 `__syncthreads()` a true barrier, shared memory poisoned before each block, blocks one after another, threads (and
 blocks) in the order asked for: forward, reverse or shuffled. A barrier not every thread of a block reaches, or
 reaches at another line, fails the launch; so does a store past either end of a buffer (each buffer has guard bytes
-on both sides, checked after every launch).
+on both sides, checked after every launch). The guard bytes are 0xFF, so a read past either end gives NaN (float,
+half, bfloat16) or -1, which a result shows where a product with zero would hide another value.
 
 CUDAEmulator is a CUDADevice: the runtime's own CUDA launch path (the ABI's order of buffers then int32 scalars, the
 grid and block, the block limit, the launch sites of the bytecode) drives it as it drives a GPU. It is opened with
@@ -31,8 +32,10 @@ from .base import Buffer, DeviceError, Kernel, first_lines
 from .cuda import CUDADevice
 
 ORDERS = {"forward": 0, "reverse": 1, "shuffle": 2}
-GUARD_BYTE = 0xA5  # the bytes on each side of a buffer: as many as the buffer has, 64 to 1 MiB, so that a store
-CHECKED = 256  # shifted by up to that lands in them (and not on another allocation); the CHECKED nearest are checked
+# the bytes on each side of a buffer: as many as the buffer has, 64 to 1 MiB, so that a store shifted by up to that
+# lands in them (and not on another allocation); the CHECKED nearest are checked. 0xFF: a read there is NaN or -1
+GUARD_BYTE = 0xFF
+CHECKED = 256
 ALIGN = 256  # a buffer's first byte, as cudaMalloc's
 # the headers a CUDA package's source includes, here
 STUBS = {"cuda_fp16.h": '#include "cuda_emu.h"\n', "cuda_bf16.h": '#include "cuda_emu.h"\n', "mma.h": '#include "cuda_emu.h"\n',

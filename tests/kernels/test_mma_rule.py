@@ -224,6 +224,19 @@ def test_codes_rule_takes_scaled_small_integers(runner, name):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
 
 
+@pytest.mark.parametrize("name,k", [("q4f16_1", 96), ("q4f16_1", 40), ("q4f16_2", 96), ("Q8_0", 32)])
+def test_codes_tiles_at_ks_not_a_multiple_of_their_step(runner, name, k):
+    """K = 96 and 40 against a step of 64 (K = 32 and 96 against 32, with a minimum): the last step's spans past K
+    stage zero scales (and minimums) rather than read groups past the weights' (the emulation's bytes past a buffer
+    read as NaN, which a product of zero would keep)."""
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((45, k)).astype(np.float32)
+    prog, got, want = run(runner, quantized_linear(name, k, 72), [*random_packed(name, 72, k, rng), x], (45, 72))
+    assert prog.attrs["schedule"].rule == "gemv|mma-codes"
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_codes_products_are_as_accurate_as_float32(runner, monkeypatch, split):
     """Over K = 2,048 of q4f16_1 weights, the codes kernel's error against float64 (of x and the dequantized weights)
