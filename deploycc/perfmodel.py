@@ -21,7 +21,7 @@ launch:
             peak's rate of instructions, of which they reach ISSUE_EFFICIENCY), or for a kernel on the
             tensor cores (schedule/mma.py) its matmul's multiply-adds at its tensor peak (tf32's over the
             TF32_PRODUCTS products a float multiply-add takes in 3xTF32, fp16's over the CODES_PRODUCTS of a 4- or
-            8-bit weight's codes, MINIMUM_PRODUCTS with a minimum) and, beside them, the instructions its tiles
+            8-bit weight's codes, THREE_PRODUCTS with a minimum or of fp16 weights) and, beside them, the instructions its tiles
             issue (TENSOR_INSTRUCTIONS_PER_MAC, counted in their SASS, at that same rate of instructions). The
             middle term is Little's
             law: a thread keeps IN_FLIGHT bytes of loads waiting on memory at a time (the kernels load 4-byte scalars,
@@ -72,16 +72,18 @@ PHASE_US = 1.05
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
 CODES_PRODUCTS = 2  # and a multiply-add of 4- or 8-bit weights' codes (mma.codes_rule: x in bfloat16 and half parts)
-MINIMUM_PRODUCTS = 3  # and of codes with a minimum (q4f16_2, Q4_1, Q4_K: the sums of x, x times ones, a third more)
+# and of codes with a minimum (q4f16_2, Q4_1, Q4_K: the sums of x, x times ones, a third more), or of fp16 weights
+# (q0f16: a half weight in a bfloat16 part and its exact rest, times x's bfloat16 part, and itself times x's half one)
+THREE_PRODUCTS = 3
 # The tensor-core tiles' instructions a multiply-add of their matmul, by kind, counted in the SASS nvcc makes for sm_90
 # (benchmarks/tiles_sass.py, Llama-3.2-1B's widths, q4f16_1): over its 32 x 32 outputs a warp's K step of 32 (32,768
 # multiply-adds) issues 1,189 instructions in the 3xTF32 tiles (4 trips of the 210-instruction loop of 8 of K and the
-# staging's 349), and its K step of 64 in the codes' tiles 809 (with a minimum, q4f16_2's, a K step of 32 464); a
-# thread of the warp issues each. Both issue more
+# staging's 349), and its K step of 64 in the codes' tiles 809 (with three products, q4f16_2's or q0f16's, a K step of
+# 32 464 and 463); a thread of the warp issues each. Both issue more
 # than their tensor cores take: the SMs' issue rate bounds them. (The tiles' time is counted in their matmul's
 # multiply-adds, not in the program's FLOPs: a 4-bit weight's program has 4 a multiply-add, its dequantization's two
 # among them.)
-TENSOR_INSTRUCTIONS_PER_MAC = {"tf32": 32 * 1189 / 32768, "codes": 32 * 809 / 65536, "codes-min": 32 * 464 / 32768}
+TENSOR_INSTRUCTIONS_PER_MAC = {"tf32": 32 * 1189 / 32768, "codes": 32 * 809 / 65536, "codes3": 32 * 464 / 32768}
 # Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
 # FLOPs and one instruction) unless counted. The decode GEMVs were counted in the SASS nvcc makes for sm_90
 # (benchmarks/gemv_sass.py, an 8B Llama's widths, q4f16_1, whose program has 4 FLOPs a weight): the float GEMV
@@ -211,7 +213,7 @@ class Launch:
     buffers: list = field(default_factory=list)  # (bytes, whether a weight, whether KV cache rows) per argument
     registers: int | None = None
     shared: int | None = None
-    tensor: str = ""  # multiplies on the tensor cores: "tf32" (three products a multiply-add), "codes" (two), "codes-min"
+    tensor: str = ""  # multiplies on the tensor cores: "tf32" (three products a multiply-add), "codes" (two), "codes3"
     macs: int = 0  # the multiply-adds of its program's matmul (the tensor-core tiles': program_macs)
     barriers: int = 0  # a thread's barriers (programs.json: ir/kernel.py barriers)
     in_flight: int = IN_FLIGHT  # bytes of loads a thread has waiting at once (programs.json: ir/kernel.py loads_in_flight)
@@ -313,12 +315,14 @@ def _registers(pkg: Path, manifest: dict) -> dict:
 
 
 def _tensor_kernels(pkg: Path, manifest: dict) -> dict:
-    """{kernel: "tf32", "codes" or "codes-min"} of the kernels that multiply on the tensor cores (schedule/mma.py:
-    wmma::mma_sync in their CUDA C; the codes' tiles multiply bfloat16 fragments, and with a minimum sum x too)."""
+    """{kernel: "tf32", "codes" or "codes3"} of the kernels that multiply on the tensor cores (schedule/mma.py:
+    wmma::mma_sync in their CUDA C; the codes' tiles multiply bfloat16 fragments, in three products where they sum x
+    for a minimum or split a half weight)."""
     out = {}
     for f in {e["file"] for e in manifest["kernels"]["entries"].values()}:
         parts = re.split(r'extern "C" __global__ void (\w+)\(', (pkg / f).read_text())
-        out.update({name: ("codes-min" if "xsum" in body else "codes") if "__nv_bfloat16" in body else "tf32"
+        out.update({name: ("codes3" if "xsum" in body or "Bs_r" in body else "codes") if "__nv_bfloat16" in body
+                    else "tf32"
                     for name, body in zip(parts[1::2], parts[2::2]) if "wmma::mma_sync" in body})
     return out
 
@@ -468,7 +472,7 @@ def tensor_macs(kind: str, hw: dict) -> float:
     """The matmul's multiply-adds a second of tensor-core tiles of `kind` (a multiply-add two FLOPs): the tf32 peak
     over 3xTF32's three products, or the fp16 peak (float accumulation) over the codes' two."""
     if kind.startswith("codes"):
-        return hw["fp16_tensor_tflops"] * 1e12 / 2 / (MINIMUM_PRODUCTS if kind == "codes-min" else CODES_PRODUCTS)
+        return hw["fp16_tensor_tflops"] * 1e12 / 2 / (THREE_PRODUCTS if kind == "codes3" else CODES_PRODUCTS)
     return hw["tf32_tensor_tflops"] * 1e12 / 2 / TF32_PRODUCTS
 
 

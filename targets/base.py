@@ -46,9 +46,9 @@ class Target:
     # Shared-memory tiles for prefill matmuls. Off for CPU OpenCL: PoCL runs work-group barriers
     # slowly and its caches already serve one row per work-item well (FACTS.md).
     tiled_matmul: bool = True
-    # Prefill matmuls on tensor cores (CUDA's warp matrix API, sm_80 and later: schedule/mma.py): 4- and 8-bit
-    # weights as products of their codes in bfloat16 and half (mma.codes_rule), and where tf32_tiles is on, float
-    # weights in three tf32 products (3xTF32: a third of the tf32 rate, which on a GeForce is below its float32 cores')
+    # Prefill matmuls on tensor cores (CUDA's warp matrix API, sm_80 and later: schedule/mma.py): 4- and 8-bit and
+    # fp16 weights as products of their codes in bfloat16 and half (mma.codes_rule), and where tf32_tiles is on,
+    # float32 weights in three tf32 products (3xTF32: a third of the tf32 rate, on a GeForce below its float32 cores')
     tensor_cores: bool = False
     tf32_tiles: bool = True
     # Decode GEMV with one work-group per output and a shared-memory tree reduction (coalesced

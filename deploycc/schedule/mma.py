@@ -134,7 +134,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 # one scale and one minimum a column, which multiply the span's sums in float. The activations x go in two parts,
 # hi = bfloat16(x) (float's range, 8 bits) and lo = half(x - hi) (|lo| <= 2^-9 |x|, 11 bits more): two m16n16k16
 # products where 3xTF32 takes three of half the K, and no split of the weights. A minimum m multiplies the span's sum
-# of x, taken on the tensor cores too (x times a tile of ones): sum x (s q + m) = s sum x q + m sum x.
+# of x, taken on the tensor cores too (x times a tile of ones): sum x (s q + m) = s sum x q + m sum x. An fp16 weight
+# (q0f16) w = b + r, b = bfloat16(w) and r = w - b exact in bfloat16 (3 bits), in three products: hi b + hi r + lo w.
 CODES = True  # off: these weights take the 3xTF32 tiles too (benchmarks A/B the two on a GPU)
 CODES_K = 64  # K a step, where its shared memory fits (else 32): half the barriers and round trips of 32
 SPAN = 32  # the widest span of K a scale may cover (a group, a sub-block); or half of it
@@ -147,13 +148,15 @@ def codes_layout(bk: int) -> tuple[int, int]:
     return bk + 8, BN + (4 if bk <= 32 else 0)
 
 
-def codes_shared(bk: int, spans: int, minimum: bool) -> int:
-    """Shared bytes of the codes' tiles at a K step of bk: x's parts and the codes (16-bit, BM and BN rows), the
-    scales (and minimums) of each span of the step (16 rows: an accumulator fragment's worth), a 16 x 16 tile of ones
-    in both types for the minimums' sums, and a 16 x 16 fragment of results a warp."""
+def codes_shared(bk: int, spans: int, minimum: bool, half: bool = False, scaled: bool = True) -> int:
+    """Shared bytes of the codes' tiles at a K step of bk: x's parts and the codes (16-bit, BM and BN rows; a half
+    weight in three parts), the scales (unless there are none) and minimums of each span of the step (16 rows: an
+    accumulator fragment's worth), a 16 x 16 tile of ones in both types for the minimums' sums, and a 16 x 16
+    fragment of results a warp."""
     row, scale_row = codes_layout(bk)
-    per_span = 4 * 16 * scale_row * (2 if minimum else 1)
-    return 2 * 2 * (BM + BN) * row + spans * per_span + (2 * 2 * 256 if minimum else 0) + 4 * WARPS * 256
+    per_span = 4 * 16 * scale_row * ((1 if scaled else 0) + (1 if minimum else 0))
+    return (2 * (2 * BM + (3 if half else 2) * BN) * row + spans * per_span + (2 * 2 * 256 if minimum else 0)
+            + 4 * WARPS * 256)
 
 
 def _int_range(v: V) -> tuple[float, float] | None:
@@ -248,18 +251,24 @@ def _terms(v: V, sign: int = 1) -> list[tuple[int, V]]:
 
 @dataclass
 class Codes:
-    """A weight as scale * code + minimum: code an integer within CODE_MAX that varies along K, scale and minimum (None:
-    none) constant over each aligned span of `width` of K."""
+    """A weight as scale * code + minimum: code an integer within CODE_MAX that varies along K, or (`half`) a half
+    value (q0f16's weights), scale and minimum (None: none) constant over each aligned span of `width` of K."""
 
     scale: V
     code: V
     minimum: V | None
     width: int
+    half: bool = False
+
+
+def _half_value(v: V) -> bool:
+    """Whether v is a stored half (fp16 weights), as float."""
+    return v.op == "cast" and v.src[0].op == "load" and v.src[0].dtype == "float16"
 
 
 def scaled_codes(p: Prefill) -> Codes | None:
     """The program's weight as Codes (the widest span that holds), or None: one term with factors that vary within a
-    span (their product the code), at most one term without (the minimum)."""
+    span (their product the code, or a stored half alone), at most one term without (the minimum)."""
     for width in (SPAN, SPAN // 2):
         codes, minimum = None, None
         for sign, term in _terms(p.fb):
@@ -272,13 +281,14 @@ def scaled_codes(p: Prefill) -> Codes | None:
                     break
                 minimum = scale
                 continue
+            half = len(varying) == 1 and _half_value(varying[0])
             span = _int_range(_product(varying)) if all(_int_range(f) is not None for f in varying) else None
-            if codes is not None or span is None or not (-CODE_MAX <= span[0] and span[1] <= CODE_MAX):
+            if codes is not None or not half and (span is None or not (-CODE_MAX <= span[0] and span[1] <= CODE_MAX)):
                 break
-            codes = (scale, _product(varying))
+            codes = (scale, _product(varying), half)
         else:
             if codes is not None:
-                return Codes(codes[0], codes[1], minimum, width)
+                return Codes(codes[0], codes[1], minimum, width, codes[2])
     return None
 
 
@@ -297,8 +307,9 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     if p is None or p.fa.dtype != "float32":
         return None
     w = scaled_codes(p)
-    fits = [bk for bk in (CODES_K, 32) if w is not None and
-            codes_shared(bk, bk // w.width, w.minimum is not None) <= target.max_shared_memory]
+    unit = w is not None and w.scale.op == "const" and w.scale.arg == 1.0  # fp16 weights: no scale to apply
+    fits = [bk for bk in (CODES_K, 32) if w is not None and codes_shared(
+        bk, bk // w.width, w.minimum is not None, w.half, not unit) <= target.max_shared_memory]
     if not fits:
         return None
     bk = fits[0]
@@ -310,12 +321,14 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     LA, SL = codes_layout(bk)
     a_hi, a_lo = Buffer("As_hi", (BM * LA,), "bfloat16", "shared"), Buffer("As_lo", (BM * LA,), "float16", "shared")
     b_b, b_h = Buffer("Bs_b", (BN * LA,), "bfloat16", "shared"), Buffer("Bs_h", (BN * LA,), "float16", "shared")
+    b_r = Buffer("Bs_r", (BN * LA,), "bfloat16", "shared")  # a half weight less its bfloat16 part (exact: 3 bits)
     Ss = Buffer("Ss", (spans * 16 * SL,), "float32", "shared")
     Ms = Buffer("Ms", (spans * 16 * SL,), "float32", "shared")
     ones_b, ones_h = Buffer("ones_b", (256,), "bfloat16", "shared"), Buffer("ones_h", (256,), "float16", "shared")
     Ws = Buffer("Ws", (WARPS * 256,), "float32", "shared")  # each warp's results, a fragment at a time
     fa_hi, fa_lo = (Buffer(x, (2,), "float32", f"wmma.matrix_a.{d}") for x, d in (("fa_hi", "bf16"), ("fa_lo", "f16")))
     fb_b, fb_h = (Buffer(x, (2,), "float32", f"wmma.matrix_b.{d}") for x, d in (("fb_b", "bf16"), ("fb_h", "f16")))
+    fb_r = Buffer("fb_r", (2,), "float32", "wmma.matrix_b.bf16")
     f1_b, f1_h = (Buffer(x, (1,), "float32", f"wmma.matrix_b.{d}") for x, d in (("f1_b", "bf16"), ("f1_h", "f16")))
     acc, part, sc, xs = (Buffer(x, (n,), "float32", "wmma.accumulator.k16") for x, n in (
         ("acc", 4), ("acc_step", 4), ("sc", 2), ("xsum", 2)))
@@ -342,16 +355,17 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
             *loaded(m0, m_total, p.a_at),
             *[Store(a_hi, (at + j,), v[c(j)]) for j in range(run)],
             *[Store(a_lo, (at + j,), v[c(j)] - tir.cast("bfloat16", v[c(j)])) for j in range(run)]))),
-        For(e, c(BN * bk // THREADS // run), Seq((  # the codes, exact in both types
+        For(e, c(BN * bk // THREADS // run), Seq((  # the codes, exact in both types (a half weight: b_b + b_r)
             *loaded(n0, n_ext, code_at),
             *[Store(b_b, (at + j,), v[c(j)]) for j in range(run)],
+            *[Store(b_r, (at + j,), v[c(j)] - tir.cast("bfloat16", v[c(j)])) for j in range(run) if w.half],
             *[Store(b_h, (at + j,), v[c(j)]) for j in range(run)]))),
     ]
     # each span's scales (and minimums) of the step's columns, repeated down 16 rows: thread t stages column t % BN;
     # zero past N and past K (a last step's span beyond K: its group is not in the weights)
     col = sym.mod(flat, BN)
     held = Buffer("sv", (1,), "float32", "local")  # loaded once, stored in 16 * BN / THREADS rows
-    for buf, value in ((Ss, w.scale), (Ms, w.minimum)):
+    for buf, value in ((Ss, None if unit else w.scale), (Ms, w.minimum)):
         for span in range(spans if value is not None else 0):
             first_k = KT * bk + span * w.width
             at_k = Substitute(syms={p.col.var: n0 + col, p.red.var: first_k}, fresh=False)
@@ -363,13 +377,15 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
                                                                 + col,), held[c(0)]))]
     warp = sym.floordiv(Tt, 32)
     wm, wn = sym.floordiv(warp, 2) * 32, sym.mod(warp, 2) * 32
-    pairs = ((fa_hi, fb_b), (fa_lo, fb_h))
+    # hi x codes + lo x codes; a half weight w = b + r (both exact in bfloat16): hi x b + hi x r + lo x w
+    pairs = ((fa_hi, fb_b), (fa_hi, fb_r), (fa_lo, fb_h)) if w.half else ((fa_hi, fb_b), (fa_lo, fb_h))
+    b_frags = ((fb_b, b_b), (fb_r, b_r), (fb_h, b_h)) if w.half else ((fb_b, b_b), (fb_h, b_h))
 
-    def products(ks: int) -> list:  # K 16 * ks .. 16 * ks + 15: each fragment's hi x codes + lo x codes into part
+    def products(ks: int) -> list:  # K 16 * ks .. 16 * ks + 15: each fragment's products into part
         out = [Intrin("wmma.load", (f, src), (c(i), (wm + 16 * i) * LA + 16 * ks, c(LA)), (f,))
                for i in range(2) for f, src in ((fa_hi, a_hi), (fa_lo, a_lo))]
         out += [Intrin("wmma.load", (f, src), (c(j), (wn + 16 * j) * LA + 16 * ks, c(LA)), (f,))
-                for j in range(2) for f, src in ((fb_b, b_b), (fb_h, b_h))]
+                for j in range(2) for f, src in b_frags]
         out += [Intrin("wmma.mma", (part, fa, fb), (c(2 * i + j), c(i), c(j)), (part,))
                 for i in range(2) for j in range(2) for fa, fb in pairs]
         if w.minimum is not None:  # the rows' sums of x: x times ones
@@ -378,10 +394,13 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
         return out
 
     def scaled(span: int) -> list:  # acc += scale x part (+ minimum x the sums of x), the span's fragments fresh after
-        out = [Intrin("wmma.load_acc", (sc, Ss), (c(j), span * 16 * SL + wn + 16 * j, c(SL)), (sc,))
-               for j in range(2)]
-        out += [Intrin("wmma.scale_add", (acc, sc, part), (c(2 * i + j), c(j), c(2 * i + j)), (acc,))
-                for i in range(2) for j in range(2)]
+        if unit:  # no scale: the span's sums added in float (not left in one fragment: its roundings toward zero)
+            out = [Intrin("wmma.add", (acc, part), (c(f),), (acc,)) for f in range(4)]
+        else:
+            out = [Intrin("wmma.load_acc", (sc, Ss), (c(j), span * 16 * SL + wn + 16 * j, c(SL)), (sc,))
+                   for j in range(2)]
+            out += [Intrin("wmma.scale_add", (acc, sc, part), (c(2 * i + j), c(j), c(2 * i + j)), (acc,))
+                    for i in range(2) for j in range(2)]
         if w.minimum is not None:
             out += [Intrin("wmma.load_acc", (sc, Ms), (c(j), span * 16 * SL + wn + 16 * j, c(SL)), (sc,))
                     for j in range(2)]
@@ -425,8 +444,10 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
         For(kt, sym.floordiv(k_ext + (bk - 1), bk), Seq(tuple(body_k))),
         *out,
     ))
-    minimum_bufs = (xs, f1_h, f1_b, Ms, ones_h, ones_b) if w.minimum is not None else ()
-    for buf in (held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *minimum_bufs, Ws, Ss, b_h, b_b, a_lo, a_hi):
+    extra = (xs, f1_h, f1_b, Ms, ones_h, ones_b) if w.minimum is not None else ()
+    extra += (fb_r, b_r) if w.half else ()
+    extra += () if unit else (Ss,)
+    for buf in (held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *extra, Ws, b_h, b_b, a_lo, a_hi):
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

@@ -34,7 +34,7 @@ def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
     kernels = [k for prog in [*mod.programs().values(), *copies] for k in scheduled(prog).kernels]
     source = render(kernels, p.target)
     # prefill of this float model on the tensor cores where the preset has them and takes float weights there
-    # (schedule/mma.py: h100's 3xTF32; rtx4090's tensor cores take 4- and 8-bit weights only)
+    # (schedule/mma.py: h100's 3xTF32; rtx4090's tensor cores take 4-, 8- and 16-bit weights only)
     assert ("wmma::mma_sync" in source and "#include <mma.h>" in source) == (p.target.tensor_cores and
                                                                           p.target.tf32_tiles)
     ptx = compile_cuda(source, p.target.arch)

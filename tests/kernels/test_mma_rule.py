@@ -165,10 +165,10 @@ def test_prefetched_k_steps_compute_the_same(runner, quantized_programs, monkeyp
 # ---- 4- and 8-bit weights: their codes' products in bfloat16 and half (mma.codes_rule) -----------------------------
 
 # a scale (and a minimum) constant over 32 of K, or over 16 (Q6_K; Q2_K with its minimums), times a small integer:
-# every GGUF format and group scheme
+# every GGUF format and group scheme; and fp16 weights (q0f16), a half value in three exact parts (float32 weights:
+# the 3xTF32 tiles, test_edges)
 CODES = ["q4f16_1", "q8f16_0", "q4f16_2", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
-         "Q5_K", "Q6_K", "IQ4_XS"]
-NOT_CODES = ["q0f16"]  # float weights: the 3xTF32 tiles
+         "Q5_K", "Q6_K", "IQ4_XS", "q0f16"]
 
 
 def scheme_of(name: str):
@@ -211,16 +211,17 @@ def random_packed(name: str, n: int, k: int, rng) -> list:
     return [packed[p] for p in scheme.param_shapes(n, k)]
 
 
-@pytest.mark.parametrize("name", CODES + NOT_CODES)
+@pytest.mark.parametrize("name", CODES)
 def test_codes_rule_takes_scaled_small_integers(runner, name):
-    """Weights that are a scale constant over 32 of K times an integer within 256 go to the codes rule, the others to
-    3xTF32; both against the interpreter at 37 rows, K = 256, N = 80 (edges: a partial row tile and column tile),
-    within 1e-5 of the largest output."""
+    """Weights that are a scale constant over 32 (or 16) of K times an integer within 256, plus a minimum, or a stored
+    half, go to the codes rule: against the interpreter at 37 rows, K = 256, N = 80 (edges: a partial row tile and
+    column tile), within 1e-5 of the largest output."""
     rng = np.random.default_rng(len(name))
     x = rng.standard_normal((37, 256)).astype(np.float32)
     prog, got, want = run(runner, quantized_linear(name, 256, 80), [*random_packed(name, 80, 256, rng), x], (37, 80))
-    assert prog.attrs["schedule"].rule == ("gemv|mma-codes" if name in CODES else "gemv|mma"), name
-    assert ("__nv_bfloat16" in runner.sources[prog.name]) == (name in CODES)
+    assert prog.attrs["schedule"].rule == "gemv|mma-codes", name
+    assert "__nv_bfloat16" in runner.sources[prog.name]
+    assert ("Bs_r" in runner.sources[prog.name]) == (name == "q0f16")  # a half weight's three parts
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
 
 
@@ -237,11 +238,11 @@ def test_codes_tiles_at_ks_not_a_multiple_of_their_step(runner, name, k):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_codes_products_are_as_accurate_as_float32(runner, monkeypatch, split):
-    """Over K = 2,048 of q4f16_1 weights, the codes kernel's error against float64 (of x and the dequantized weights)
-    is within twice a sequential float32 sum's; with x's bfloat16 part alone (its half part's products dropped: the
-    negative control) it is far outside it."""
+@pytest.mark.parametrize("name,split", [("q4f16_1", True), ("q4f16_1", False), ("q0f16", True)])
+def test_codes_products_are_as_accurate_as_float32(runner, monkeypatch, name, split):
+    """Over K = 2,048 of q4f16_1 weights (and of fp16 ones, in three parts), the codes kernel's error against float64
+    (of x and the dequantized weights) is within twice a sequential float32 sum's; with x's bfloat16 part alone (its
+    half part's products dropped: the negative control) it is far outside it."""
     if not split:
         from deploycc.targets.cuda import CUDARenderer
 
@@ -253,14 +254,14 @@ def test_codes_products_are_as_accurate_as_float32(runner, monkeypatch, split):
         runner = KernelRunner(runner.device, runner.target)
     rng = np.random.default_rng(6)
     x = rng.standard_normal((64, 2048)).astype(np.float32)
-    packed = random_packed("q4f16_1", 64, 2048, rng)
-    prog, got, _ = run(runner, quantized_linear("q4f16_1", 2048, 64), [*packed, x], (64, 64))
+    packed = random_packed(name, 64, 2048, rng)
+    prog, got, _ = run(runner, quantized_linear(name, 2048, 64), [*packed, x], (64, 64))
     assert prog.attrs["schedule"].rule == "gemv|mma-codes"
-    w = scheme_of("q4f16_1").dequantize(dict(zip(scheme_of("q4f16_1").param_shapes(64, 2048), packed)), 2048)
+    w = scheme_of(name).dequantize(dict(zip(scheme_of(name).param_shapes(64, 2048), packed)), 2048)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     bound = sequential_error(x, w, exact)
     err = float(np.abs(got - exact).max())
-    print(f"x in two parts={split}: {err:.3g} against float32's {bound:.3g}")
+    print(f"{name}, x in two parts={split}: {err:.3g} against float32's {bound:.3g}")
     assert (err <= 2 * bound) if split else (err > 10 * bound)
 
 
@@ -269,8 +270,9 @@ def test_codes_tiles_assemble_without_spills(preset):
     """The codes' tiles of 2,048 x 2,048 linears compile with nvcc for the preset's GPU, bfloat16 fragments in their PTX,
     no register spills, at most 168 registers a thread (three blocks of 128 threads an SM by registers) and 48 KiB of
     static shared memory: q4f16_1 and Q5_0 (its 5th bit from another word) at a K step of 64, Q4_K (a minimum: the
-    sums of x in two more fragments) and Q6_K (scales a 16) at 32, where their scales' rows would not fit at 64.
-    ptxas on 2026-11-28, sm_90: 144, 164, 164 and 146 registers; 48, 48, 33.5 and 32.5 KiB."""
+    sums of x in two more fragments), Q6_K (scales a 16) and q0f16 (a half weight in three parts) at 32, where their
+    scales' rows (or parts) would not fit at 64. ptxas on 2026-11-28, sm_90: 144, 164, 164, 146 and 134 registers;
+    48, 48, 33.5, 32.5 and 29 KiB."""
     from conftest import require_nvcc
 
     from deploycc.kernel_runner import render
@@ -278,7 +280,7 @@ def test_codes_tiles_assemble_without_spills(preset):
 
     require_nvcc()
     target = presets.load(preset).target
-    for name, step in (("q4f16_1", 64), ("Q5_0", 64), ("Q4_K", 32), ("Q6_K", 32)):
+    for name, step in (("q4f16_1", 64), ("Q5_0", 64), ("Q4_K", 32), ("Q6_K", 32), ("q0f16", 32)):
         prog = schedule_program(quantized_linear(name, 2048, 2048), target)
         assert prog.attrs["schedule"].rule == "gemv|mma-codes"
         source = render(list(prog.attrs["schedule"].kernels), target)

@@ -495,7 +495,7 @@ def test_compile_gguf_keeps_blocks(tmp_path, preset, kquants):
 def test_gguf_blocks_on_the_cuda_tensor_cores(tmp_path, monkeypatch, preset, kquants):
     """A GGUF of mixed formats compiled for a CUDA preset keeps its blocks, and its prefill linears multiply the
     blocks' codes on the tensor cores (schedule/mma.py codes_rule: Q4_K's and Q4_1's minimums, Q6_K's scales a 16,
-    Q4_0's and Q8_0's scales a 32; the other mix's F16 weight on rtx4090's float32 tiles) under the CUDA emulation
+    Q4_0's and Q8_0's scales a 32; the other mix's F16 weight as a half in three exact parts) under the CUDA emulation
     (shuffled thread order): 40 tokens' logits (past the few-row GEMV's 32 rows) and two decode steps within
     atol 1e-4 + rtol 1e-4 of the kept-blocks reference, as every kernel."""
     from deploycc.runtime.engine import Engine
@@ -505,6 +505,7 @@ def test_gguf_blocks_on_the_cuda_tensor_cores(tmp_path, monkeypatch, preset, kqu
     path, out, manifest = compiled_mixed(tmp_path, preset, kquants)
     source = "".join((out / f).read_text() for f in {e["file"] for e in manifest["kernels"]["entries"].values()})
     assert "wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16" in source
+    assert ("Bs_r" in source) == (not kquants)  # blk.1.attn_v is F16 in the other mix
     engine = Engine.load(out)
     ref = reference_session(deploycc.load_model(str(path)), quantization="gguf")
     ids = IDS * 5
