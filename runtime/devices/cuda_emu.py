@@ -34,6 +34,7 @@ from .cuda import CUDADevice
 ORDERS = {"forward": 0, "reverse": 1, "shuffle": 2}
 # the bytes on each side of a buffer: as many as the buffer has, 64 to 1 MiB, so that a store shifted by up to that
 # lands in them (and not on another allocation); the CHECKED nearest are checked. 0xFF: a read there is NaN or -1
+# (a store of 0xFF bytes there goes unseen: a NaN or -1 written past the end, which a read of it then shows)
 GUARD_BYTE = 0xFF
 CHECKED = 256
 ALIGN = 256  # a buffer's first byte, as cudaMalloc's
