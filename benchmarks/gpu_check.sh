@@ -15,10 +15,11 @@
 # then the server's batched step profiled kernel by kernel (bench --sequences --profile).
 # lease: the one call a 15-minute lease affords, in order of worth: the kernel tests (dp4a's too), then SmolLM2- and
 # Llama-3.2-1B-shaped h100 packages with float and 8-bit (--activations 8, dp4a) activations and a cpu-webgpu one,
-# verified, the decode GEMV's K split, the tiles' prefetch and the norms' fold A/B (gpu_gemv.py, gpu_tiles.py,
-# gpu_fold.py), the packages benchmarked with --roofline, graphs against
-# launch by launch, and the batched step profiled (2026-11-28, evening: 314 s with TESTS_N=14 TESTS_S=170, which cut
-# the last 13% of the tests; with the folds A/B since, TESTS_N=14 TESTS_S=220 should take about 530 s).
+# verified, the decode GEMV's K split, the prefill tiles (3xTF32 against the codes' tiles, each with and without
+# prefetch) and the norms' fold A/B (gpu_gemv.py, gpu_tiles.py, gpu_fold.py), the packages benchmarked with
+# --roofline, graphs against launch by launch, and the batched step profiled (2026-11-28, evening: 314 s with
+# TESTS_N=14 TESTS_S=170, which cut the last 13% of the tests; with the folds A/B and the tiles' five variants since,
+# TESTS_N=14 TESTS_S=200 should take about 550 s).
 # benchmarks/gpu_calibrate.py then compares the profiles
 # (lease-bench.jsonl) with the performance model, on packages compiled here from the same code.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
@@ -108,7 +109,7 @@ for k in p.get('kernels', [])[:6]: print('   ', k['kernel'][:50], round(k['launc
   stamp "the decode GEMV with and without its K split (benchmarks/gpu_gemv.py)"
   timeout 90 $PY benchmarks/gpu_gemv.py --shapes 2048x8192,2048x2048,3072x2048,16384x2048,576x1536 2>&1 | tee "$LOGS/gemv.log"
   stamp "the prefill tiles: 3xTF32 with and without their K steps' prefetch, the codes' (benchmarks/gpu_tiles.py)"
-  timeout 110 $PY benchmarks/gpu_tiles.py 2>&1 | tee "$LOGS/tiles.log"
+  timeout 130 $PY benchmarks/gpu_tiles.py 2>&1 | tee "$LOGS/tiles.log"
   stamp "what is folded into the GEMVs against kernels of their own (benchmarks/gpu_fold.py)"
   timeout 240 $PY benchmarks/gpu_fold.py 2>&1 | tee "$LOGS/fold.log"
   bench S-h100 --roofline; bench S-h100-a8 --roofline; bench L-h100 --roofline; bench L-h100-a8 --roofline

@@ -1,7 +1,8 @@
 """The prefill tiles on the tensor cores (schedule/mma.py), one table: each shape of a 1B model's prefill linears
 (q4f16_1 weights, M rows of activations) in the 3xTF32 tiles (mma.rule, the weights dequantized to float) with and
 without their K steps' prefetch (mma.PREFETCH), and in the codes' tiles (mma.codes_rule: the 4-bit codes in bfloat16
-and half products, the group's scale once a span of 32) at their K step of 64 and of 32 (mma.CODES_K), checked
+and half products, the group's scale once a span of 32) at their K step of 64 and of 32 (mma.CODES_K), and at 32 with
+the next step's operands prefetched into registers (mma.CODES_PREFETCH: 163 registers, against 126), checked
 against numpy and timed with CUDA events (median of 5 batches of 10 launches). Run on a machine with a GPU and CuPy
 (benchmarks/gpu_check.sh lease runs it):
 
@@ -51,7 +52,7 @@ def main() -> None:
     target = presets.load("h100").target
     s = QUANTIZATION[a.scheme]
     print(f"{device.name}; {a.scheme}; tiles of {mma.BM} x {mma.BN}, K steps of {mma.BK}")
-    print(f"{'M':>5} {'shape':>12} {'tiles':>15} {'us':>9} {'TFLOP/s':>8} {'us/K step':>9} {'max err':>9}")
+    print(f"{'M':>5} {'shape':>12} {'tiles':>17} {'us':>9} {'TFLOP/s':>8} {'us/K step':>9} {'max err':>9}")
     rng = np.random.default_rng(0)
     for m in (int(x) for x in a.rows.split(",")):
         for shape in a.shapes.split(","):
@@ -61,9 +62,10 @@ def main() -> None:
             want = (x @ s.dequantize(packed, cols).T).astype(np.float32)
             ins = [device.upload(packed[n]) for n in s.param_shapes(rows, cols)]
             xb, yb = device.upload(x), device.alloc(m * rows * 4)
-            for variant in ("3xTF32", "3xTF32 prefetch", "codes", "codes step 32"):
+            for variant in ("3xTF32", "3xTF32 prefetch", "codes", "codes step 32", "codes prefetch 32"):
                 mma.PREFETCH = variant == "3xTF32 prefetch"
-                mma.CODES_K = 32 if variant == "codes step 32" else 64
+                mma.CODES_PREFETCH = variant == "codes prefetch 32"
+                mma.CODES_K = 32 if variant.endswith("32") else 64
                 rule = mma.codes_rule if variant.startswith("codes") else mma.rule
                 k = rule(program(s, m, rows, cols), target).kernels[0]
                 kern = device.build(render([k], target), [k.name])[k.name]
@@ -73,9 +75,9 @@ def main() -> None:
                 err = float(np.abs(got - want).max() / np.abs(want).max())
                 us = timed(device, kern, args, int(k.groups.value), k.threads, 10) * 1e6
                 steps = -(-cols // (mma.CODES_K if variant.startswith("codes") else mma.BK))
-                print(f"{m:>5} {shape:>12} {variant:>15} {us:9.1f} {2 * m * rows * cols / (us * 1e-6) / 1e12:8.1f} "
+                print(f"{m:>5} {shape:>12} {variant:>17} {us:9.1f} {2 * m * rows * cols / (us * 1e-6) / 1e12:8.1f} "
                       f"{us / steps:9.2f} {err:9.1e}")
-    mma.PREFETCH, mma.CODES_K = False, 64
+    mma.PREFETCH, mma.CODES_PREFETCH, mma.CODES_K = False, False, 64
 
 
 if __name__ == "__main__":

@@ -138,6 +138,10 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
 # (q0f16) w = b + r, b = bfloat16(w) and r = w - b exact in bfloat16 (3 bits), in three products: hi b + hi r + lo w.
 CODES = True  # off: these weights take the 3xTF32 tiles too (benchmarks A/B the two on a GPU)
 CODES_K = 64  # K a step, where its shared memory fits (else 32): half the barriers and round trips of 32
+# The next K step's operands (x, the codes, the scales) loaded into registers during this step's products, as
+# matmul.Prefetch does for 3xTF32 (each step's loads' round trip hidden behind the products, for the registers they
+# take: at a step of 32, 16 of x and 16 codes a thread). Off until a GPU says it pays (benchmarks/gpu_tiles.py).
+CODES_PREFETCH = False
 SPAN = 32  # the widest span of K a scale may cover (a group, a sub-block); or half of it
 CODE_MAX = 256  # the integers bfloat16 holds exactly
 
@@ -365,16 +369,71 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     # zero past N and past K (a last step's span beyond K: its group is not in the weights)
     col = sym.mod(flat, BN)
     held = Buffer("sv", (1,), "float32", "local")  # loaded once, stored in 16 * BN / THREADS rows
-    for buf, value in ((Ss, None if unit else w.scale), (Ms, w.minimum)):
-        for span in range(spans if value is not None else 0):
-            first_k = KT * bk + span * w.width
-            at_k = Substitute(syms={p.col.var: n0 + col, p.red.var: first_k}, fresh=False)
-            there = tir.V("and", "bool", (tir.index(n0 + col).cmp("lt", tir.index(n_ext)),
-                                          tir.index(first_k).cmp("lt", tir.index(k_ext))))
-            stage += [IfThenElse(there, Store(held, (c(0),), tir.cast("float32", at_k.value(value))),
-                                 Store(held, (c(0),), tir.const(0.0))),
-                      For(e, c(16 * BN // THREADS), Store(buf, (span * 16 * SL + sym.floordiv(flat, BN) * SL
-                                                                + col,), held[c(0)]))]
+    scaling = [(buf, value, span) for buf, value in ((Ss, None if unit else w.scale), (Ms, w.minimum))
+               for span in range(spans if value is not None else 0)]
+
+    def scale_of(value: V, span: int, kt_: sym.Expr) -> tuple[V, V]:
+        """(whether the column and the span's first k are in the weights, the value there)."""
+        first_k = kt_ * bk + span * w.width
+        there = tir.V("and", "bool", (tir.index(n0 + col).cmp("lt", tir.index(n_ext)),
+                                      tir.index(first_k).cmp("lt", tir.index(k_ext))))
+        return there, tir.cast("float32", Substitute(syms={p.col.var: n0 + col, p.red.var: first_k},
+                                                     fresh=False).value(value))
+
+    def rows_of(buf: Buffer, span: int, value_reg: V) -> Stmt:
+        return For(e, c(16 * BN // THREADS), Store(buf, (span * 16 * SL + sym.floordiv(flat, BN) * SL + col,),
+                                                   value_reg))
+    for buf, value, span in scaling:
+        there, value_at = scale_of(value, span, KT)
+        stage += [IfThenElse(there, Store(held, (c(0),), value_at), Store(held, (c(0),), tir.const(0.0))),
+                  rows_of(buf, span, held[c(0)])]
+    registers: list = []
+    first: list = []
+    if CODES_PREFETCH:  # the same values through registers: loaded a step ahead, stored at the step
+        runs_a, runs_b = BM * bk // THREADS // run, BN * bk // THREADS // run
+        pa = Buffer("pa", (runs_a * run,), "float32", "local")
+        pb = Buffer("pb", (runs_b * run,), "float32", "local")
+        ps = Buffer("ps", (max(1, len(scaling)),), "float32", "local")
+        registers = [pa, pb, ps]
+
+        def at_run(q: int, kt_: sym.Expr) -> tuple[sym.Expr, sym.Expr, sym.Expr]:
+            fq = sym.as_expr(q * THREADS) + Tt
+            return (sym.floordiv(fq, bk // run), kt_ * bk + sym.mod(fq, bk // run) * run,
+                    sym.floordiv(fq, bk // run) * LA + sym.mod(fq, bk // run) * run)
+
+        def load(kt_: sym.Expr) -> list:
+            out = []
+            for regs, runs, first_row, bound, value_at in ((pa, runs_a, m0, m_total, p.a_at),
+                                                           (pb, runs_b, n0, n_ext, code_at)):
+                for q in range(runs):
+                    rq, kq, _ = at_run(q, kt_)
+                    for j in range(run):
+                        ok = tir.V("and", "bool", (tir.index(first_row + rq).cmp("lt", tir.index(bound)),
+                                                   tir.index(kq + j).cmp("lt", tir.index(k_ext))))
+                        out.append(IfThenElse(ok, Store(regs, (c(q * run + j),), value_at(first_row + rq, kq + j)),
+                                              Store(regs, (c(q * run + j),), tir.const(0.0))))
+            for i, (_, value, span) in enumerate(scaling):
+                there, value_at = scale_of(value, span, kt_)
+                out.append(IfThenElse(there, Store(ps, (c(i),), value_at), Store(ps, (c(i),), tir.const(0.0))))
+            return out
+
+        def store() -> list:
+            out = []
+            for q in range(runs_a):
+                at_q = at_run(q, KT)[2]
+                out += [Store(a_hi, (at_q + j,), pa[c(q * run + j)]) for j in range(run)]
+                out += [Store(a_lo, (at_q + j,), pa[c(q * run + j)] - tir.cast("bfloat16", pa[c(q * run + j)]))
+                        for j in range(run)]
+            for q in range(runs_b):
+                at_q = at_run(q, KT)[2]
+                out += [Store(b_b, (at_q + j,), pb[c(q * run + j)]) for j in range(run)]
+                out += [Store(b_r, (at_q + j,), pb[c(q * run + j)] - tir.cast("bfloat16", pb[c(q * run + j)]))
+                        for j in range(run) if w.half]
+                out += [Store(b_h, (at_q + j,), pb[c(q * run + j)]) for j in range(run)]
+            return out + [rows_of(buf, span, ps[c(i)]) for i, (buf, _, span) in enumerate(scaling)]
+        steps = sym.floordiv(k_ext + (bk - 1), bk)
+        first = load(c(0))
+        stage = [*store(), Barrier(), *load(sym.smin(KT + 1, steps - 1))]  # the last step loads itself again, unused
     warp = sym.floordiv(Tt, 32)
     wm, wn = sym.floordiv(warp, 2) * 32, sym.mod(warp, 2) * 32
     # hi x codes + lo x codes; a half weight w = b + r (both exact in bfloat16): hi x b + hi x r + lo x w
@@ -411,7 +470,7 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     fresh = [Intrin("wmma.fill", (part,), (c(f),), (part,)) for f in range(4)]
     if w.minimum is not None:
         fresh += [Intrin("wmma.fill", (xs,), (c(i),), (xs,)) for i in range(2)]
-    body_k: list = [*stage, Barrier()]
+    body_k: list = [*stage] if CODES_PREFETCH else [*stage, Barrier()]
     for ks in range(bk // 16):
         body_k += products(ks)
         if (ks + 1) * 16 % w.width == 0:
@@ -440,14 +499,14 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
                     Intrin("warp.sync", (), (), ())]
     body: Stmt = Seq((
         *[Intrin("wmma.fill", (acc,), (c(f),), (acc,)) for f in range(4)],
-        *fresh, *ones,
+        *fresh, *ones, *first,
         For(kt, sym.floordiv(k_ext + (bk - 1), bk), Seq(tuple(body_k))),
         *out,
     ))
     extra = (xs, f1_h, f1_b, Ms, ones_h, ones_b) if w.minimum is not None else ()
     extra += (fb_r, b_r) if w.half else ()
     extra += () if unit else (Ss,)
-    for buf in (held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *extra, Ws, b_h, b_b, a_lo, a_hi):
+    for buf in (*registers, held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *extra, Ws, b_h, b_b, a_lo, a_hi):
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

@@ -289,3 +289,28 @@ def test_codes_tiles_assemble_without_spills(preset):
         assert "wmma.mma.sync.aligned.row.col.m16n16k16.f32.bf16.bf16.f32" in ptx
         tiles = ptxas_check(ptx, target.arch)[prog.name]
         assert tiles["spill_stores"] == 0 and tiles["registers"] <= 168 and tiles["shared_bytes"] <= 49152, (name, tiles)
+
+
+def test_prefetched_codes_tiles_compute_the_same(runner, monkeypatch):
+    """mma.CODES_PREFETCH (the next K step's x, codes and scales into registers during this step's products; off until
+    a GPU says it pays), at both K steps: a scheme of each kind (scales a 32, a minimum, scales a 16, fp16 weights)
+    against the interpreter, K not a multiple of the step, and q4f16_1 over K = 2,048 within twice a float32 sum's
+    error of float64, as above."""
+    from deploycc.schedule import mma
+
+    monkeypatch.setattr(mma, "CODES_PREFETCH", True)
+    rng = np.random.default_rng(8)
+    for step in (64, 32):
+        monkeypatch.setattr(mma, "CODES_K", step)
+        fresh = KernelRunner(runner.device, runner.target)  # kernels built anew
+        for name, k in (("q4f16_1", 256), ("q4f16_2", 96), ("Q6_K", 256), ("q0f16", 40), ("Q8_0", 32)):
+            x = rng.standard_normal((37, k)).astype(np.float32)
+            prog, got, want = run(fresh, quantized_linear(name, k, 80), [*random_packed(name, 80, k, rng), x], (37, 80))
+            assert prog.attrs["schedule"].rule == "gemv|mma-codes" and "pa[" in fresh.sources[prog.name], name
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
+    x = rng.standard_normal((64, 2048)).astype(np.float32)
+    packed = random_packed("q4f16_1", 64, 2048, rng)
+    _, got, _ = run(fresh, quantized_linear("q4f16_1", 2048, 64), [*packed, x], (64, 64))
+    w = scheme_of("q4f16_1").dequantize(dict(zip(scheme_of("q4f16_1").param_shapes(64, 2048), packed)), 2048)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert float(np.abs(got - exact).max()) <= 2 * sequential_error(x, w, exact)
