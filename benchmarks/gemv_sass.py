@@ -57,13 +57,31 @@ def kernels(shape: str, dp4a: bool) -> dict:
     return out
 
 
-def sass(source: str, name: str, tmp: Path) -> list[tuple[int, str]]:
-    """(address, instruction) of the kernel's SASS for sm_90."""
+def compiled(source: str, name: str, tmp: Path) -> tuple[list[tuple[int, str]], int]:
+    """((address, instruction) of the kernels' SASS for sm_90, the most registers ptxas gives a kernel's thread)."""
     cu, cubin = tmp / f"{name}.cu", tmp / f"{name}.cubin"
     cu.write_text(source)
-    subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-w", "-o", str(cubin), str(cu)], check=True)
+    built = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-w", "-Xptxas", "-v", "-o", str(cubin), str(cu)],
+                           check=True, capture_output=True, text=True)
     text = subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
-    return [(int(m[1], 16), m[2].strip()) for m in re.finditer(r"/\*([0-9a-f]+)\*/\s+([^;/]*);", text)]
+    code = [(int(m[1], 16), m[2].strip()) for m in re.finditer(r"/\*([0-9a-f]+)\*/\s+([^;/]*);", text)]
+    return code, max(int(m) for m in re.findall(r"Used (\d+) registers", built.stderr))
+
+
+def sass(source: str, name: str, tmp: Path) -> list[tuple[int, str]]:
+    """(address, instruction) of the kernel's SASS for sm_90."""
+    return compiled(source, name, tmp)[0]
+
+
+def arguments(doc: str, shape: str, script: str) -> argparse.Namespace:
+    """A SASS benchmark's --shape and --json, the toolchain it needs checked."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--shape", default=shape)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not (shutil.which("nvcc") and shutil.which("cuobjdump")):
+        sys.exit(f"{script}: needs nvcc and cuobjdump on PATH (pip install nvidia-cuda-cuobjdump; its bin/)")
+    return args
 
 
 def weights_in(body: list[str], dp4a: bool) -> int:
@@ -110,12 +128,7 @@ def rounding_code(code: list[tuple[int, str]], k: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="Llama-3.1-8B-shaped")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    if not (shutil.which("nvcc") and shutil.which("cuobjdump")):
-        sys.exit("gemv_sass: needs nvcc and cuobjdump on PATH (pip install nvidia-cuda-cuobjdump; its bin/)")
+    args = arguments(__doc__, "Llama-3.1-8B-shaped", "gemv_sass")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for dp4a in (False, True):

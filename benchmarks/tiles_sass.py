@@ -13,14 +13,10 @@ counted); and the registers ptxas gives a thread. (About 15 s on 2 cores, the ch
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -39,7 +35,7 @@ def kernels(shape: str) -> list:
     from deploycc.schedule.matmul import prefill_matmul
     from deploycc.targets.cuda import render
 
-    target = replace(presets.load("h100").target)
+    target = presets.load("h100").target
     model = quantize(deploycc.load_model(str(checkpoint(shape, 1))), "q4f16_1", None, False)
     mod = run(export(model, 512), target, "fused")
     out = []
@@ -52,14 +48,6 @@ def kernels(shape: str) -> list:
             if s is not None:
                 out.append((name, int(p.red.extent), int(p.col.extent), s.rule, render(list(s.kernels), target)))
     return out
-
-
-def registers(source: str, tmp: Path) -> int:
-    cu = tmp / "r.cu"
-    cu.write_text(source)
-    r = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-w", "-Xptxas", "-v", "-o", str(tmp / "r.cubin"),
-                        str(cu)], check=True, capture_output=True, text=True)
-    return max(int(m) for m in re.findall(r"Used (\d+) registers", r.stderr))
 
 
 PRODUCTS = {"mma": 3, "mma-codes": 2}  # tensor-core products a multiply-add takes (3xTF32; x's two parts)
@@ -105,19 +93,14 @@ def k_step(code: list, rule: str) -> dict:
 
 
 def main() -> None:
-    from gemv_sass import sass
+    from gemv_sass import arguments, compiled
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="Llama-3.2-1B-shaped")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    if not (shutil.which("nvcc") and shutil.which("cuobjdump")):
-        sys.exit("tiles_sass: needs nvcc and cuobjdump on PATH (pip install nvidia-cuda-cuobjdump; its bin/)")
+    args = arguments(__doc__, "Llama-3.2-1B-shaped", "tiles_sass")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, k, n, rule, source in kernels(args.shape):
-            rows.append({"kernel": name, "rule": rule, "k": k, "n": n, **k_step(sass(source, name, Path(tmp)), rule),
-                         "registers": registers(source, Path(tmp))})
+            code, regs = compiled(source, name, Path(tmp))
+            rows.append({"kernel": name, "rule": rule, "k": k, "n": n, **k_step(code, rule), "registers": regs})
     if args.json:
         print(json.dumps(rows, indent=1))
         return

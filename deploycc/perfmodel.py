@@ -468,12 +468,16 @@ def _time(x: Launch, hw: dict) -> None:
     x.seconds = times[x.bound] + LAUNCH_US * 1e-6
 
 
+# each kind of tensor-core tiles: (the peak its products run at, the products a multiply-add takes)
+TENSOR_KINDS = {"tf32": ("tf32_tensor_tflops", TF32_PRODUCTS), "codes": ("fp16_tensor_tflops", CODES_PRODUCTS),
+                "codes3": ("fp16_tensor_tflops", THREE_PRODUCTS)}
+
+
 def tensor_macs(kind: str, hw: dict) -> float:
-    """The matmul's multiply-adds a second of tensor-core tiles of `kind` (a multiply-add two FLOPs): the tf32 peak
-    over 3xTF32's three products, or the fp16 peak (float accumulation) over the codes' two."""
-    if kind.startswith("codes"):
-        return hw["fp16_tensor_tflops"] * 1e12 / 2 / (THREE_PRODUCTS if kind == "codes3" else CODES_PRODUCTS)
-    return hw["tf32_tensor_tflops"] * 1e12 / 2 / TF32_PRODUCTS
+    """The matmul's multiply-adds a second of tensor-core tiles of `kind` (a multiply-add two FLOPs): its peak over the
+    products a multiply-add takes (TENSOR_KINDS)."""
+    peak, products = TENSOR_KINDS[kind]
+    return hw[peak] * 1e12 / 2 / products
 
 
 def instructions_per_flop(rule: str) -> float:

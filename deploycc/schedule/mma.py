@@ -337,103 +337,83 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     acc, part, sc, xs = (Buffer(x, (n,), "float32", "wmma.accumulator.k16") for x, n in (
         ("acc", 4), ("acc_step", 4), ("sc", 2), ("xsum", 2)))
     run = 8  # a thread stages runs of 8 consecutive k: one word of 4-bit codes, 16 bytes of each 16-bit type
-    v = Buffer("v", (run,), "float32", "local")
+    runs_a, runs_b = BM * bk // THREADS // run, BN * bk // THREADS // run  # a thread's runs of x and of the codes
     c = sym.as_expr
     flat = sym.as_expr(e) * THREADS + Tt
-    r, k0 = sym.floordiv(flat, bk // run), KT * bk + sym.mod(flat, bk // run) * run
-    at = r * LA + sym.mod(flat, bk // run) * run
 
-    def inside(first: sym.Expr, bound: sym.Expr, j: int) -> V:
-        return tir.V("and", "bool", (tir.index(first + r).cmp("lt", tir.index(bound)),
-                                     tir.index(k0 + j).cmp("lt", tir.index(k_ext))))
-
-    def loaded(first: sym.Expr, bound: sym.Expr, value_at) -> list:
-        return [IfThenElse(inside(first, bound, j), Store(v, (c(j),), value_at(first + r, k0 + j)),
-                           Store(v, (c(j),), tir.const(0.0))) for j in range(run)]
+    def site(e_: sym.Expr, kt_: sym.Expr) -> tuple[sym.Expr, sym.Expr, sym.Expr]:
+        """(row, first k, staged index) of a thread's run e_ of step kt_."""
+        f = e_ * THREADS + Tt
+        r_, kk = sym.floordiv(f, bk // run), sym.mod(f, bk // run) * run
+        return r_, kt_ * bk + kk, r_ * LA + kk
 
     def code_at(n: sym.Expr, k: sym.Expr) -> V:
         return tir.cast("float32", Substitute(syms={p.col.var: n, p.red.var: k}, fresh=False).value(w.code))
 
-    stage = [
-        For(e, c(BM * bk // THREADS // run), Seq((  # x's two parts
-            *loaded(m0, m_total, p.a_at),
-            *[Store(a_hi, (at + j,), v[c(j)]) for j in range(run)],
-            *[Store(a_lo, (at + j,), v[c(j)] - tir.cast("bfloat16", v[c(j)])) for j in range(run)]))),
-        For(e, c(BN * bk // THREADS // run), Seq((  # the codes, exact in both types (a half weight: b_b + b_r)
-            *loaded(n0, n_ext, code_at),
-            *[Store(b_b, (at + j,), v[c(j)]) for j in range(run)],
-            *[Store(b_r, (at + j,), v[c(j)] - tir.cast("bfloat16", v[c(j)])) for j in range(run) if w.half],
-            *[Store(b_h, (at + j,), v[c(j)]) for j in range(run)]))),
-    ]
+    def loads(regs: Buffer, base: int, e_: sym.Expr, kt_: sym.Expr, first_row, bound, value_at) -> list:
+        """A run's 8 values into regs[base ..]: zero past the operand's rows or K."""
+        r_, k_, _ = site(e_, kt_)
+        return [IfThenElse(tir.V("and", "bool", (tir.index(first_row + r_).cmp("lt", tir.index(bound)),
+                                                 tir.index(k_ + j).cmp("lt", tir.index(k_ext)))),
+                           Store(regs, (c(base + j),), value_at(first_row + r_, k_ + j)),
+                           Store(regs, (c(base + j),), tir.const(0.0))) for j in range(run)]
+
+    def x_stores(regs: Buffer, base: int, e_: sym.Expr) -> list:  # x's two parts
+        at = site(e_, KT)[2]
+        x = [regs[c(base + j)] for j in range(run)]
+        return ([Store(a_hi, (at + j,), x[j]) for j in range(run)]
+                + [Store(a_lo, (at + j,), x[j] - tir.cast("bfloat16", x[j])) for j in range(run)])
+
+    def code_stores(regs: Buffer, base: int, e_: sym.Expr) -> list:  # exact in both types (a half weight: b + r)
+        at = site(e_, KT)[2]
+        q = [regs[c(base + j)] for j in range(run)]
+        return ([Store(b_b, (at + j,), q[j]) for j in range(run)]
+                + [Store(b_r, (at + j,), q[j] - tir.cast("bfloat16", q[j])) for j in range(run) if w.half]
+                + [Store(b_h, (at + j,), q[j]) for j in range(run)])
+
     # each span's scales (and minimums) of the step's columns, repeated down 16 rows: thread t stages column t % BN;
     # zero past N and past K (a last step's span beyond K: its group is not in the weights)
     col = sym.mod(flat, BN)
-    held = Buffer("sv", (1,), "float32", "local")  # loaded once, stored in 16 * BN / THREADS rows
     scaling = [(buf, value, span) for buf, value in ((Ss, None if unit else w.scale), (Ms, w.minimum))
                for span in range(spans if value is not None else 0)]
 
-    def scale_of(value: V, span: int, kt_: sym.Expr) -> tuple[V, V]:
-        """(whether the column and the span's first k are in the weights, the value there)."""
+    def scale_into(regs: Buffer, i: int, value: V, span: int, kt_: sym.Expr) -> Stmt:
         first_k = kt_ * bk + span * w.width
         there = tir.V("and", "bool", (tir.index(n0 + col).cmp("lt", tir.index(n_ext)),
                                       tir.index(first_k).cmp("lt", tir.index(k_ext))))
-        return there, tir.cast("float32", Substitute(syms={p.col.var: n0 + col, p.red.var: first_k},
-                                                     fresh=False).value(value))
+        value_at = tir.cast("float32", Substitute(syms={p.col.var: n0 + col, p.red.var: first_k},
+                                                  fresh=False).value(value))
+        return IfThenElse(there, Store(regs, (c(i),), value_at), Store(regs, (c(i),), tir.const(0.0)))
 
     def rows_of(buf: Buffer, span: int, value_reg: V) -> Stmt:
         return For(e, c(16 * BN // THREADS), Store(buf, (span * 16 * SL + sym.floordiv(flat, BN) * SL + col,),
                                                    value_reg))
-    for buf, value, span in scaling:
-        there, value_at = scale_of(value, span, KT)
-        stage += [IfThenElse(there, Store(held, (c(0),), value_at), Store(held, (c(0),), tir.const(0.0))),
-                  rows_of(buf, span, held[c(0)])]
-    registers: list = []
+    E = sym.as_expr(e)
     first: list = []
-    if CODES_PREFETCH:  # the same values through registers: loaded a step ahead, stored at the step
-        runs_a, runs_b = BM * bk // THREADS // run, BN * bk // THREADS // run
+    if CODES_PREFETCH:  # loaded a step ahead into registers, stored at the step
         pa = Buffer("pa", (runs_a * run,), "float32", "local")
         pb = Buffer("pb", (runs_b * run,), "float32", "local")
         ps = Buffer("ps", (max(1, len(scaling)),), "float32", "local")
         registers = [pa, pb, ps]
 
-        def at_run(q: int, kt_: sym.Expr) -> tuple[sym.Expr, sym.Expr, sym.Expr]:
-            fq = sym.as_expr(q * THREADS) + Tt
-            return (sym.floordiv(fq, bk // run), kt_ * bk + sym.mod(fq, bk // run) * run,
-                    sym.floordiv(fq, bk // run) * LA + sym.mod(fq, bk // run) * run)
-
         def load(kt_: sym.Expr) -> list:
-            out = []
-            for regs, runs, first_row, bound, value_at in ((pa, runs_a, m0, m_total, p.a_at),
-                                                           (pb, runs_b, n0, n_ext, code_at)):
-                for q in range(runs):
-                    rq, kq, _ = at_run(q, kt_)
-                    for j in range(run):
-                        ok = tir.V("and", "bool", (tir.index(first_row + rq).cmp("lt", tir.index(bound)),
-                                                   tir.index(kq + j).cmp("lt", tir.index(k_ext))))
-                        out.append(IfThenElse(ok, Store(regs, (c(q * run + j),), value_at(first_row + rq, kq + j)),
-                                              Store(regs, (c(q * run + j),), tir.const(0.0))))
-            for i, (_, value, span) in enumerate(scaling):
-                there, value_at = scale_of(value, span, kt_)
-                out.append(IfThenElse(there, Store(ps, (c(i),), value_at), Store(ps, (c(i),), tir.const(0.0))))
-            return out
-
-        def store() -> list:
-            out = []
-            for q in range(runs_a):
-                at_q = at_run(q, KT)[2]
-                out += [Store(a_hi, (at_q + j,), pa[c(q * run + j)]) for j in range(run)]
-                out += [Store(a_lo, (at_q + j,), pa[c(q * run + j)] - tir.cast("bfloat16", pa[c(q * run + j)]))
-                        for j in range(run)]
-            for q in range(runs_b):
-                at_q = at_run(q, KT)[2]
-                out += [Store(b_b, (at_q + j,), pb[c(q * run + j)]) for j in range(run)]
-                out += [Store(b_r, (at_q + j,), pb[c(q * run + j)] - tir.cast("bfloat16", pb[c(q * run + j)]))
-                        for j in range(run) if w.half]
-                out += [Store(b_h, (at_q + j,), pb[c(q * run + j)]) for j in range(run)]
-            return out + [rows_of(buf, span, ps[c(i)]) for i, (buf, _, span) in enumerate(scaling)]
+            return ([s for q in range(runs_a) for s in loads(pa, q * run, c(q), kt_, m0, m_total, p.a_at)]
+                    + [s for q in range(runs_b) for s in loads(pb, q * run, c(q), kt_, n0, n_ext, code_at)]
+                    + [scale_into(ps, i, value, span, kt_) for i, (_, value, span) in enumerate(scaling)])
         steps = sym.floordiv(k_ext + (bk - 1), bk)
         first = load(c(0))
-        stage = [*store(), Barrier(), *load(sym.smin(KT + 1, steps - 1))]  # the last step loads itself again, unused
+        stage = [*[s for q in range(runs_a) for s in x_stores(pa, q * run, c(q))],
+                 *[s for q in range(runs_b) for s in code_stores(pb, q * run, c(q))],
+                 *[rows_of(buf, span, ps[c(i)]) for i, (buf, _, span) in enumerate(scaling)],
+                 Barrier(), *load(sym.smin(KT + 1, steps - 1))]  # the last step loads itself again, unused
+    else:
+        v = Buffer("v", (run,), "float32", "local")
+        held = Buffer("sv", (1,), "float32", "local")  # a scale loaded once, stored in 16 * BN / THREADS rows
+        registers = [held, v]
+        stage = [For(e, c(runs_a), Seq((*loads(v, 0, E, KT, m0, m_total, p.a_at), *x_stores(v, 0, E)))),
+                 For(e, c(runs_b), Seq((*loads(v, 0, E, KT, n0, n_ext, code_at), *code_stores(v, 0, E))))]
+        for buf, value, span in scaling:
+            stage += [scale_into(held, 0, value, span, KT), rows_of(buf, span, held[c(0)])]
     warp = sym.floordiv(Tt, 32)
     wm, wn = sym.floordiv(warp, 2) * 32, sym.mod(warp, 2) * 32
     # hi x codes + lo x codes; a half weight w = b + r (both exact in bfloat16): hi x b + hi x r + lo x w
@@ -506,7 +486,7 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
     extra = (xs, f1_h, f1_b, Ms, ones_h, ones_b) if w.minimum is not None else ()
     extra += (fb_r, b_r) if w.half else ()
     extra += () if unit else (Ss,)
-    for buf in (*registers, held, v, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *extra, Ws, b_h, b_b, a_lo, a_hi):
+    for buf in (*registers, sc, part, acc, fb_h, fb_b, fa_lo, fa_hi, *extra, Ws, b_h, b_b, a_lo, a_hi):
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))

@@ -211,18 +211,37 @@ def random_packed(name: str, n: int, k: int, rng) -> list:
     return [packed[p] for p in scheme.param_shapes(n, k)]
 
 
+def codes_case(runner, name: str, m: int, k: int, n: int, rng):
+    """`name`'s m x k x n linear on random weights and x through the codes' tiles, within 1e-5 of the largest output
+    of the interpreter's; the scheduled program."""
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    prog, got, want = run(runner, quantized_linear(name, k, n), [*random_packed(name, n, k, rng), x], (m, n))
+    assert prog.attrs["schedule"].rule == "gemv|mma-codes", name
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
+    return prog
+
+
+def error_over_2048(runner, name: str, rng) -> tuple[float, float]:
+    """(the codes' tiles' largest error against float64 over K = 2,048 of `name`'s weights, a sequential float32
+    sum's)."""
+    x = rng.standard_normal((64, 2048)).astype(np.float32)
+    packed = random_packed(name, 64, 2048, rng)
+    prog, got, _ = run(runner, quantized_linear(name, 2048, 64), [*packed, x], (64, 64))
+    assert prog.attrs["schedule"].rule == "gemv|mma-codes"
+    w = scheme_of(name).dequantize(dict(zip(scheme_of(name).param_shapes(64, 2048), packed)), 2048)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    return float(np.abs(got - exact).max()), sequential_error(x, w, exact)
+
+
 @pytest.mark.parametrize("name", CODES)
 def test_codes_rule_takes_scaled_small_integers(runner, name):
     """Weights that are a scale constant over 32 (or 16) of K times an integer within 256, plus a minimum, or a stored
     half, go to the codes rule: against the interpreter at 37 rows, K = 256, N = 80 (edges: a partial row tile and
     column tile), within 1e-5 of the largest output."""
-    rng = np.random.default_rng(len(name))
-    x = rng.standard_normal((37, 256)).astype(np.float32)
-    prog, got, want = run(runner, quantized_linear(name, 256, 80), [*random_packed(name, 80, 256, rng), x], (37, 80))
-    assert prog.attrs["schedule"].rule == "gemv|mma-codes", name
+    prog = codes_case(runner, name, 37, 256, 80, np.random.default_rng(len(name)))
     assert "__nv_bfloat16" in runner.sources[prog.name]
     assert ("Bs_r" in runner.sources[prog.name]) == (name == "q0f16")  # a half weight's three parts
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
 
 
 @pytest.mark.parametrize("name,k", [("q4f16_1", 96), ("q4f16_1", 40), ("q4f16_2", 96), ("Q8_0", 32)])
@@ -230,12 +249,7 @@ def test_codes_tiles_at_ks_not_a_multiple_of_their_step(runner, name, k):
     """K = 96 and 40 against a step of 64 (K = 32 and 96 against 32, with a minimum): the last step's spans past K
     stage zero scales (and minimums) rather than read groups past the weights' (the emulation's bytes past a buffer
     read as NaN, which a product of zero would keep)."""
-    rng = np.random.default_rng(k)
-    x = rng.standard_normal((45, k)).astype(np.float32)
-    prog, got, want = run(runner, quantized_linear(name, k, 72), [*random_packed(name, 72, k, rng), x], (45, 72))
-    assert prog.attrs["schedule"].rule == "gemv|mma-codes"
-    assert np.isfinite(got).all()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
+    codes_case(runner, name, 45, k, 72, np.random.default_rng(k))
 
 
 @pytest.mark.parametrize("name,split", [("q4f16_1", True), ("q4f16_1", False), ("q0f16", True)])
@@ -252,15 +266,7 @@ def test_codes_products_are_as_accurate_as_float32(runner, monkeypatch, name, sp
             return [] if st.name == "wmma.mma" and "fa_lo" in st.buffers[1].name else plain(self, st)
         monkeypatch.setattr(CUDARenderer, "intrin", hi_only)
         runner = KernelRunner(runner.device, runner.target)
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((64, 2048)).astype(np.float32)
-    packed = random_packed(name, 64, 2048, rng)
-    prog, got, _ = run(runner, quantized_linear(name, 2048, 64), [*packed, x], (64, 64))
-    assert prog.attrs["schedule"].rule == "gemv|mma-codes"
-    w = scheme_of(name).dequantize(dict(zip(scheme_of(name).param_shapes(64, 2048), packed)), 2048)
-    exact = x.astype(np.float64) @ w.T.astype(np.float64)
-    bound = sequential_error(x, w, exact)
-    err = float(np.abs(got - exact).max())
+    err, bound = error_over_2048(runner, name, np.random.default_rng(6))
     print(f"{name}, x in two parts={split}: {err:.3g} against float32's {bound:.3g}")
     assert (err <= 2 * bound) if split else (err > 10 * bound)
 
@@ -304,13 +310,7 @@ def test_prefetched_codes_tiles_compute_the_same(runner, monkeypatch):
         monkeypatch.setattr(mma, "CODES_K", step)
         fresh = KernelRunner(runner.device, runner.target)  # kernels built anew
         for name, k in (("q4f16_1", 256), ("q4f16_2", 96), ("Q6_K", 256), ("q0f16", 40), ("Q8_0", 32)):
-            x = rng.standard_normal((37, k)).astype(np.float32)
-            prog, got, want = run(fresh, quantized_linear(name, k, 80), [*random_packed(name, 80, k, rng), x], (37, 80))
-            assert prog.attrs["schedule"].rule == "gemv|mma-codes" and "pa[" in fresh.sources[prog.name], name
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=name)
-    x = rng.standard_normal((64, 2048)).astype(np.float32)
-    packed = random_packed("q4f16_1", 64, 2048, rng)
-    _, got, _ = run(fresh, quantized_linear("q4f16_1", 2048, 64), [*packed, x], (64, 64))
-    w = scheme_of("q4f16_1").dequantize(dict(zip(scheme_of("q4f16_1").param_shapes(64, 2048), packed)), 2048)
-    exact = x.astype(np.float64) @ w.T.astype(np.float64)
-    assert float(np.abs(got - exact).max()) <= 2 * sequential_error(x, w, exact)
+            prog = codes_case(fresh, name, 37, k, 80, rng)
+            assert "pa[" in fresh.sources[prog.name], name
+    err, bound = error_over_2048(fresh, "q4f16_1", rng)
+    assert err <= 2 * bound
