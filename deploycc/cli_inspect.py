@@ -124,7 +124,8 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
             consts = sum(4 * int(np.size(a)) for a in compiled.lowered.constants.values())  # written as float32
             report["weights_bytes"] += consts
             report["activation_bytes"] = sum(st["bytes"] for st in compiled.lowered.storages)
-            kv = kv_cache_bytes(compiled.lowered, cfg, prepared.context_window) if report["kv_cache_bytes"] else 0
+            kv = kv_cache_bytes(compiled.lowered, cfg, prepared.context_window, preset.kv_cache) \
+                if report["kv_cache_bytes"] else 0
             report["total_bytes"] += consts + kv - report["kv_cache_bytes"]
             report["kv_cache_bytes"] = kv
         if as_json:

@@ -23,11 +23,13 @@ class Pool:
     page_size: int = PAGE_SIZE
 
 
-def export(model: LoadedModel, context_window: int | None = None, step: int = 0, pool: Pool | None = None) -> IRModule:
+def export(model: LoadedModel, context_window: int | None = None, step: int = 0, pool: Pool | None = None,
+           kv_cache: str = "float32") -> IRModule:
     """The graph-level module: `prefill` (input ids [1, seq_len]) and `decode` (one token). With `step` (the
     most tokens a prefill step holds, the package's prefill chunk), sliding-window layers keep a ring of
     window + step - 1 rows instead of the whole context window (nn.Cache.rows). With a `pool`, also `step`:
-    a batched step of several sequences over a page pool (continuous batching, runtime/batch.py)."""
+    a batched step of several sequences over a page pool (continuous batching, runtime/batch.py). `kv_cache`: the
+    cache's element type (float16: the keys and values rounded as they are stored, the module's attr says so)."""
     cfg = model.config
     ctx = context_window or cfg.context_window
     limit = getattr(cfg, "max_context_window", None)
@@ -36,18 +38,21 @@ def export(model: LoadedModel, context_window: int | None = None, step: int = 0,
                           f"use --context-window {limit} or less")
     spec = {
         # prefill returns the last position's logits (what generation needs), prefill_all every position's.
-        "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
-        "prefill_all": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
-        "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec(ctx, step)},
+        "prefill": {"input_ids": nn.spec((1, "seq_len"), "int32"), "cache": nn.kv_cache_spec(ctx, step, dtype=kv_cache)},
+        "prefill_all": {"input_ids": nn.spec((1, "seq_len"), "int32"),
+                        "cache": nn.kv_cache_spec(ctx, step, dtype=kv_cache)},
+        "decode": {"input_ids": nn.spec((1, 1), "int32"), "cache": nn.kv_cache_spec(ctx, step, dtype=kv_cache)},
     }
     bounds = {"total_len": ctx, "seq_len": step or ctx}
     if pool is not None:
         for fname in ("step", "step_all"):  # the last tokens' logits, every token's
             spec[fname] = {"input_ids": nn.spec((1, "seq_len"), "int32"),
-                           "cache": nn.kv_cache_spec(ctx, step, pool.page_size, pool.pages)}
+                           "cache": nn.kv_cache_spec(ctx, step, pool.page_size, pool.pages, kv_cache)}
         bounds.update(batch=pool.sequences, pages_len=-(-ctx // pool.page_size))
     mod, _ = model.build().export(spec, bounds=bounds)
     mod.attrs.update(context_window=ctx, model=model.architecture, num_layers=cfg.num_hidden_layers)
+    if kv_cache != "float32":
+        mod.attrs["kv_cache"] = kv_cache
     if pool is not None:
         mod.attrs["pool"] = asdict(pool)
     return mod

@@ -62,10 +62,11 @@ def weight_bytes(model) -> int:
     return sum(math.prod(p.shape) * np.dtype(p.dtype).itemsize for _, p in model.build().named_parameters())
 
 
-def footprint(cfg, weights: int, ctx: int, chunk: int) -> Footprint:
-    """Bytes of the package at run time with this context window and prefill chunk (nothing allocated)."""
+def footprint(cfg, weights: int, ctx: int, chunk: int, kv_bytes: int = FLOAT) -> Footprint:
+    """Bytes of the package at run time with this context window and prefill chunk (nothing allocated); kv_bytes:
+    of a cached element (the preset's kv_cache: float32 4, float16 2)."""
     kv = 2 * sum(kv_rows(cfg, layer, ctx, chunk) for layer in range(cfg.num_hidden_layers)) \
-        * cfg.num_key_value_heads * cfg.head_dim * FLOAT
+        * cfg.num_key_value_heads * cfg.head_dim * kv_bytes
     hidden, inter, heads, vocab = _dims(cfg)
     # One prefill step of `chunk` tokens: every position's logits (prefill_all), the attention scores
     # against the whole cache, the MLP's gate/up/product and a few residual-width tensors.
@@ -101,13 +102,14 @@ def _size(n: int) -> str:
 
 def check_memory(model, preset: Preset, ctx: int, chunk: int) -> Footprint:
     cfg, weights = model.config, weight_bytes(model)
-    need = footprint(cfg, weights, ctx, chunk)
+    kv_bytes = np.dtype(preset.kv_cache).itemsize
+    need = footprint(cfg, weights, ctx, chunk, kv_bytes)
     have, what = device_memory(preset)
     if have is None or need.total <= have:
         return need
 
     def fits(c: int) -> bool:
-        return footprint(cfg, weights, c, min(preset.prefill_chunk, c)).total <= have
+        return footprint(cfg, weights, c, min(preset.prefill_chunk, c), kv_bytes).total <= have
 
     if fits(1):  # the footprint grows with the window: the largest window that fits, by bisection
         lo, hi = 1, ctx - 1

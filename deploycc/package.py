@@ -68,7 +68,8 @@ def apply_overrides(preset: presets.Preset, overrides: list[str]) -> presets.Pre
     data = {"name": preset.name, "description": preset.description, "target": preset.target.to_dict(),
             "runtime": {"backend": preset.backend, "web": preset.web}, "quantization": preset.quantization,
             "context_window": preset.context_window, "prefill_chunk": preset.prefill_chunk,
-            "max_num_sequences": preset.max_num_sequences, "kv_pool_tokens": preset.kv_pool_tokens}
+            "max_num_sequences": preset.max_num_sequences, "kv_pool_tokens": preset.kv_pool_tokens,
+            "kv_cache": preset.kv_cache, **({"hardware": preset.hardware} if preset.hardware else {})}
     for item in overrides:
         if "=" not in item:
             raise DeployError(f"--override {item!r} must look like key=value (e.g. prefill_chunk=256)")
@@ -189,7 +190,7 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
             raise DeployError(str(e)) from None
     step("export")
     # Sliding-window layers keep rings sized for chunk-token steps; batched steps share a page pool.
-    exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk))
+    exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk), preset.kv_cache)
     return Prepared(model, ctx, chunk, exported, by_type)
 
 
@@ -219,7 +220,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
     lowered, plans = compiled.lowered, compiled.plans
     cfg = model.config
     kv_cache = {"layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-                "dtype": "float32", **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {}),
+                "dtype": preset.kv_cache, **({"rows": kv_rows(lowered, cfg)} if lowered.kv_rows else {}),
                 "pool": exported.attrs["pool"]}
 
     staging = Staging(out_dir, force)
@@ -266,7 +267,7 @@ def compile_model(source: str, device: str | None = None, quantization: str | No
             "kv_cache": kv_cache,
             "vocab_size": cfg.vocab_size,
             "storages": lowered.storages,
-            "memory": _memory_summary(plans, lowered, params_index, cfg, ctx),
+            "memory": _memory_summary(plans, lowered, params_index, cfg, ctx, preset.kv_cache),
             "kernels": kernel_files,
             "params": params_index,
         }
@@ -372,13 +373,14 @@ def kv_rows(lowered, cfg) -> list[int]:
     return [lowered.kv_rows.get(layer, 0) for layer in range(cfg.num_hidden_layers)]
 
 
-def kv_cache_bytes(lowered, cfg, ctx: int) -> int:
-    """The package's KV cache: K and V of every layer, float32, a ring's rows or the whole context window."""
-    return 2 * sum(r or ctx for r in kv_rows(lowered, cfg)) * cfg.num_key_value_heads * cfg.head_dim * 4
+def kv_cache_bytes(lowered, cfg, ctx: int, dtype: str = "float32") -> int:
+    """The package's KV cache: K and V of every layer, of `dtype`, a ring's rows or the whole context window."""
+    return 2 * sum(r or ctx for r in kv_rows(lowered, cfg)) * cfg.num_key_value_heads * cfg.head_dim * np.dtype(
+        dtype).itemsize
 
 
-def _memory_summary(plans, lowered, params_index, cfg, ctx) -> dict:
+def _memory_summary(plans, lowered, params_index, cfg, ctx, kv_dtype: str) -> dict:
     weights = sum(int(np.prod(p["shape"])) * np.dtype(p["dtype"]).itemsize for p in params_index)
-    return {"weights_bytes": weights, "kv_cache_bytes": kv_cache_bytes(lowered, cfg, ctx),
+    return {"weights_bytes": weights, "kv_cache_bytes": kv_cache_bytes(lowered, cfg, ctx, kv_dtype),
             "activation_bytes": sum(s["bytes"] for s in lowered.storages),
             "unplanned_activation_bytes": {f: getattr(p, "unplanned_bytes", None) for f, p in plans.items()}}

@@ -21,7 +21,11 @@ from .runtime.kinds import KINDS
 from .targets.base import Target
 
 TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context_window", "prefill_chunk",
-            "max_num_sequences", "kv_pool_tokens", "hardware"}
+            "max_num_sequences", "kv_pool_tokens", "kv_cache", "hardware"}
+# The KV cache's element type: float32, or float16 (half the bytes a decode step reads at long contexts and half the
+# memory a sequence holds; MLC's and llama.cpp's default) where the target's kernels store half floats
+KV_CACHE = ("float32", "float16")
+KV_HALF_KINDS = ("cuda",)
 # A GPU preset's device, for the performance model (deploycc/perfmodel.py; `inspect PKG --kernels`): the vendor's
 # peak figures, and its limits per multiprocessor (occupancy). Not part of the target: no kernel depends on them.
 HARDWARE = {"bandwidth_gb_s": (1, 100_000), "multiprocessors": (1, 4096), "fp32_tflops": (0.1, 10_000),
@@ -57,6 +61,7 @@ class Preset:
     kv_pool_tokens: int = 0
     web: bool = False  # also write the browser bundle (deploycc/web): webgpu presets only
     hardware: dict | None = None  # HARDWARE's keys, every one, or none
+    kv_cache: str = "float32"  # KV_CACHE
 
 
 def names() -> list[str]:
@@ -175,6 +180,12 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
         if k in data:
             _check_type(data[k], "int", f"{where}: '{k}'", positive=lo > 0)
             _check_range(data[k], lo, hi, f"{where}: '{k}'")
+    kv_cache = data.get("kv_cache", "float32")
+    if kv_cache not in KV_CACHE:
+        raise DeployError(f"{where}: 'kv_cache' is {kv_cache!r}; give one of {', '.join(KV_CACHE)}")
+    if kv_cache == "float16" and target.kind not in KV_HALF_KINDS:
+        raise DeployError(f"{where}: 'kv_cache: float16' needs a target whose kernels store half floats "
+                          f"({', '.join(KV_HALF_KINDS)}), not {target.kind}; use kv_cache: float32")
     hardware = data.get("hardware")
     if hardware is not None:
         if not isinstance(hardware, dict) or set(hardware) != set(HARDWARE):
@@ -195,4 +206,4 @@ def from_dict(data: dict, where: str = "preset") -> Preset:
     return Preset(str(data["name"]), str(data.get("description", "")), target, backend,
                   str(data.get("quantization", "q0f32")), int(data.get("context_window", 4096)),
                   int(data.get("prefill_chunk", 512)), where, int(data.get("max_num_sequences", 16)),
-                  int(data.get("kv_pool_tokens", 0)), web, dict(hardware) if hardware else None)
+                  int(data.get("kv_pool_tokens", 0)), web, dict(hardware) if hardware else None, str(kv_cache))

@@ -28,17 +28,19 @@ def lower(mod: IRModule, stage: str, target=None) -> IRModule:
 
 class ReferenceSession:
     def __init__(self, model: LoadedModel, stage: str = "exported", context_window: int | None = None,
-                 ops: dict | None = None):
-        """ops: op name -> numpy function run instead of the op's reference (Interpreter)."""
+                 ops: dict | None = None, kv_cache: str = "float32"):
+        """ops: op name -> numpy function run instead of the op's reference (Interpreter). kv_cache: the cache's
+        element type (a package's manifest kv_cache.dtype: float16 rounds the keys and values as it does)."""
         self.model = model
-        self.module = lower(export(model, context_window), stage)
+        self.module = lower(export(model, context_window, kv_cache=kv_cache), stage)
         self.context_window = self.module.attrs["context_window"]
         dtypes = {n: p.dtype for n, p in model.build().named_parameters()}  # packed weights: uint32, float16
         typed = ((n, np.ascontiguousarray(a, dtype=dtypes[n])) for n, a in model.params())
         self.params = function_params(self.module, typed, "prefill")  # merged linears concatenated
         self.interp = Interpreter(self.module, ops=ops, keep_weights=True)
         cfg = model.config
-        self.cache = RefKVCache(cfg.num_hidden_layers, self.context_window, cfg.num_key_value_heads, cfg.head_dim)
+        self.cache = RefKVCache(cfg.num_hidden_layers, self.context_window, cfg.num_key_value_heads, cfg.head_dim,
+                                np.dtype(kv_cache))
 
     def _run(self, fn: str, ids: Sequence[int]) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int32).reshape(1, -1)
@@ -68,9 +70,10 @@ class ReferenceSession:
 
 def reference_session(model: LoadedModel | str, stage: str = "exported", context_window: int | None = None,
                       quantization: str | None = None, head_quantization: str | None = None,
-                      activations: int | dict | None = None, ops: dict | None = None) -> ReferenceSession:
+                      activations: int | dict | None = None, ops: dict | None = None,
+                      kv_cache: str = "float32") -> ReferenceSession:
     """`activations`: the weights whose linears round their input (a package's manifest record, or bits for every
-    weight the integer kernels take), as quantization.quantize takes it. `ops`: see ReferenceSession."""
+    weight the integer kernels take), as quantization.quantize takes it. `ops`, `kv_cache`: see ReferenceSession."""
     if isinstance(model, str):
         from .hub import load_model
 
@@ -79,4 +82,4 @@ def reference_session(model: LoadedModel | str, stage: str = "exported", context
 
     # a GGUF's Q4_0/Q4_1/Q8_0 blocks take integer activations in our group schemes (the same values)
     quantized = quantize(model, quantization, head_quantization, groups=bool(activations), activations=activations)
-    return ReferenceSession(quantized, stage, context_window, ops)
+    return ReferenceSession(quantized, stage, context_window, ops, kv_cache)

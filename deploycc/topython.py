@@ -449,6 +449,11 @@ def _literal(v: np.ndarray):
     return repr(v.tolist())
 
 
+def _cached(x: str, c) -> str:
+    """A key or value as a float16 cache holds it (rounded to half, ties to even), read back as float."""
+    return f"{x}.to(torch.float16).float()" if c.attrs.get("dtype") == "float16" else x
+
+
 def _rows(c) -> str:
     """kv ops of a ring cache layer: the ring's row count."""
     return f", rows={c.attrs['rows']}" if c.attrs.get("rows") else ""
@@ -542,7 +547,8 @@ OPS: dict[str, Callable[[_FunctionPrinter, Call], str]] = {
     "arange": lambda p, c: (f"torch.arange({', '.join(p.values(c.args[0]))}, "
                             f"dtype={TORCH_DTYPES[c.attrs.get('dtype', 'int32')]})"),
     "kv.begin": _kv_begin,
-    "kv.append": lambda p, c: f"{_a(p, c)}.append({c.attrs['layer']}, {_a(p, c, 1)}, {_a(p, c, 2)}{_rows(c)})",
+    "kv.append": lambda p, c: (f"{_a(p, c)}.append({c.attrs['layer']}, {_cached(_a(p, c, 1), c)}, "
+                               f"{_cached(_a(p, c, 2), c)}{_rows(c)})"),
     "kv.keys": lambda p, c: f"{_a(p, c)}.keys({c.attrs['layer']}{_rows(c)})",
     "kv.values": lambda p, c: f"{_a(p, c)}.values({c.attrs['layer']}{_rows(c)})",
 }

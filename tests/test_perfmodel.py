@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 from bad_inputs.common import assert_one_line_error, cli
 
@@ -171,7 +172,7 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
     pred = predict(package, context=48, sequences=(1, 4, 12))
     m = json.loads((package / "manifest.json").read_text())
     kv, pool = m["kv_cache"], m["kv_cache"]["pool"]
-    row = kv["kv_heads"] * kv["head_dim"] * 4
+    row = kv["kv_heads"] * kv["head_dim"] * np.dtype(kv["dtype"]).itemsize  # the preset's float16 cache: 2 bytes
     for b in (1, 4):
         step = pred["steps"][f"step{b}"]
         launches, paired = launch_sites(package, "step", b)
@@ -308,8 +309,9 @@ def test_packages_record_the_barriers_their_kernels_pass(package):
 
 
 def test_batched_copies_keep_their_loads_in_flight(package):
-    """The decode attention copies its key/value tiles COPY_BATCH trips at a time, two 4-byte loads a trip, loaded into
-    registers before any store (schedule/lowering.py: batched_copy): programs.json records those 128 bytes, and the
+    """The decode attention copies its key/value tiles COPY_BATCH trips at a time, two loads a trip (2 bytes each from
+    the h100 preset's float16 cache), loaded into registers before any store (schedule/lowering.py: batched_copy):
+    programs.json records those 64 bytes (128 from a float32 cache), and the
     model's latency term divides a thread's bytes by them rather than IN_FLIGHT (an H200 measured that kernel at 9.3
     us a layer of SmolLM2's shape; at IN_FLIGHT the model said 25). Kernels without such a copy record none."""
     from deploycc.schedule.attention import COPY_BATCH
@@ -318,11 +320,12 @@ def test_batched_copies_keep_their_loads_in_flight(package):
     doc = json.loads((package / m["kernels"]["programs"]).read_text())
     kernels = {k["name"]: k for p in doc["programs"] for k in p["schedule"]["kernels"]}
     part = [k for name, k in kernels.items() if name.endswith("_part") and "pages" not in str(k["scalars"])]
-    assert part and all(k["in_flight"] == COPY_BATCH * 2 * 4 for k in part)
+    element = np.dtype(m["kv_cache"]["dtype"]).itemsize  # a key's and a value's element a trip: float16 on h100
+    assert element == 2 and part and all(k["in_flight"] == COPY_BATCH * 2 * element for k in part)
     assert not any("in_flight" in k for name, k in kernels.items() if "linear" in name or "rms_norm" in name)
     pred = predict(package, context=48, prefill=40)
     for x in pred["steps"]["decode"].launches:
-        assert x.in_flight == (COPY_BATCH * 8 if x.kernel.endswith("_part") else IN_FLIGHT)
+        assert x.in_flight == (COPY_BATCH * 2 * element if x.kernel.endswith("_part") else IN_FLIGHT)
     x = Launch("attention_part", blocks=9, threads=96, bytes=3_000_000, in_flight=COPY_BATCH * 8)
     _time(x, H100)
     assert x.bound == "latency"

@@ -103,6 +103,9 @@ def test_unrelated_unknown_key_lists_the_valid_ones(tmp_path):
     ("  backend: opencl", "  backend: vulkan", ["runtime backend 'vulkan' is not one of"]),
     ("quantization: q0f32", "quantization: 4", ["'quantization' must be a string"]),
     ("runtime:\n  backend: opencl", "runtime: opencl", ["'runtime' must be a mapping"]),
+    ("quantization: q0f32", "quantization: q0f32\nkv_cache: int8", ["'kv_cache' is 'int8'", "float32, float16"]),
+    ("quantization: q0f32", "quantization: q0f32\nkv_cache: float16",
+     ["'kv_cache: float16' needs a target whose kernels store half floats (cuda), not opencl", "kv_cache: float32"]),
 ])
 def test_bad_types_and_values(tmp_path, old, new, needles):
     assert old in GOOD
@@ -152,6 +155,13 @@ def test_overrides():
         apply_overrides(p, ["prefill_chunk"])
     with pytest.raises(DeployError, match="target: unknown key 'nope'"):
         apply_overrides(p, ["target.nope=1"])
+    # the KV cache's type, and a GPU preset's hardware figures kept through an override
+    h100 = presets.load("h100")
+    assert h100.kv_cache == "float16" and presets.load("rtx4090").kv_cache == "float16" and p.kv_cache == "float32"
+    assert apply_overrides(h100, ["kv_cache=float32"]) == replace(h100, kv_cache="float32")
+    assert apply_overrides(h100, ["prefill_chunk=64"]).hardware == h100.hardware
+    with pytest.raises(DeployError, match="needs a target whose kernels store half floats"):
+        apply_overrides(p, ["kv_cache=float16"])
 
 
 def test_the_runtime_and_the_compiler_share_one_table_of_target_fields():

@@ -146,7 +146,8 @@ class Module:
                 bnd.declare(tracer.sym(name), lo=1, hi=tracer.dim(hi))
             try:
                 with bb.function(fname, in_vars + p_vars, {"num_inputs": len(in_vars)}, bnd, auto_dataflow=True):
-                    args = [Cache(v, tracer, s.capacity, s.step, s.page_size, s.pool_pages) if isinstance(s, ObjectSpec)
+                    args = [Cache(v, tracer, s.capacity, s.step, s.page_size, s.pool_pages, s.dtype)
+                            if isinstance(s, ObjectSpec)
                             else Tensor(v, tracer) for v, s in zip(in_vars, inputs.values())]
                     out = getattr(self, fname)(*args)
                     bb.finish(_as_expr(out))
@@ -191,11 +192,13 @@ def spec(shape: Sequence[int | str], dtype: str = "float32") -> Spec:
     return Spec(tuple(shape), dtype)
 
 
-def kv_cache_spec(capacity: int = 0, step: int = 0, page_size: int = 0, pool_pages: int = 0) -> ObjectSpec:
+def kv_cache_spec(capacity: int = 0, step: int = 0, page_size: int = 0, pool_pages: int = 0,
+                  dtype: str = "float32") -> ObjectSpec:
     """The KV cache input. With `step` (the prefill chunk) a sliding-window layer keeps a ring of
     window + step - 1 rows where that is less than `capacity`: what its queries can see in any step.
-    With `page_size`, a pool of `pool_pages` pages that a batch of sequences shares (Cache)."""
-    return ObjectSpec(capacity=capacity, step=step, page_size=page_size, pool_pages=pool_pages)
+    With `page_size`, a pool of `pool_pages` pages that a batch of sequences shares (Cache). `dtype`: its
+    elements' (float32, or float16: the keys and values rounded as they are appended)."""
+    return ObjectSpec(dtype=dtype, capacity=capacity, step=step, page_size=page_size, pool_pages=pool_pages)
 
 
 def ring_rows(window: int, step: int, capacity: int) -> int:
@@ -220,8 +223,9 @@ class Cache:
     META = KV_META
 
     def __init__(self, var: Var, tracer: Tracer, capacity: int = 0, step: int = 0, page_size: int = 0,
-                 pool_pages: int = 0):
+                 pool_pages: int = 0, dtype: str = "float32"):
         self.var = var
+        self.dtype = dtype  # its elements': float32, or float16 (kv.append rounds the keys and values it stores)
         self.tracer = tracer
         self.total_len: sym.Expr | None = None
         self.capacity, self.step = capacity, step
@@ -281,8 +285,12 @@ class Cache:
         """Write the step's keys and values: at positions total_len - n .. total_len - 1, in a ring of
         `rows` rows (position j at row j % rows), or in a pool at the rows `slot`."""
         args = (self.var, k.var, v.var) + ((self.meta["slot"].var,) if self.page_size else ())
-        attrs = {"layer": layer, **({"rows": rows} if rows else {})}
+        attrs = {"layer": layer, **({"rows": rows} if rows else {}), **self._typed()}
         self.var = self.tracer.bb.emit(Call("kv.append", args, attrs), "cache")
+
+    def _typed(self) -> dict:
+        """The cache's element type as kv.append's and kv.keys'/kv.values' attribute (float32 says nothing)."""
+        return {"dtype": self.dtype} if self.dtype != "float32" else {}
 
     def _view(self, layer: int, kv_heads, head_dim, rows: int = 0) -> tuple[Tensor, Tensor]:
         """This layer's cached keys and values, `[total_len, kv_heads, head_dim]` each, its whole ring
@@ -290,11 +298,11 @@ class Cache:
         `[pool_pages * page_size, kv_heads, head_dim]`."""
         bb = self.tracer.bb
         out = []
-        attrs = {"layer": layer, **({"rows": rows} if rows else {})}
+        attrs = {"layer": layer, **({"rows": rows} if rows else {}), **self._typed()}
         length = self.pool_pages * self.page_size if self.page_size else rows or self.total_len
         for which in ("keys", "values"):
             raw = bb.emit(Call(f"kv.{which}", (self.var,), attrs), f"{which[0]}_raw")
-            ann = A.Tensor((length, kv_heads, head_dim), "float32")
+            ann = A.Tensor((length, kv_heads, head_dim), self.dtype)
             out.append(Tensor(bb.match_cast(raw, ann, f"{which[0]}_all"), self.tracer))
         return out[0], out[1]
 

@@ -268,7 +268,9 @@ def _attn_legalize(call, module):
 
     its = tir.iters("h i j k", (h, n, t, d), "SSSR")
     hh, i, j, k = (tir.v(x) for x in its)
-    scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * K[row(j, i), hh // group, k]),
+    # a float16 cache's keys and values are read as float (tir.cast: nothing for a float32 cache)
+    scores = Block("qk", its, Store(S, (hh, i, j), S[hh, i, j] + Q[i, hh, k] * tir.cast(
+        "float32", K[row(j, i), hh // group, k])),
                    init=Store(S, (hh, i, j), tir.const(0.0)))
 
     def masked(i_, j_, value, hidden):
@@ -293,7 +295,7 @@ def _attn_legalize(call, module):
     its = tir.iters("i h c j", (n, h, d, t), "SSSR")
     i, hh, c, j = (tir.v(x) for x in its)
     p = masked(i, j, tir.unary("exp", score(hh, i, j) - M[hh, i]) / L[hh, i], 0.0)
-    out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * Vb[row(j, i), hh // group, c]),
+    out = Block("pv", its, Store(O, (i, hh, c), O[i, hh, c] + p * tir.cast("float32", Vb[row(j, i), hh // group, c])),
                 init=Store(O, (i, hh, c), tir.const(0.0)))
     body = Alloc(S, Alloc(M, Alloc(L, Seq((scores, mx, sm, out)))))
     attrs = {"scale": scale, **({"window": window} if window else {}), **({"softcap": cap} if cap else {}),
@@ -382,7 +384,15 @@ class RefPagedCache:
         self.v[layer][self.meta["slot"]] = v
 
 
-def _append_ref(cache, k, v, *slot, layer, rows=0):
+def _cache_dtype(cache, dtype: str, op: str) -> None:
+    held = cache.k[0].dtype
+    if held != np.dtype(dtype):
+        raise OpError(f"{op}: the reference cache holds {held}, and this module's KV cache is {dtype} "
+                      f"(make it with dtype={dtype!r}: the module's attrs['kv_cache'])")
+
+
+def _append_ref(cache, k, v, *slot, layer, rows=0, dtype="float32"):
+    _cache_dtype(cache, dtype, "kv.append")  # storing into it rounds to nearest, ties to even, as the kernels do
     if slot:
         cache.append(layer, k, v)
     else:
@@ -391,7 +401,8 @@ def _append_ref(cache, k, v, *slot, layer, rows=0):
 
 
 def _view_ref(which):
-    def view(cache, layer, rows=0):
+    def view(cache, layer, rows=0, dtype="float32"):
+        _cache_dtype(cache, dtype, f"kv.{which}")
         if isinstance(cache, RefPagedCache):
             return cache.k[layer] if which == "k" else cache.v[layer]
         return cache.view(which, layer, rows)
@@ -436,7 +447,7 @@ def _meta_infer(args, attrs):
 
 def _view_infer(args, attrs):
     _object(args[0], "kv.view")
-    return A.Tensor(None, "float32", 3)
+    return A.Tensor(None, attrs.get("dtype", "float32"), 3)
 
 
 register("kv.begin", _begin_infer, lambda cache, n: (cache.begin(n[0]),), pure=False)

@@ -27,6 +27,11 @@ from .lowering import batched_copy, reduce_lanes, thread_grid
 NEG = -1e30  # a finite -infinity: exp(NEG - s) == 0, and fast-math builds may assume no infinities
 
 
+def kv_value(buf: Buffer, *idx) -> tir.V:
+    """A cached key or value as float: a float16 cache's element widened (nothing for a float32 cache)."""
+    return tir.cast("float32", buf[idx])
+
+
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if prog.attrs.get("op") != "attention" or len(prog.params) not in (4, 7):
         return None
@@ -69,7 +74,8 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
             limit, first = visible_keys(i, t, n, window)
             J = row(sym.as_expr(j) + first)
         over_d = _over_d(d.value, lanes)
-        step = key_step(lambda c: Q[i, hh, c], lambda c: K[J, kv, c], lambda c: Vb[J, kv, c], scale, cap,
+        step = key_step(lambda c: Q[i, hh, c], lambda c: kv_value(K, J, kv, c), lambda c: kv_value(Vb, J, kv, c),
+                        scale, cap,
                         (m, l, s, corr, pr, acc), over_d, lanes)
         if paged:  # every key the page table names; those the query does not see are skipped
             keys = For(j, t, IfThenElse(paged.sees(i, sym.as_expr(j), window), step))
@@ -217,12 +223,12 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
                 return tir.select(sees(jj), value, tir.const(NEG)) if sees else value
             score = lambda jj: Seq((
                 Store(dot, z, tir.const(0.0)),
-                over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * K[at(jj), kv, c])),
+                over("c", d, lambda c: Store(dot, z, dot[0] + Q[i, hh, c] * kv_value(K, at(jj), kv, c))),
                 Store(s, (jj,), score_of(jj)),
             ))
             weigh = lambda jj: Seq((
                 Store(l, z, l[0] + p[jj]),
-                over("c", d, lambda c: Store(acc, (c,), acc[c] + p[jj] * Vb[at(jj), kv, c])),
+                over("c", d, lambda c: Store(acc, (c,), acc[c] + p[jj] * kv_value(Vb, at(jj), kv, c))),
             ))
             return Seq((
                 over("jj", count, score),
@@ -390,7 +396,7 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
             kk, c = sym.floordiv(at, D), sym.mod(at, D)
             J = row_of(sym.smin(base + kk, last))
             guard = tir.index(at).cmp("lt", tir.index(KT * D)) if (KT * D) % T else None  # the tile's last trip
-            return [(sm, kk * P + c, K[J, kv, c]), (sm, (kk + KT) * P + c, Vb[J, kv, c])], guard
+            return [(sm, kk * P + c, kv_value(K, J, kv, c)), (sm, (kk + KT) * P + c, kv_value(Vb, J, kv, c))], guard
         load = batched_copy("kv", -(-(KT * D) // T), trip, COPY_BATCH)
         y = sym.SymVar("y")
         key = sym.as_expr(y) * Tg + lane

@@ -24,7 +24,7 @@ from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
 from ..op.attention import capped, window_and_cap
-from .attention import COPY_BATCH, NEG, STATIC_SHARED  # a key a query does not see scores NEG; CUDA's static __shared__ limit
+from .attention import COPY_BATCH, NEG, STATIC_SHARED, kv_value  # NEG: a key a query does not see; kv_value: as float
 from .lowering import batched_copy
 
 BQ = 16  # queries per block
@@ -102,7 +102,7 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
         flat = e * T + U
         r, c = sym.floordiv(flat, D), sym.mod(flat, D)
         j = row(sym.smin(base + r, hi - 1))
-        return [(Ks, r * PK + c, K[j, kv, c]), (Vs, r * D + c, Vb[j, kv, c])], None
+        return [(Ks, r * PK + c, kv_value(K, j, kv, c)), (Vs, r * D + c, kv_value(Vb, j, kv, c))], None
 
     def sees(jj) -> tir.V:
         """Whether query i sees key base + jj (which is one of the tile's keys)."""

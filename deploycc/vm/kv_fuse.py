@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import annotation as A
-from ..ir import sym
+from ..ir import sym, tir
 from ..ir.expr import Binding, BindingBlock, Call, CallTIR, SeqExpr, Var, with_body
 from ..ir.kernel import allocs_of, strip_allocs
 from ..ir.module import IRModule
@@ -114,8 +114,9 @@ def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool) -> Fused 
         return bufs[x]
 
     h, d = k_var.ann.shape[1:]
-    k_cache = Buffer("k_cache", (sym.as_expr(cap), h, d), k_var.ann.dtype)
-    v_cache = Buffer("v_cache", (sym.as_expr(cap), h, d), v_var.ann.dtype)
+    dtype = append.attrs.get("dtype", "float32")  # the cache's: a float16 one rounds what it stores
+    k_cache = Buffer("k_cache", (sym.as_expr(cap), h, d), dtype)
+    v_cache = Buffer("v_cache", (sym.as_expr(cap), h, d), dtype)
     slot = buf_of(append.args[3]) if paged else None
     outputs = [b for b in run if b.var not in (k_var, v_var)]
     out_bufs = {b.var: Buffer(f"out{i}", b.var.ann.shape, b.var.ann.dtype) for i, b in enumerate(outputs)}
@@ -139,7 +140,7 @@ def fuse(run: list[Binding], append: Call, mod: IRModule, paged: bool) -> Fused 
                 i = sym.as_expr(first.var)
                 row = slot[i] if paged else sym.mod(i + sym.as_expr(offset), sym.as_expr(cap)) if rows_ring(append) \
                     else i + sym.as_expr(offset)
-                st = Store(cache, (row, *st.indices[1:]), st.value)
+                st = Store(cache, (row, *st.indices[1:]), tir.cast(dtype, st.value))
             blocks.append(Block(blk.name, its, st))
     params = tuple(bufs[x] for x in inputs) + tuple(out_bufs[b.var] for b in outputs) + (k_cache, v_cache)
     syms = (n,) if paged else (n, offset)

@@ -97,29 +97,29 @@ class Lowered:
     sites: dict[str, list[dict]] = field(default_factory=dict)
 
 
-def kv_copy_program(ring: bool = False) -> TensorProgram:
+def kv_copy_program(ring: bool = False, dtype: str = "float32") -> TensorProgram:
     """dst[offset + i, h, c] = src[i, h, c]: appends a layer's new keys or values to the cache; into a ring
-    cache (a sliding-window layer's) at row (offset + i) % rows."""
+    cache (a sliding-window layer's) at row (offset + i) % rows. `dtype`: the cache's (float16: rounded to nearest)."""
     n, cap, h, d, off = (sym.SymVar(x) for x in ("n", "cap", "h", "d", "offset"))
     N, CAP, H, D, OFF = (sym.as_expr(x) for x in (n, cap, h, d, off))
     src = tir.Buffer("src", (N, H, D))
-    dst = tir.Buffer("dst", (CAP, H, D))
+    dst = tir.Buffer("dst", (CAP, H, D), dtype)
     its = tir.iters("i j c", (N, H, D))
     i, j, c = (tir.v(x) for x in its)
     name = "kv_copy_ring" if ring else "kv_copy"
     row = sym.mod(i + OFF, CAP) if ring else i + OFF
-    body = Block(name, its, Store(dst, (row, j, c), src[i, j, c]))
+    body = Block(name, its, Store(dst, (row, j, c), tir.cast(dtype, src[i, j, c])))
     return TensorProgram(name, (src, dst), body, (off,), 1, {"op": name})
 
 
-def kv_pair_program(paged: bool = False, ring: bool = False) -> TensorProgram:
+def kv_pair_program(paged: bool = False, ring: bool = False, dtype: str = "float32") -> TensorProgram:
     """kv_copy (or kv_copy_paged) of a layer's keys and values at once: two blocks over the same points, which the GPU
     presets make one kernel (schedule/fallback.py: side by side), one launch per layer instead of two."""
     n, h, d = (sym.SymVar(x) for x in ("n", "h", "d"))
     N, H, D = (sym.as_expr(x) for x in (n, h, d))
     cap = sym.SymVar("rows" if paged else "cap")
     k, v = tir.Buffer("k", (N, H, D)), tir.Buffer("v", (N, H, D))
-    k_cache, v_cache = tir.Buffer("k_cache", (sym.as_expr(cap), H, D)), tir.Buffer("v_cache", (sym.as_expr(cap), H, D))
+    k_cache, v_cache = (tir.Buffer(x, (sym.as_expr(cap), H, D), dtype) for x in ("k_cache", "v_cache"))
     its = tir.iters("i j c", (N, H, D))
     i, j, c = (tir.v(x) for x in its)
     name = "kv_pair_paged" if paged else "kv_pair_ring" if ring else "kv_pair"
@@ -130,19 +130,20 @@ def kv_pair_program(paged: bool = False, ring: bool = False) -> TensorProgram:
         off = sym.SymVar("offset")
         row = sym.mod(i + sym.as_expr(off), sym.as_expr(cap)) if ring else i + sym.as_expr(off)
         params, syms = (k, v, k_cache, v_cache), (off,)
-    body = Seq((Block(f"{name}_k", its, Store(k_cache, (row, j, c), k[i, j, c])),
-                Block(f"{name}_v", its, Store(v_cache, (row, j, c), v[i, j, c]))))
+    body = Seq((Block(f"{name}_k", its, Store(k_cache, (row, j, c), tir.cast(dtype, k[i, j, c]))),
+                Block(f"{name}_v", its, Store(v_cache, (row, j, c), tir.cast(dtype, v[i, j, c])))))
     return TensorProgram(name, params, body, syms, 2, {"op": name})
 
 
-def kv_copy_paged_program() -> TensorProgram:
+def kv_copy_paged_program(dtype: str = "float32") -> TensorProgram:
     """dst[slot[i], h, c] = src[i, h, c]: appends a batched step's keys or values to the rows of a page pool."""
     n, rows, h, d = (sym.SymVar(x) for x in ("n", "rows", "h", "d"))
     N, R, H, D = (sym.as_expr(x) for x in (n, rows, h, d))
-    src, slot, dst = tir.Buffer("src", (N, H, D)), tir.Buffer("slot", (N,), "int32"), tir.Buffer("dst", (R, H, D))
+    src, slot = tir.Buffer("src", (N, H, D)), tir.Buffer("slot", (N,), "int32")
+    dst = tir.Buffer("dst", (R, H, D), dtype)
     its = tir.iters("i j c", (N, H, D))
     i, j, c = (tir.v(x) for x in its)
-    body = Block("kv_copy_paged", its, Store(dst, (slot[i], j, c), src[i, j, c]))
+    body = Block("kv_copy_paged", its, Store(dst, (slot[i], j, c), tir.cast(dtype, src[i, j, c])))
     return TensorProgram("kv_copy_paged", (src, slot, dst), body, (), 1, {"op": "kv_copy_paged"})
 
 
@@ -431,11 +432,12 @@ def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],
     for fname in functions:
         _reject_python(mod[fname].body, fname, target)
     out = Lowered({"version": FORMAT_VERSION, "functions": {}}, {})
-    out.kv_copy = schedule_program(kv_copy_program(), target)
-    out.kv_copy_ring = schedule_program(kv_copy_program(ring=True), target)
-    out.kv_copy_paged = schedule_program(kv_copy_paged_program(), target)
+    dtype = mod.attrs.get("kv_cache", "float32")  # the cache's elements (export: float16 rounds as it stores)
+    out.kv_copy = schedule_program(kv_copy_program(dtype=dtype), target)
+    out.kv_copy_ring = schedule_program(kv_copy_program(ring=True, dtype=dtype), target)
+    out.kv_copy_paged = schedule_program(kv_copy_paged_program(dtype), target)
     if target.workgroup_gemv:  # keys and values in one launch (the CPU presets keep their kernels byte for byte)
-        out.kv_pairs = {kind: schedule_program(kv_pair_program(kind == "paged", kind == "ring"), target)
+        out.kv_pairs = {kind: schedule_program(kv_pair_program(kind == "paged", kind == "ring", dtype), target)
                         for kind in ("plain", "ring", "paged")}
     out.merged_params = dict(mod.attrs.get("merged_params", {}))
     ctx = mod.attrs["context_window"]

@@ -93,6 +93,23 @@ def test_fused_python_runs_tensor_programs_on_a_device(name, device):
     assert worst <= TOL and py.run_program.launches > 0
 
 
+def test_a_float16_cache_prints_its_rounding():
+    """A module whose KV cache is float16 (the CUDA presets') prints each append's keys and values rounded to half,
+    as the reference cache stores them: within TOL of the reference that rounds alike, and further from the one
+    that does not (the negative control)."""
+    from fixtures import make_tiny
+
+    model = deploycc.load_model(str(make_tiny("llama-gqa3-llama3rope")))
+    mod = export(model, kv_cache="float16")
+    source = module_to_python(mod)
+    assert source.count(".to(torch.float16).float()") == 2 * 3 * model.config.num_hidden_layers  # k, v; 3 functions
+    py = load_python(source, mod, "host")
+    half = compare_with_reference(py, model, deploycc.reference_session(model, kv_cache="float16"), PROMPT, 3, mod=mod)
+    full = compare_with_reference(py, model, deploycc.reference_session(model), PROMPT, 3, mod=mod)
+    print(f"half cache: {half:.2e} from the rounding reference, {full:.2e} from the float32 one")
+    assert half <= TOL < full, (half, full)
+
+
 def test_edited_printout_records_an_intermediate(tiny_path):
     """The debugging workflow: insert a line into the printed prefill, run it, look at the tensor."""
     model = deploycc.load_model(str(tiny_path))

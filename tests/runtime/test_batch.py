@@ -117,7 +117,8 @@ def test_a_batch_gives_each_sequence_its_own_logits_bit_for_bit(tmp_path_factory
 @pytest.mark.parametrize("backend", sorted(PRESETS))
 def test_batched_steps_match_the_single_sequence_engine(tmp_path_factory, monkeypatch, backend):
     """On every backend (native C, PoCL, lavapipe, the CUDA emulation of an h100 package), q0f32: each sequence of a
-    concurrent batch within 1e-4 of the single-sequence engine's logits for the same tokens. The GPU presets' steps
+    concurrent batch within 1e-4 (1e-3 with the CUDA presets' float16 cache, below) of the single-sequence engine's
+    logits for the same tokens. The GPU presets' steps
     of up to 8 rows take the few-row GEMVs, those with the 17-token prompt the tiles (schedule/dispatch.py); their
     attention, up to 16 rows, the keys split over blocks and a combine, above, a block a row (steps of 32 tokens, so
     that both run; checked on the emulation by the kernels launched)."""
@@ -149,10 +150,14 @@ def test_batched_steps_match_the_single_sequence_engine(tmp_path_factory, monkey
         assert {k for k in attention if k.endswith("_part")} and {k for k in attention if k.endswith("_merge")}
         assert {k for k in attention if not k.endswith(("_part", "_merge"))}, attention
     single = Engine.load(pkg)
+    # the GPU presets' float16 cache: a key or value within the two engines' float32 difference (the batched step's
+    # tiles against the single engine's GEMVs) of a tie between two halves rounds to either in each, which moves the
+    # fixture's logits by up to about 2e-4 (measured 1.6e-4)
+    tol = 1e-3 if engine.manifest["kv_cache"]["dtype"] == "float16" else 1e-4
     for ids, got in zip(work, together):
         single.reset()
         want = [single.prefill(ids)] + [single.decode(int(np.argmax(x))) for x in got[:-1]]
-        assert max(float(np.abs(x - y).max()) for x, y in zip(want, got)) < 1e-4
+        assert max(float(np.abs(x - y).max()) for x, y in zip(want, got)) < tol
     assert engine.cache.pages_in_use == 0
 
 
