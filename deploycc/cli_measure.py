@@ -206,7 +206,8 @@ def _render_verify(report) -> None:
         f = summary(report.float_steps)
         click.echo(f"the unrounded float model: largest difference {f['max_abs_diff']:.3g}, relative RMS error "
                    f"{f['rel_rms']:.3g}, KL {f['kl']:.3g} nats, top-1 agreement {f['top1_agreement']:.1%} "
-                   f"(what {report.quantization} costs; not checked)")
+                   f"(what {report.quantization}{' and the float16 KV cache' if report.kv_cache == 'float16' else ''}"
+                   f" costs; not checked)")
     if report.passed:
         click.echo(f"ok: against {report.reference}: {report.measured:.3e}, within {c.describe()}")
 

@@ -175,6 +175,7 @@ class Report:
     criterion: Criterion
     steps: list[Step]
     float_steps: list[Step] | None = None  # against transformers: the package against the unrounded float model
+    kv_cache: str = "float32"  # the package's KV cache (float16: the references round theirs alike)
 
     @property
     def worst(self) -> Step:
@@ -214,7 +215,8 @@ class Report:
         w = self.worst
         out = {"package": self.package, "against": self.against.value, "reference": self.reference,
                "quantization": self.quantization, "head_quantization": self.head_quantization,
-               "backend": self.backend, "metric": self.criterion.metric, "tolerance": self.criterion.limit,
+               "backend": self.backend, "kv_cache": self.kv_cache, "metric": self.criterion.metric,
+               "tolerance": self.criterion.limit,
                "noise": self.criterion.noise,
                "passed": self.passed, "failure": self.failure, **summary(self.steps),
                "worst": {"prompt_len": w.prompt_len, "step": w.step}, "steps": [asdict(s) for s in self.steps]}
@@ -380,6 +382,7 @@ def half_cache(model, jitter: int | None = None) -> None:
 
     import torch
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     rng = None if jitter is None else np.random.default_rng(jitter + 1000)
 
@@ -394,6 +397,7 @@ def half_cache(model, jitter: int | None = None) -> None:
         return eager(module, query, rounded(key), rounded(value), *args, **kwargs)
     name = f"deploycc_half_kv_{jitter}"
     AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["eager"])  # eager's additive masks, not sdpa's
     model.set_attn_implementation(name)
 
 
@@ -533,8 +537,9 @@ def verify_package(package, source: str | None = None, against: Against = Agains
     else:
         ref, noise, also = transformers_references(source, loaded, quant, head, rounded or {}, m["kv_cache"]["dtype"])
         exact = quant in ("q0f32", "gguf") and head == quant and not rounded
-        reference = "transformers (float32)" if exact else f"transformers (float32) on the weights rounded to {scheme}"
-        also = None if exact else also
+        reference = ("transformers (float32)" + (", a float16 KV cache" if half_kv else "") if exact
+                     else f"transformers (float32) on the weights rounded to {scheme}")
+        also = None if exact and not half_kv else also
     vocab = engine.vocab_size or loaded.config.vocab_size
     window = max(m["kv_cache"].get("rows") or [0])  # the longest sliding-window ring (0: no sliding window)
     rows, spread, float_rows = run_side_by_side(engine, ref, ctx, chunk, vocab, steps, seed, noise, also, window)
@@ -542,4 +547,4 @@ def verify_package(package, source: str | None = None, against: Against = Agains
     own = max(summary(s)[QUANTILE] for s in spread) if spread else None
     return Report(str(package), against, reference, quant, head, backend,
                   default_criterion(against, backend, tolerance, integer, own),
-                  rows, float_rows)
+                  rows, float_rows, m["kv_cache"]["dtype"])

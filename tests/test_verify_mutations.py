@@ -7,7 +7,9 @@ one wider; Gemma 2's attention soft-cap removed; the rope base 1% off), model co
 layer 0) and a scheduled kernel (the rows of the RMSNorm kernel's stores shifted by one, edited in the schedule,
 not the source). Targets: `cpu` (integer matmuls with 8-bit activations, where verify rounds the references'
 activations as the package records and holds the package to three times the reference's own spread: see
-deploycc/verify.py) and `cpu-opencl` (float, within 1e-3). The fixtures have realistic magnitudes (peaked
+deploycc/verify.py), `cpu-opencl` (float, within 1e-3) and `h100` under the CUDA emulation (q4f16_1 with its float16
+KV cache: the references round their caches alike, and their noise references move the keys and values first: the
+bound that follows, 1.7-2.5e-4, is below every mutation's figure, the rope's 1.0e-3 the least). The fixtures have realistic magnitudes (peaked
 attention, outlier channels: tests/fixtures.py), and `qwen3-x32`'s dimensions are multiples of 32, so every
 linear of the cpu package runs integer kernels.
 
@@ -24,11 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_cc, require_device
+from conftest import require_cc, require_cxx, require_device
 
 from fixtures import make_tiny
 
-TARGETS = {"cpu": "q4f16_2", "cpu-opencl": "q0f32"}
+TARGETS = {"cpu": "q4f16_2", "cpu-opencl": "q0f32", "h100": "q4f16_1"}
+# h100 runs under the CUDA emulation, with its float16 KV cache: verify's references round theirs alike and their
+# noise references move what it rounds, and the bound that follows must still tell every mutation
 OVERRIDES = ("prefill_chunk=8", "context_window=64")
 
 
@@ -138,17 +142,20 @@ def figure(report: dict) -> str:
             + (f" (the reference's own spread {report['noise']:.3g})" if report.get("noise") is not None else ""))
 
 
-def needs(device: str):
+def needs(device: str, monkeypatch):
     if device == "cpu":
         require_cc()
+    elif device == "h100":
+        require_cxx()
+        monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "forward")  # the compile's checks and verify's subprocess
     else:
         require_device("opencl")
 
 
 @pytest.mark.parametrize("device", sorted(TARGETS))
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
-def test_a_wrong_package_fails_verify(name, device, tmp_path):
-    needs(device)
+def test_a_wrong_package_fails_verify(name, device, tmp_path, monkeypatch):
+    needs(device, monkeypatch)
     fixture, (kind, how) = MUTATIONS[name]
     src = make_tiny(fixture)
     patch = ""
@@ -166,8 +173,8 @@ def test_a_wrong_package_fails_verify(name, device, tmp_path):
 
 @pytest.mark.parametrize("device", sorted(TARGETS))
 @pytest.mark.parametrize("fixture", sorted({f for f, _ in MUTATIONS.values()}))
-def test_the_right_package_passes_verify(fixture, device, tmp_path):
-    needs(device)
+def test_the_right_package_passes_verify(fixture, device, tmp_path, monkeypatch):
+    needs(device, monkeypatch)
     src = make_tiny(fixture)
     report = verify(compile_package(src, device, tmp_path / "pkg"), src)
     print(f"{fixture} unmutated on {device}: {figure(report)}")

@@ -76,3 +76,25 @@ def test_the_reference_rounds_its_cache_alike(packages, monkeypatch):
     print(f"half cache on h100 (emulated): {diff['float16']:.2e} from the rounding reference, "
           f"{diff['float32']:.2e} from the float32 one (largest logit {scale:.2f})")
     assert diff["float16"] <= 5e-5 * scale < diff["float32"], diff
+
+
+@pytest.mark.parametrize("fixture", [MODEL, "gemma2-gqa2-softcap", "gpt2-odd"])
+def test_verify_against_transformers_rounds_its_keys_alike(fixture, tmp_path, monkeypatch):
+    """`verify --against transformers` on a float16-cache package: transformers attends to its keys and values
+    rounded to half (verify.half_cache: each model's own eager attention, with eager's masks), and its noise
+    references move them first. Without that rounding (the negative control) the same package fails."""
+    pytest.importorskip("transformers")
+    from deploycc import verify as V
+
+    require_cxx()
+    monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "forward")
+    src = make_tiny(fixture)
+    pkg = compile_model(str(src), "h100", "q0f32", context_window=48, out=str(tmp_path / "pkg"),
+                        overrides=("prefill_chunk=16",))
+    report = V.verify_package(pkg, source=str(src), against=V.Against.TRANSFORMERS, steps=2)
+    assert report.passed and "a float16 KV cache" in report.reference, report.failure
+    monkeypatch.setattr(V, "half_cache", lambda model, jitter=None: None)
+    unrounded = V.verify_package(pkg, source=str(src), against=V.Against.TRANSFORMERS, steps=2)
+    print(f"{fixture}: {report.measured:.2e} against transformers on half keys (bound {report.criterion.limit:.2e}), "
+          f"{unrounded.measured:.2e} on float32 keys")
+    assert not unrounded.passed
