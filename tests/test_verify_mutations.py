@@ -9,9 +9,9 @@ not the source). Targets: `cpu` (integer matmuls with 8-bit activations, where v
 activations as the package records and holds the package to three times the reference's own spread: see
 deploycc/verify.py), `cpu-opencl` (float, within 1e-3) and `h100` under the CUDA emulation (q4f16_1 with its float16
 KV cache: the references round their caches alike, and their noise references move the keys and values first: the
-bound that follows, 1.7-2.5e-4, is below every mutation's figure, the rope's 1.0e-3 the least). The fixtures have realistic magnitudes (peaked
-attention, outlier channels: tests/fixtures.py), and `qwen3-x32`'s dimensions are multiples of 32, so every
-linear of the cpu package runs integer kernels.
+bound that follows, 1.7-2.5e-4, is below every mutation's figure, the rope's 1.0e-3 the least). The fixtures have
+realistic magnitudes (peaked attention, outlier channels: tests/fixtures.py), and `qwen3-x32`'s dimensions are
+multiples of 32, so every linear of the cpu package runs integer kernels.
 
 Each case prints its figure against its bound: `pytest -s tests/test_verify_mutations.py` is the table.
 """
