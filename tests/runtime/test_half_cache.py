@@ -1,11 +1,12 @@
-"""A float16 KV cache (the CUDA presets' `kv_cache: float16`; `--override kv_cache=float32` keeps float32).
+"""A float16 KV cache (`kv_cache: float16`: the h100, rtx4090 and adreno presets'; `--override kv_cache=...` sets it
+on any CUDA or OpenCL preset).
 
-The keys and values are rounded to half (to nearest, ties to even: `__float2half`) where they are stored, by the
-fused rope-and-append kernel and by kv_pair in the server's steps; every attention kernel reads them back as float.
-The package says so (manifest kv_cache.dtype), its KV cache and page pool take half the bytes, and the reference
-session rounds its cache alike: on the CUDA emulation the package's logits are within float32's summation order of
+The keys and values are rounded to half (to nearest, ties to even: CUDA's `__float2half`, OpenCL's `vstore_half`)
+where they are stored, by the fused rope-and-append kernel and by kv_pair in the server's steps; every attention kernel
+reads them back as float. The package says so (manifest kv_cache.dtype), its KV cache and page pool take half the
+bytes, and the reference session rounds its cache alike: the package's logits are within float32's summation order of
 that reference, and much further from the float32 cache's (the negative control: the rounding is real and the
-reference's is the same).
+reference's is the same). Here on the CUDA emulation (h100) and on PoCL (cpu-opencl with the override).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import require_cxx
+from conftest import require_cxx, require_device
 
 import deploycc
 from deploycc.package import compile_model
@@ -21,44 +22,55 @@ from deploycc.runtime.engine import Engine
 from fixtures import make_tiny
 
 MODEL = "llama-gqa3-llama3rope"
+SOURCES = {"h100": "kernels.cu", "cpu-opencl": "kernels.cl"}
+# how each target stores and declares a half cache
+HALF = {"h100": ("half* __restrict__ k_cache", "__float2half("),  # the fused append
+        "cpu-opencl": ("__global const half* restrict k,", "vstore_half(")}  # kv_copy; the attention's keys
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory):
-    require_cxx()
+def needs(preset: str, monkeypatch) -> None:
+    if preset == "h100":
+        require_cxx()
+        monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "forward")
+    else:
+        require_device("opencl")
+
+
+@pytest.fixture(scope="module", params=sorted(SOURCES))
+def packages(request, tmp_path_factory):
+    preset = request.param
     src = make_tiny(MODEL)
     out = {}
-    for kv in ("float16", "float32"):
-        path = tmp_path_factory.mktemp(kv) / "pkg"
-        with pytest.MonkeyPatch.context() as m:
-            m.setenv("DEPLOYCC_CUDA_EMULATE", "forward")
-            out[kv] = compile_model(str(src), "h100", "q4f16_1", context_window=64, out=str(path),
+    with pytest.MonkeyPatch.context() as m:
+        needs(preset, m)
+        for kv in ("float16", "float32"):
+            path = tmp_path_factory.mktemp(f"{preset}-{kv}") / "pkg"
+            out[kv] = compile_model(str(src), preset, "q4f16_1", context_window=64, out=str(path),
                                     overrides=("prefill_chunk=16", "max_num_sequences=2", "kv_pool_tokens=128",
                                                f"kv_cache={kv}"))
-    return src, out
+    return preset, src, out
 
 
 def test_the_package_says_and_allocates_half(packages, monkeypatch):
-    monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "forward")
-    _, pkgs = packages
+    preset, _, pkgs = packages
+    needs(preset, monkeypatch)
     m = {kv: json.loads((p / "manifest.json").read_text()) for kv, p in pkgs.items()}
     assert m["float16"]["kv_cache"]["dtype"] == "float16" and m["float32"]["kv_cache"]["dtype"] == "float32"
     assert 2 * m["float16"]["memory"]["kv_cache_bytes"] == m["float32"]["memory"]["kv_cache_bytes"]
     half, full = Engine.load(pkgs["float16"]), Engine.load(pkgs["float32"])
     assert 2 * half.cache.nbytes == full.cache.nbytes
-    pool = Engine.load(pkgs["float16"], paged=True).cache
-    assert pool.dtype == "float16"
-    source = (pkgs["float16"] / "kernels" / "kernels.cu").read_text()
-    # the appends store half (rounded to nearest), the attention kernels read half
-    assert "half* __restrict__ k_cache" in source and "__float2half(" in source
-    assert "half* __restrict__ k_cache" not in (pkgs["float32"] / "kernels" / "kernels.cu").read_text()
+    assert Engine.load(pkgs["float16"], paged=True).cache.dtype == "float16"
+    declared, stored = HALF[preset]
+    source = (pkgs["float16"] / "kernels" / SOURCES[preset]).read_text()
+    assert declared in source and stored in source  # the appends store half, the attention kernels read it
+    assert declared not in (pkgs["float32"] / "kernels" / SOURCES[preset]).read_text()
 
 
 def test_the_reference_rounds_its_cache_alike(packages, monkeypatch):
     """A prompt of 20 tokens (two prefill chunks: the second attends to the first's cached keys) and 4 greedy
     decodes: the package against the reference with a float16 cache and with a float32 one."""
-    monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "forward")
-    src, pkgs = packages
+    preset, src, pkgs = packages
+    needs(preset, monkeypatch)
     engine = Engine.load(pkgs["float16"])
     model = deploycc.load_model(str(src))
     refs = {kv: deploycc.reference_session(model, context_window=64, quantization="q4f16_1", kv_cache=kv)
@@ -73,7 +85,7 @@ def test_the_reference_rounds_its_cache_alike(packages, monkeypatch):
             want[kv].append(r.decode(token))
     diff = {kv: max(float(np.abs(g - w).max()) for g, w in zip(got, ws)) for kv, ws in want.items()}
     scale = max(float(np.abs(w).max()) for w in want["float16"])
-    print(f"half cache on h100 (emulated): {diff['float16']:.2e} from the rounding reference, "
+    print(f"half cache on {preset}: {diff['float16']:.2e} from the rounding reference, "
           f"{diff['float32']:.2e} from the float32 one (largest logit {scale:.2f})")
     assert diff["float16"] <= 5e-5 * scale < diff["float32"], diff
 
@@ -86,8 +98,7 @@ def test_verify_against_transformers_rounds_its_keys_alike(fixture, tmp_path, mo
     pytest.importorskip("transformers")
     from deploycc import verify as V
 
-    require_cxx()
-    monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "forward")
+    needs("h100", monkeypatch)
     src = make_tiny(fixture)
     pkg = compile_model(str(src), "h100", "q0f32", context_window=48, out=str(tmp_path / "pkg"),
                         overrides=("prefill_chunk=16",))
@@ -98,3 +109,23 @@ def test_verify_against_transformers_rounds_its_keys_alike(fixture, tmp_path, mo
     print(f"{fixture}: {report.measured:.2e} against transformers on half keys (bound {report.criterion.limit:.2e}), "
           f"{unrounded.measured:.2e} on float32 keys")
     assert not unrounded.passed
+
+
+def test_the_server_steps_over_a_half_pool(packages, monkeypatch):
+    """Two sequences in the batched steps over the float16 page pool (kv_pair's half stores, the paged attention's
+    half reads), against the single-sequence engine on the same package: within 1e-3 (a key the two engines' float32
+    sums put on either side of a tie between two halves rounds apart: test_batch.py)."""
+    from deploycc.runtime.batch import Batcher
+    from .test_batch import concurrently, prompts
+
+    preset, _, pkgs = packages
+    needs(preset, monkeypatch)
+    engine = Engine.load(pkgs["float16"], paged=True)
+    work = prompts(engine.vocab_size, (9, 19))
+    together = concurrently(Batcher(engine), work, 4, overlap=True)
+    single = Engine.load(pkgs["float16"])
+    for ids, got in zip(work, together):
+        single.reset()
+        want = [single.prefill(ids)] + [single.decode(int(np.argmax(x))) for x in got[:-1]]
+        assert max(float(np.abs(x - y).max()) for x, y in zip(want, got)) < 1e-3
+    assert engine.cache.pages_in_use == 0
