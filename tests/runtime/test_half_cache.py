@@ -116,6 +116,7 @@ def test_the_server_steps_over_a_half_pool(packages, monkeypatch):
     half reads), against the single-sequence engine on the same package: within 1e-3 (a key the two engines' float32
     sums put on either side of a tie between two halves rounds apart: test_batch.py)."""
     from deploycc.runtime.batch import Batcher
+
     from .test_batch import concurrently, prompts
 
     preset, _, pkgs = packages
