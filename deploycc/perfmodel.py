@@ -315,9 +315,9 @@ def _registers(pkg: Path, manifest: dict) -> dict:
 
 
 def _tensor_kernels(pkg: Path, manifest: dict) -> dict:
-    """{kernel: "tf32", "codes" or "codes3"} of the kernels that multiply on the tensor cores (schedule/mma.py:
-    wmma::mma_sync in their CUDA C; the codes' tiles multiply bfloat16 fragments, in three products where they sum x
-    for a minimum or split a half weight)."""
+    """{kernel: "tf32", "codes" or "codes3"} of the kernels that multiply on the tensor cores, read from the CUDA C of a
+    package whose programs.json predates their "tensor" (schedule/mma.py: wmma::mma_sync; the codes' tiles multiply
+    bfloat16 fragments, in three products where they sum x for a minimum or split a half weight)."""
     out = {}
     for f in {e["file"] for e in manifest["kernels"]["entries"].values()}:
         parts = re.split(r'extern "C" __global__ void (\w+)\(', (pkg / f).read_text())
@@ -388,7 +388,10 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     programs = _programs(pkg, m)
     bodies = _flops_by_kernel(programs)
     accessed = _kernel_buffers(programs)
-    tensor = _tensor_kernels(pkg, m)
+    # the tensor-core kernels' kinds as their schedules recorded them (programs.json's "tensor"); a package compiled
+    # before they did is read from its CUDA C
+    tensor = {k["name"]: k["tensor"] for p in programs for k in p["schedule"]["kernels"] if "tensor" in k} \
+        or _tensor_kernels(pkg, m)
     rules = {k["name"]: p["schedule"].get("rule", "") for p in programs for k in p["schedule"]["kernels"]}
     passed = {k["name"]: k["barriers"] for p in programs for k in p["schedule"]["kernels"] if "barriers" in k}
     flying = {k["name"]: k["in_flight"] for p in programs for k in p["schedule"]["kernels"] if "in_flight" in k}

@@ -39,6 +39,9 @@ class Kernel:
     groups: sym.Expr  # number of work-groups (symbolic)
     threads: int  # threads per work-group
     written: frozenset = frozenset()  # buffers the kernel stores to (the rest are read-only)
+    # the tensor-core tiles' kind (perfmodel.TENSOR_KINDS: "tf32", "codes", "codes3"; "" for none), which the
+    # schedule that makes them knows (schedule/mma.py) and programs.json records for the performance model
+    tensor: str = ""
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,6 +11,8 @@ drivers compile in a fraction of the time.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from . import sym
 from .kernel import Kernel
 from .tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, SubgroupReduce, V, index, walk
@@ -72,7 +74,7 @@ def lower(k: Kernel) -> Kernel:
     body = _Lower(sym.as_expr(top.var), k.threads, arrays, in_loops(k)).stmt(top.body)
     for buf in arrays:
         body = Alloc(buf, body)
-    return Kernel(k.name, k.buffers, k.scalars, _replace_thread_body(k.body, body), k.groups, k.threads, k.written)
+    return replace(k, body=_replace_thread_body(k.body, body))
 
 
 def _thread_loop(st: Stmt) -> For:

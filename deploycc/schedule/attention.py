@@ -18,6 +18,8 @@ for a step of up to SPLIT_ROWS queries, see _split).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
@@ -328,7 +330,7 @@ SPLIT_ROWS = 16  # a page pool's step splits keys over blocks up to this many qu
 
 def _guarded(k: Kernel, on: sym.Expr) -> Kernel:
     """k launched with zero work-groups where `on` is 0 (schedule/dispatch.py)."""
-    return Kernel(k.name, k.buffers, k.scalars, k.body, k.groups * on, k.threads, k.written)
+    return replace(k, groups=k.groups * on)
 
 
 def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel, ...], tuple[Buffer, ...]]:

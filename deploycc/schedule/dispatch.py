@@ -12,8 +12,10 @@ by its shape, with the choice in the launch's shape function rather than in a br
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import sym
-from ..ir.kernel import Kernel, Schedule
+from ..ir.kernel import Schedule
 from ..ir.tir import TensorProgram
 from . import gemv, matmul, mma
 
@@ -37,8 +39,6 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     if few is None:
         return None
     m = p.m_total
-    guarded = (Kernel(few.name, few.buffers, few.scalars, few.body, few.groups * at_most(m, gemv.MANY), few.threads,
-                      few.written),
-               *(Kernel(k.name, k.buffers, k.scalars, k.body, k.groups * above(m, gemv.MANY), k.threads, k.written)
-                 for k in tiles.kernels))
+    guarded = (replace(few, groups=few.groups * at_most(m, gemv.MANY)),
+               *(replace(k, groups=k.groups * above(m, gemv.MANY)) for k in tiles.kernels))
     return Schedule(guarded, tiles.workspace, f"gemv|{tiles.rule}", dispatched=True)

@@ -122,7 +122,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
-    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, THREADS, written)
+    k = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, THREADS, written, tensor="tf32")
     return Schedule((k,), (), "mma")
 
 
@@ -490,5 +490,6 @@ def codes_rule(prog: TensorProgram, target) -> Schedule | None:
         body = Alloc(buf, body)
     body = For(g, groups, For(t, c(THREADS), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
-    kern = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, THREADS, written)
+    kern = Kernel(prog.name, bufs, tuple(free_syms(body)), body, groups, THREADS, written,
+                  tensor="codes3" if w.minimum is not None or w.half else "codes")  # the products a multiply-add
     return Schedule((kern,), (), "mma-codes")

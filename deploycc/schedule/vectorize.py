@@ -12,8 +12,10 @@ stays a scalar loop. The renderer then only spells the vectors (targets/opencl.p
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import sym
-from ..ir.kernel import Kernel, Schedule
+from ..ir.kernel import Schedule
 from ..ir.tir import Alloc, For, IfThenElse, LanesReduce, Seq, Stmt, Store, V, VectorStore, loads, vector_dtype, vector_lanes
 
 LANES = (4, 8, 16)
@@ -24,8 +26,7 @@ FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "abs", "erf"
 
 
 def vectorize(s: Schedule) -> Schedule:
-    kernels = tuple(Kernel(k.name, k.buffers, k.scalars, _stmt(k.body), k.groups, k.threads, k.written)
-                    for k in s.kernels)
+    kernels = tuple(replace(k, body=_stmt(k.body)) for k in s.kernels)
     return Schedule(kernels, s.workspace, s.rule, s.dispatched)
 
 

@@ -135,6 +135,8 @@ def _schedule(prog: TensorProgram, n: _Names) -> dict:
         in_flight = loads_in_flight(k.body)
         if in_flight:  # the performance model's latency term
             entry["in_flight"] = in_flight
+        if k.tensor:  # its tensor-core tiles' kind: the performance model's peak and instructions for them
+            entry["tensor"] = k.tensor
         kernels.append(entry)
     out = {"rule": s.rule, "workspace": [n.buf(w) for w in s.workspace], "kernels": kernels}
     if s.dispatched:  # alternatives by shape (schedule/dispatch.py): each one does the program's whole work

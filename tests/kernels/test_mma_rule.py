@@ -242,6 +242,11 @@ def test_codes_rule_takes_scaled_small_integers(runner, name):
     prog = codes_case(runner, name, 37, 256, 80, np.random.default_rng(len(name)))
     assert "__nv_bfloat16" in runner.sources[prog.name]
     assert ("Bs_r" in runner.sources[prog.name]) == (name == "q0f16")  # a half weight's three parts
+    # the kind the schedule records for the performance model: three products where x's sums meet a minimum
+    # (q4f16_2, Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) or a half weight is split, else two
+    tiles = [k for k in prog.attrs["schedule"].kernels if k.tensor]
+    three = "xsum" in runner.sources[prog.name] or name == "q0f16"
+    assert [k.tensor for k in tiles] == ["codes3" if three else "codes"], name
 
 
 @pytest.mark.parametrize("name,k", [("q4f16_1", 96), ("q4f16_1", 40), ("q4f16_2", 96), ("Q8_0", 32)])
