@@ -10,7 +10,7 @@
 #   apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (into .gl)
 #   .gpu/tok: SmolLM2's tokenizer.json, tokenizer_config.json, chat_template.jinja
 #   .gpu/npm: the web bundle's npm tarballs (from $DEPLOYCC_HOME/npm), for the tests that compile chrome-webgpu
-# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide|split|graphs]; logs and JSON land in $OUT.
+# On the GPU machine: bash benchmarks/gpu_check.sh [tests|packages|all|wide|split|graphs|lease|kv]; logs and JSON land in $OUT.
 # graphs: the decode step as CUDA graphs (runtime/graphs.py) against launch by launch (DEPLOYCC_CUDA_GRAPHS=0), interleaved,
 # then the server's batched step profiled kernel by kernel (bench --sequences --profile).
 # lease: the one call a 15-minute lease affords, in order of worth: the kernel tests (dp4a's too), then SmolLM2- and
@@ -22,6 +22,8 @@
 # TESTS_N=14 TESTS_S=200 should take about 550 s).
 # benchmarks/gpu_calibrate.py then compares the profiles
 # (lease-bench.jsonl) with the performance model, on packages compiled here from the same code.
+# kv: the float16 KV cache (h100's default since 2026-11-29) against float32 (--override kv_cache=float32), a
+# Llama-3.2-1B-shaped package decoding after a 4,000-token prompt, interleaved: a second call after `lease`.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
@@ -79,7 +81,7 @@ elif [ "$STAGE" = wide ]; then
   timeout ${TESTS_S:-200} $PY -m pytest -q -p no:cacheprovider -n 12 -rs --durations=5 tests \
       -k "cuda or h100 or rtx4090 or webgpu" --deselect tests/web 2>&1 | tee "$LOGS/wide.log" \
       | grep -v "PytestBenchmarkWarning\|warner(" | grep -v "^SKIPPED.*\(conftest.py:45\|oclgrind\|no network\)" | tail -30
-elif [ "$STAGE" != packages ]; then
+elif [ "$STAGE" != packages ] && [ "$STAGE" != kv ]; then
   stamp "kernel tests on the GPU (cuda, webgpu)"
   timeout ${TESTS_S:-240} $PY -m pytest -v --tb=short -p no:cacheprovider -n ${TESTS_N:-8} -rsfE --durations=5 \
       tests/kernels/test_model_kernels.py tests/kernels/test_paged_attention.py tests/kernels/test_cpu_attention.py \
@@ -122,6 +124,21 @@ for k in p.get('kernels', [])[:6]: print('   ', k['kernel'][:50], round(k['launc
 for p in r['profiles']:
     print(p['sequences'], {k: round(v, 3) for k, v in p.items() if k.endswith('per_token')})
     print([(k['kernel'], round(k['us_each'], 1), k['launches_per_token']) for k in p['kernels'][:8]])" || tail -3 "$LOGS/bench.err"
+  stamp "done"; exit 0
+fi
+if [ "$STAGE" = kv ]; then  # the float16 KV cache against float32 at a long context, interleaved (about 200 s)
+  m=Llama-3.2-1B-shaped
+  for kv in float16 float32; do
+    timeout 200 $PY -m deploycc compile "$DEPLOYCC_HOME/models/$m" --device h100 --override kv_cache=$kv -o /tmp/pkg/kv-$kv \
+      >"$LOGS/compile-kv-$kv.log" 2>&1 &
+  done; wait
+  timeout 60 $PY -m deploycc verify /tmp/pkg/kv-float16 --steps 4 2>&1 | tail -1
+  for kv in float16 float32 float16 float32; do
+    stamp "bench $m kv_cache=$kv, prompt 4000"
+    timeout 60 $PY -m deploycc bench /tmp/pkg/kv-$kv --repeat 1 --prompt-len 4000 --gen-len 64 --json \
+      2>>"$LOGS/bench.err" | tee -a "$OUT/kv-bench.jsonl" | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); \
+print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s')})" || tail -3 "$LOGS/bench.err"
+  done
   stamp "done"; exit 0
 fi
 if [ "$STAGE" = graphs ]; then  # the decode step as CUDA graphs against launch by launch, interleaved
