@@ -83,7 +83,12 @@ THREE_PRODUCTS = 3
 # than their tensor cores take: the SMs' issue rate bounds them. (The tiles' time is counted in their matmul's
 # multiply-adds, not in the program's FLOPs: a 4-bit weight's program has 4 a multiply-add, its dequantization's two
 # among them.)
-TENSOR_INSTRUCTIONS_PER_MAC = {"tf32": 32 * 1189 / 32768, "codes": 32 * 809 / 65536, "codes3": 32 * 464 / 32768}
+# The prefill attention's tiles on the tensor cores (schedule/attention_mma.py: QK^T and PV, each two half products,
+# the softmax between them on the SIMT cores) counted the same way: a warp's key tile of 32 issues 917 instructions
+# for its 16 x 32 x 64 x 2 multiply-adds at head_dim 64 (4 warps a block) and 2,533 for 16 x 32 x 128 x 2 at 128 (2
+# warps: the staging's loop of 390 four times); the larger is taken.
+TENSOR_INSTRUCTIONS_PER_MAC = {"tf32": 32 * 1189 / 32768, "codes": 32 * 809 / 65536, "codes3": 32 * 464 / 32768,
+                               "attention": 32 * 2533 / 131072}
 # Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
 # FLOPs and one instruction) unless counted. The decode GEMVs were counted in the SASS nvcc makes for sm_90
 # (benchmarks/gemv_sass.py, an 8B Llama's widths, q4f16_1, whose program has 4 FLOPs a weight): the float GEMV
@@ -412,8 +417,8 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
                 _bound_by_accesses(launch, *accessed[launch.kernel], ints)
             launch.registers, launch.shared = regs.get(launch.kernel, (None, None))
             launch.tensor = tensor.get(launch.kernel, "")
-            if launch.tensor and launch.kernel in bodies:
-                launch.macs = program_macs(bodies[launch.kernel], ints)
+            if launch.tensor and launch.kernel in bodies:  # an attention's first block is QK^T; PV as many again
+                launch.macs = program_macs(bodies[launch.kernel], ints) * (2 if launch.tensor == "attention" else 1)
             launch.rule = rules.get(launch.kernel, "")
             if launch.kernel in passed:
                 launch.barriers = _sym(passed[launch.kernel], ints)
@@ -473,7 +478,7 @@ def _time(x: Launch, hw: dict) -> None:
 
 # each kind of tensor-core tiles: (the peak its products run at, the products a multiply-add takes)
 TENSOR_KINDS = {"tf32": ("tf32_tensor_tflops", TF32_PRODUCTS), "codes": ("fp16_tensor_tflops", CODES_PRODUCTS),
-                "codes3": ("fp16_tensor_tflops", THREE_PRODUCTS)}
+                "codes3": ("fp16_tensor_tflops", THREE_PRODUCTS), "attention": ("fp16_tensor_tflops", CODES_PRODUCTS)}
 
 
 def tensor_macs(kind: str, hw: dict) -> float:

@@ -82,6 +82,7 @@ class CUDARenderer(CStyleRenderer):
                  "wmma.matrix_a.f16": "wmma::matrix_a, 16, 16, 16, half, wmma::row_major",
                  "wmma.matrix_b.bf16": "wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major",
                  "wmma.matrix_b.f16": "wmma::matrix_b, 16, 16, 16, half, wmma::col_major",
+                 "wmma.matrix_b.f16.row": "wmma::matrix_b, 16, 16, 16, half, wmma::row_major",  # attention's V
                  "wmma.accumulator.k16": "wmma::accumulator, 16, 16, 16, float"}
 
     def alloc_decl(self, buf) -> str:
@@ -122,6 +123,9 @@ class CUDARenderer(CStyleRenderer):
         if st.name == "wmma.scale_add":  # acc += scale x part, elementwise (accumulators of one shape share a layout)
             acc, sc, part = (f"{x}[{y}]" for x, y in zip(n, i))
             return [f"for (int e = 0; e < {acc}.num_elements; e++) {acc}.x[e] += {sc}.x[e] * {part}.x[e];"]
+        if st.name == "wmma.rescale_add":  # acc = scale x acc + part, elementwise (attention_mma's O = alpha O + PV)
+            acc, sc, part = (f"{x}[{y}]" for x, y in zip(n, i))
+            return [f"for (int e = 0; e < {acc}.num_elements; e++) {acc}.x[e] = {sc}.x[e] * {acc}.x[e] + {part}.x[e];"]
         if st.name == "warp.sync":  # the warp's lanes meet: shared stores before it are seen after it
             return ["__syncwarp();"]
         if st.name == "wmma.store":

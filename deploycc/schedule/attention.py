@@ -49,7 +49,11 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     if cores and (not paged or paged.size % BLOCK == 0):
         return _blocked(prog, target)
     if not cores and target.workgroup_gemv and not paged:
-        from . import attention_tiles  # here: it reads this module's constants
+        from . import attention_mma, attention_tiles  # here: they read this module's constants
+
+        mma = attention_mma.schedule(prog, target, t, row)  # prefill on the tensor cores (CUDA, a float16 cache)
+        if mma is not None:
+            return mma
 
         tiles = attention_tiles.schedule(prog, target, t, row)  # prefill: 16 queries a block (attention_tiles.py)
         if tiles is not None:

@@ -9,8 +9,11 @@
 //
 // What this proves: indexing, launch geometry, barriers, shared memory and the numerics up to the CPU's libm. What it
 // does not: speed, occupancy, or the GPU's weak memory model (a thread here sees every store made before it ran).
-// Warp primitives (__shfl_*_sync, __syncwarp) are collective over the 32 lanes of a warp, as the fibers run them;
-// __dp4a is arithmetic.
+// Warp primitives (__shfl_*_sync, __syncwarp, the wmma calls) are collective over the 32 lanes of a warp, as the fibers
+// run them, and a warp whose lanes all reach one runs on alone: between two barriers each warp runs as far as it can
+// before the next warp starts (the warps in the order their first threads come), as a GPU's warps may run ahead of
+// each other, so a barrier between warps left out shows (since 2026-11-29; before, every thread ran up to its next
+// warp primitive first, which hid it). __dp4a is arithmetic.
 #pragma once
 #include <math.h>
 #include <stdint.h>

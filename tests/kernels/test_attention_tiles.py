@@ -9,6 +9,10 @@ positions before the prompt, grouped-query ratios 1 to 4, head_dim 32, 64 and 12
 fit lavapipe's 32 KiB), a sliding window starting mid-tile, a score cap, a ring cache; the key tile the shared
 memory allows; negative controls under the emulation: each of the three barriers of a key tile deleted in turn gives
 a wrong result (shared memory is poisoned before each block). Whole models: tests/kernels/test_model_kernels.py.
+
+Over a float16 cache on the CUDA presets the tiles are the tensor cores' (deploycc/schedule/attention_mma.py):
+the same cases and head_dim 256 against the reference on the same half keys and values at atol 1e-5, which presets
+and programs take them, and negative controls (either barrier, each warp sync, the second half of q or of p).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from conftest import require_cxx, require_device
 
 from deploycc import presets
 from deploycc.ir.kernel import Schedule
-from deploycc.ir.tir import Alloc, Barrier, For, IfThenElse, Seq, TensorProgram, walk
+from deploycc.ir.tir import Alloc, Barrier, For, IfThenElse, Intrin, Seq, TensorProgram, walk
 from deploycc.kernel_runner import KernelRunner
 from deploycc.op.attention import attention_reference
 from deploycc.schedule import attention_tiles, schedule_program
@@ -134,3 +138,117 @@ def test_each_barrier_is_needed(which):
     want = attention_reference(q, kk, v, 0.125)
     assert not np.allclose(out, want, rtol=0, atol=1e-3)
 
+
+
+# ---- on the tensor cores (schedule/attention_mma.py): CUDA with a float16 cache ------------------------------------
+
+def mma_runner(order: str = "shuffle") -> KernelRunner:
+    require_cxx()
+    from deploycc.runtime.devices import open_device
+
+    return KernelRunner(open_device("cuda", emulate=order), presets.load("h100").target)
+
+
+def run_half(runner, prog, n, total, h, kvh, d, ring, seed=0):
+    """run()'s case with the keys and values as a float16 cache holds them."""
+    rng = np.random.default_rng(seed + n * 1000 + total)
+    q = (rng.standard_normal((n, h, d)) * 2).astype(np.float32)
+    k, v = (rng.standard_normal((total, kvh, d)).astype(np.float16) for _ in range(2))
+    out = np.zeros((n, h, d), np.float32)
+    if ring:
+        kr, vr = (np.full((ring, kvh, d), 1e3, np.float16) for _ in range(2))
+        for j in range(max(0, total - ring), total):
+            kr[j % ring], vr[j % ring] = k[j], v[j]
+        runner(prog, [q, kr, vr, out], [total])
+    else:
+        runner(prog, [q, k, v, out], [total])
+    return out, attention_reference(q, k.astype(np.float32), v.astype(np.float32), 0.125)
+
+
+def test_prefill_over_a_half_cache_takes_the_tensor_cores():
+    from deploycc.schedule import attention_mma
+
+    for preset in ("h100", "rtx4090"):
+        target = presets.load(preset).target
+        rule = lambda n, d, kv="float16": schedule_program(  # noqa: E731
+            attention_program(n, 4, 2, d, 0.125, kv=kv), target).attrs["schedule"].rule
+        assert [rule(7, d) for d in (32, 64, 128)] == ["attention-mma"] * 3
+        assert rule(7, 64, "float32") == "attention-tiles" and rule(1, 64) == "attention-split"
+        assert rule(7, 40) == "attention-tiles"  # head_dim not a multiple of 16
+        assert [attention_mma.shape(target, d) for d in (64, 128, 256)] == [(4, 32), (2, 32), (1, 16)]
+    assert schedule_program(attention_program(7, 4, 2, 64, 0.125, kv="float16"), presets.load("adreno").target).attrs[
+        "schedule"].rule == "attention-tiles"  # OpenCL: the SIMT tiles
+
+
+@pytest.mark.parametrize("n,total,h,kvh,d,window,cap,ring", CASES + [(20, 52, 2, 1, 256, 0, 0.0, 0)])
+def test_tensor_core_tiles_match_the_reference(n, total, h, kvh, d, window, cap, ring):
+    """The cases above and head_dim 256 (one warp, 16 keys a tile), over a float16 cache, in shuffled thread order:
+    within 1e-5 of the reference on the same half keys and values (measured at most 3.1e-6)."""
+    runner = mma_runner()
+    attrs = {"window": window, **({"softcap": cap} if cap else {})}
+    prog = schedule_program(attention_program(n, h, kvh, d, 0.125, ring, kv="float16", **attrs), runner.target)
+    assert prog.attrs["schedule"].rule == "attention-mma"
+    assert [k.tensor for k in prog.attrs["schedule"].kernels] == ["attention"]
+    rng = np.random.default_rng(n * 1000 + total)
+    q = (rng.standard_normal((n, h, d)) * 2).astype(np.float32)
+    k, v = (rng.standard_normal((total, kvh, d)).astype(np.float16) for _ in range(2))
+    out = np.zeros((n, h, d), np.float32)
+    if ring:
+        kr, vr = (np.full((ring, kvh, d), 1e3, np.float16) for _ in range(2))
+        for j in range(max(0, total - ring), total):
+            kr[j % ring], vr[j % ring] = k[j], v[j]
+        runner(prog, [q, kr, vr, out], [total])
+    else:
+        runner(prog, [q, k, v, out], [total])
+    want = attention_reference(q, k.astype(np.float32), v.astype(np.float32), 0.125, window=window, softcap=cap)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-5)
+
+
+def without_intrin(stmt, which):
+    """`stmt` without the Intrin statements `which` selects."""
+    def visit(s):
+        if isinstance(s, Seq):
+            return Seq(tuple(visit(x) for x in s.stmts if not (isinstance(x, Intrin) and which(x))))
+        if isinstance(s, (For, Alloc)):
+            return dataclasses.replace(s, body=visit(s.body))
+        if isinstance(s, IfThenElse):
+            return dataclasses.replace(s, then_body=visit(s.then_body),
+                                       else_body=None if s.else_body is None else visit(s.else_body))
+        return s
+    return visit(stmt)
+
+
+def broken(prog, body) -> TensorProgram:
+    s = prog.attrs["schedule"]
+    k = dataclasses.replace(s.kernels[0], body=body)
+    return TensorProgram(prog.name, prog.params, prog.body, prog.sym_params, prog.num_outputs,
+                         {**prog.attrs, "schedule": Schedule((k,), s.workspace, s.rule)})
+
+
+@pytest.mark.parametrize("control", ["barrier 0", "barrier 1", "warp.sync 0", "warp.sync 1", "warp.sync 2",
+                                     "the queries' half part", "the probabilities' half part"])
+def test_what_the_tensor_core_tiles_need(control):
+    """Negative controls (forward thread order; shared memory poisoned before each block; each warp runs on alone
+    between barriers): without either barrier of a key tile, or any of the softmax's three warp syncs (a row's two
+    lanes exchange their partial maxima and sums, and alpha overwrites the scores) the output is outside 1e-3 of the
+    reference; with the second half of q or of p dropped from the products (the scores or the weights to 11 bits) it
+    is 50x and more outside the 1e-5 the tiles are held to: the reason for both parts."""
+    runner = mma_runner("forward")
+    n, total, h, kvh, d = 40, 70, 2, 1, 64
+    prog = schedule_program(attention_program(n, h, kvh, d, 0.125, kv="float16"), runner.target)
+    body = prog.attrs["schedule"].kernels[0].body
+    kind, _, at = control.partition(" ")
+    if kind == "barrier":
+        body = without_barrier(body, int(at))
+    elif kind == "warp.sync":
+        syncs = [x for x in walk(body) if isinstance(x, Intrin) and x.name == "warp.sync"]
+        body = without_intrin(body, lambda x: x is syncs[int(at)])
+    else:
+        part = "qa_l" if "queries" in control else "pa_l"
+        body = without_intrin(body, lambda x: x.name == "wmma.mma" and x.buffers[1].name == part)
+    out, want = run_half(runner, broken(prog, body), n, total, h, kvh, d, 0)
+    if kind in ("barrier", "warp.sync"):
+        assert not np.allclose(out, want, rtol=0, atol=1e-3), control
+    else:  # measured: 9.7e-4 without q's half part, 2.7e-4 without p's; 1.9e-6 with both
+        error = float(np.abs(out - want).max())
+        assert np.isfinite(out).all() and 1e-4 < error < 0.01, (control, error)

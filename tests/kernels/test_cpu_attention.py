@@ -21,13 +21,14 @@ from deploycc.op.attention import attention_reference
 from deploycc.schedule import attention, schedule_program
 
 
-def attention_program(n: int, h: int, kvh: int, d: int, scale: float, ring: int = 0, **attrs) -> tir.TensorProgram:
-    """ring > 0: keys and values in a ring of `ring` rows, total_len a symbolic parameter."""
+def attention_program(n: int, h: int, kvh: int, d: int, scale: float, ring: int = 0, kv: str = "float32",
+                      **attrs) -> tir.TensorProgram:
+    """ring > 0: keys and values in a ring of `ring` rows, total_len a symbolic parameter; kv: the cache's type."""
     t = sym.var("total_len")
     Q = tir.Buffer("q", (sym.as_expr(n), sym.as_expr(h), sym.as_expr(d)))
     rows = sym.as_expr(ring) if ring else t
-    K = tir.Buffer("k", (rows, sym.as_expr(kvh), sym.as_expr(d)))
-    V = tir.Buffer("v", (rows, sym.as_expr(kvh), sym.as_expr(d)))
+    K = tir.Buffer("k", (rows, sym.as_expr(kvh), sym.as_expr(d)), kv)
+    V = tir.Buffer("v", (rows, sym.as_expr(kvh), sym.as_expr(d)), kv)
     O = tir.Buffer("o", (sym.as_expr(n), sym.as_expr(h), sym.as_expr(d)))
     extra = ((t.as_var,), {"ring": ring}) if ring else ((), {})
     return tir.TensorProgram("attention", (Q, K, V, O), None, extra[0], 1,
