@@ -26,7 +26,7 @@ At the end each warp stores its fragments through 16 x 16 floats of shared memor
 queries that exist. Where the fragments' sums meet, the errors are float's: QK^T over head_dim in one fragment, PV over
 a tile. Shared memory: Qh, Ql (BQ rows), K, V (BK rows), S and Ph, Pl (16 rows a warp); W and BK are the largest of
 (4, 32), (2, 32), (1, 32), (1, 16) that fit the target (at most CUDA's 48 KiB of static shared memory): head_dim 64
-takes four warps, 128 two.
+takes four warps, 128 two; past 128 (MAX_HEAD_DIM) the output fragments would spill.
 """
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ from .attention import COPY_BATCH, NEG, STATIC_SHARED
 from .lowering import batched_copy
 
 SHAPES = ((4, 32), (2, 32), (1, 32), (1, 16))  # (warps, keys a tile), the first that fits
+# head_dim 256 (Gemma's) fits 48 KiB with one warp and 16 keys a tile, but its 16 output fragments (128 floats a
+# thread) spill: ptxas gives 255 registers and 164 bytes of spill stores; it keeps the split form
+MAX_HEAD_DIM = 128
 
 
 def shared_bytes(warps: int, bk: int, d: int) -> int:
@@ -56,7 +59,8 @@ def takes(prog: TensorProgram, target) -> bool:
     Q, K, Vb = prog.params[:3]
     n, d = Q.shape[0], Q.shape[2]
     return (target.kind == "cuda" and bool(getattr(target, "tensor_cores", False)) and K.dtype == "float16"
-            and Vb.dtype == "float16" and d.is_const and d.value % 16 == 0 and not (n.is_const and n.value == 1)
+            and Vb.dtype == "float16" and d.is_const and d.value % 16 == 0 and d.value <= MAX_HEAD_DIM
+            and not (n.is_const and n.value == 1)
             and shape(target, d.value) is not None)
 
 
