@@ -26,7 +26,9 @@ At the end each warp stores its fragments through 16 x 16 floats of shared memor
 queries that exist. Where the fragments' sums meet, the errors are float's: QK^T over head_dim in one fragment, PV over
 a tile. Shared memory: Qh, Ql (BQ rows), K, V (BK rows), S and Ph, Pl (16 rows a warp); W and BK are the largest of
 (4, 32), (2, 32), (1, 32), (1, 16) that fit the target (at most CUDA's 48 KiB of static shared memory): head_dim 64
-takes four warps, 128 two; past 128 (MAX_HEAD_DIM) the output fragments would spill.
+takes four rows of 16 queries, 128 two. Past 128 a warp's output fragments would spill (at 256, Gemma's: 255
+registers), so there two warps take each row of 16 queries, each computing the same scores and softmax (the same
+operations on the same values: the same results) and half of the output (PART).
 """
 from __future__ import annotations
 
@@ -37,29 +39,39 @@ from ..op.attention import capped, window_and_cap
 from .attention import COPY_BATCH, NEG, STATIC_SHARED
 from .lowering import batched_copy
 
-SHAPES = ((4, 32), (2, 32), (1, 32), (1, 16))  # (warps, keys a tile), the first that fits
-# head_dim 256 (Gemma's) fits 48 KiB with one warp and 16 keys a tile, but its 16 output fragments (128 floats a
-# thread) spill: ptxas gives 255 registers and 164 bytes of spill stores; it keeps the split form
-MAX_HEAD_DIM = 128
+SHAPES = ((4, 32), (2, 32), (1, 32), (1, 16))  # (warps a row of 16 queries takes, keys a tile), the first that fits
+# A warp's output fragments cover at most this much of head_dim: at 256 (Gemma's) one warp's 16 fragments (128 floats
+# a thread) spilled (255 registers, 164 bytes of spill stores), so there two warps take the same 16 queries, each
+# computing the (same) scores and softmax and half of the output
+PART = 128
 
 
-def shared_bytes(warps: int, bk: int, d: int) -> int:
+def parts(d: int) -> int:
+    """The warps a row of 16 queries takes: head_dim in parts of at most PART."""
+    return -(-d // PART)
+
+
+def shared_bytes(rows: int, bk: int, d: int) -> int:
+    """Of `rows` rows of 16 queries (each taking parts(d) warps) and a key tile of bk."""
     lq, ls, lp = d + 8, bk + 4, bk + 8
-    return (2 * 16 * warps * lq * 2 + 2 * bk * lq * 2 + warps * 16 * ls * 4 + 2 * warps * 16 * lp * 2
+    warps = rows * parts(d)
+    return (2 * 16 * rows * lq * 2 + 2 * bk * lq * 2 + warps * 16 * ls * 4 + 2 * warps * 16 * lp * 2
             + warps * 16 * 6 * 4)
 
 
 def shape(target, d: int) -> tuple[int, int] | None:
+    """(rows of 16 queries a block, keys a tile): the first of SHAPES that fits the target's shared memory (at most
+    CUDA's 48 KiB of static shared memory) and threads."""
     budget = min(int(target.max_shared_memory), STATIC_SHARED)
     return next(((w, bk) for w, bk in SHAPES if shared_bytes(w, bk, d) <= budget
-                 and 32 * w <= target.max_threads_per_block), None)
+                 and 32 * w * parts(d) <= target.max_threads_per_block), None)
 
 
 def takes(prog: TensorProgram, target) -> bool:
     Q, K, Vb = prog.params[:3]
     n, d = Q.shape[0], Q.shape[2]
     return (target.kind == "cuda" and bool(getattr(target, "tensor_cores", False)) and K.dtype == "float16"
-            and Vb.dtype == "float16" and d.is_const and d.value % 16 == 0 and d.value <= MAX_HEAD_DIM
+            and Vb.dtype == "float16" and d.is_const and d.value % (16 * parts(d.value)) == 0
             and not (n.is_const and n.value == 1)
             and shape(target, d.value) is not None)
 
@@ -73,8 +85,13 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     O = prog.params[-1]
     n, h, d = Q.shape
     D = d.value
-    W, BK = shape(target, D)
-    BQ, T = 16 * W, 32 * W
+    rows, BK = shape(target, D)
+    SD = parts(D)  # warps a row of 16 queries takes, each D / SD of its output
+    DW = D // SD
+    W = rows * SD
+    BQ, T = 16 * rows, 32 * W
+    if (BQ * D) % T or (BK * D) % T:  # the stagings' trips a thread
+        return None
     LQ, LS, LP = D + 8, BK + 4, BK + 8
     group = sym.floordiv(h, K.shape[1])
     scale = float(prog.attrs["scale"])
@@ -87,9 +104,10 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     qt, hh = sym.floordiv(G, h), sym.mod(G, h)  # a query tile's heads are neighbours: a group's blocks share K/V in L2
     kv = sym.floordiv(hh, group)
     warp, lane = sym.floordiv(U, 32), sym.mod(U, 32)
+    qw, dw = sym.floordiv(warp, SD), sym.mod(warp, SD)  # the warp's row of 16 queries, and its part of the output
     r, half = sym.mod(lane, 16), sym.floordiv(lane, 16)  # a lane's row of its warp's 16, and which half of the tile
     i0 = qt * BQ
-    i = i0 + warp * 16 + r  # the lane's query
+    i = i0 + qw * 16 + r  # the lane's query
     last_q = sym.smin(i0 + (BQ - 1), n - 1)
     hi = last_q + t - n + 1  # the keys the block's queries see: lo .. hi - 1
     lo = sym.smax(0, i0 + t - n + 1 - window) if window else c(0)
@@ -105,7 +123,7 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     kb = Buffer("kb", (1,), "float32", "wmma.matrix_b.f16")  # K^T: column-major, K's rows as stored
     vb = Buffer("vb", (1,), "float32", "wmma.matrix_b.f16.row")  # V: row-major
     s_acc = Buffer("s_acc", (BK // 16,), "float32", "wmma.accumulator.k16")
-    o_acc = Buffer("o_acc", (D // 16,), "float32", "wmma.accumulator.k16")
+    o_acc = Buffer("o_acc", (DW // 16,), "float32", "wmma.accumulator.k16")
     part, al = (Buffer(x, (1,), "float32", "wmma.accumulator.k16") for x in ("part", "al"))
     m_new, alpha, mx, sm, p = (Buffer(x, (1,), "float32", "local") for x in ("m_new", "alpha", "mx", "sm", "p"))
     z = (c(0),)
@@ -151,7 +169,7 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     # 2. S = Qh K^T + Ql K^T, each fragment of the tile's 16-key columns fresh
     scores: list = [Intrin("wmma.fill", (s_acc,), (c(jn),), (s_acc,)) for jn in range(BK // 16)]
     for kd in range(D // 16):
-        scores += [Intrin("wmma.load", (f, src), (c(0), warp * 16 * LQ + 16 * kd, c(LQ)), (f,))
+        scores += [Intrin("wmma.load", (f, src), (c(0), qw * 16 * LQ + 16 * kd, c(LQ)), (f,))
                    for f, src in ((qa_h, Qh), (qa_l, Ql))]
         for jn in range(BK // 16):
             scores += [Intrin("wmma.load", (kb, Ks), (c(0), c(16 * jn * LQ + 16 * kd), c(LQ)), (kb,))]
@@ -192,12 +210,12 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
 
     # 4. O = alpha O + Ph V + Pl V
     update: list = [Intrin("wmma.load_acc", (al, S), (c(0), warp * 16 * LS, c(LS)), (al,))]
-    for jd in range(D // 16):
+    for jd in range(DW // 16):
         update.append(Intrin("wmma.fill", (part,), (c(0),), (part,)))
         for ks in range(BK // 16):
             update += [Intrin("wmma.load", (f, src), (c(0), warp * 16 * LP + 16 * ks, c(LP)), (f,))
                        for f, src in ((pa_h, Ph), (pa_l, Pl))]
-            update.append(Intrin("wmma.load", (vb, Vs), (c(0), c(16 * ks * LQ + 16 * jd), c(LQ)), (vb,)))
+            update.append(Intrin("wmma.load", (vb, Vs), (c(0), 16 * ks * LQ + dw * DW + 16 * jd, c(LQ)), (vb,)))
             update += [Intrin("wmma.mma", (part, pa, vb), (c(0), c(0), c(0)), (part,)) for pa in (pa_h, pa_l)]
         update.append(Intrin("wmma.rescale_add", (o_acc, al, part), (c(jd), c(0), c(0)), (o_acc,)))
 
@@ -205,18 +223,18 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     ce = sym.SymVar("ce")
     el = c(ce) * 32 + lane
     er, ec = sym.floordiv(el, 16), sym.mod(el, 16)
-    query = i0 + warp * 16 + er
+    query = i0 + qw * 16 + er
     out: list = []
-    for jd in range(D // 16):
+    for jd in range(DW // 16):
         out += [Intrin("wmma.store", (S, o_acc), (c(jd), warp * 16 * LS, c(LS)), (S,)),
                 Intrin("warp.sync", (), (), ()),
-                For(ce, c(8), IfThenElse(below(query, n), Store(O, (query, hh, 16 * jd + ec),
+                For(ce, c(8), IfThenElse(below(query, n), Store(O, (query, hh, dw * DW + 16 * jd + ec),
                                                                 S[warp * 16 * LS + er * LS + ec] / Ls[warp * 16 + er]))),
                 Intrin("warp.sync", (), (), ())]
 
     tiles_k = sym.floordiv(hi - lo + (BK - 1), BK)
     body: Stmt = Seq((
-        *[Intrin("wmma.fill", (o_acc,), (c(jd),), (o_acc,)) for jd in range(D // 16)],
+        *[Intrin("wmma.fill", (o_acc,), (c(jd),), (o_acc,)) for jd in range(DW // 16)],
         IfThenElse(tir.index(half).cmp("eq", tir.index(0)),
                    Seq((Store(Ms, (at,), tir.const(NEG)), Store(Ls, (at,), tir.const(0.0))))),
         batched_copy("q", BQ * D // T, stage_q, min(BQ * D // T, COPY_BATCH)),

@@ -25,7 +25,8 @@ def main(package: str, source: str, *options: str) -> None:
     m = engine.manifest
     head = m.get("head_quantization", m["quantization"])
     ref = reference_session(load_model(source), context_window=engine.context_window, quantization=m["quantization"],
-                            head_quantization=None if head == m["quantization"] else head)
+                            head_quantization=None if head == m["quantization"] else head,
+                            kv_cache=m["kv_cache"]["dtype"])  # adreno's float16 cache: the reference rounds alike
     ids = np.random.default_rng(0).integers(0, engine.vocab_size, engine.prefill_chunk + 2).tolist()
     got, want = [engine.prefill(ids)], [ref.prefill(ids)]
     token = int(np.argmax(want[-1]))
@@ -42,7 +43,8 @@ def main(package: str, source: str, *options: str) -> None:
             ref.reset()
             want.append(ref.prefill(s))
     diff = max(float(np.max(np.abs(np.asarray(g, np.float64) - w))) for g, w in zip(got, want))
-    print(json.dumps({"device": engine.device.name, "max_abs_diff": diff}))
+    print(json.dumps({"device": engine.device.name, "max_abs_diff": diff, "kv_cache": m["kv_cache"]["dtype"],
+                      "largest_logit": max(float(np.max(np.abs(w))) for w in want)}))
 
 
 if __name__ == "__main__":

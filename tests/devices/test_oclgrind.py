@@ -6,7 +6,8 @@ these (its work-items of a group run in order, and an access past a buffer reads
 Each tiny architecture is compiled for `adreno` (an OpenCL GPU preset: work-groups of 128, local-memory
 tiles, barriers) with a 64-token window in chunks of 8, and run by oclgrind_worker.py under `oclgrind`,
 which replaces the OpenCL library of the process, so the only platform is the simulator: a prompt of
-10 tokens (a full chunk, then a partial one) and a decode step, within 1e-3 of the numpy reference; for
+10 tokens (a full chunk, then a partial one) and a decode step, within 1e-3 of the numpy reference (adreno's
+float16 KV cache: 3e-3 of the largest logit, HALF_TOLERANCE); for
 the architectures whose attention differs most (windows, soft-caps, local and global layers), also a
 batched step of two sequences over the page pool (the paged attention kernels).
 Oclgrind runs a process on about one core, so the cases run two at a time (the module's fixture starts
@@ -42,6 +43,10 @@ SMALL = ("context_window=64", "prefill_chunk=8")
 AS_OPENCL = ("target.kind=opencl", "backend=opencl", "web=false", "target.tensor_cores=false",
              "target.dp4a=false")  # CUDA's wmma and __dp4a are not OpenCL
 TOLERANCE = 1e-3
+# adreno's float16 KV cache (the reference's rounds alike): a key the simulator's and numpy's float32 sums put on
+# either side of a tie between two halves rounds apart, and every later position moves (measured 3.2e-3 at a
+# largest logit of 8.6, smollm3-nope-yarn): held as test_model_kernels.py holds PoCL's, of the largest logit
+HALF_TOLERANCE = 3e-3
 TIMEOUT_S = 300
 LOCAL_MEM = 1 << 20  # see run_case
 # (preset, tiny architecture, edit of the kernels): the CUDA and WebGPU presets' schedules rendered as OpenCL
@@ -124,7 +129,8 @@ def test_kernels_under_oclgrind(runs, case):
     assert r["returncode"] == 0, r["stderr"][-3000:]
     report = json.loads(r["stdout"].strip().splitlines()[-1])
     assert "Oclgrind" in report["device"], report
-    assert report["max_abs_diff"] <= TOLERANCE, report
+    tol = HALF_TOLERANCE * max(1.0, report["largest_logit"]) if report["kv_cache"] == "float16" else TOLERANCE
+    assert report["max_abs_diff"] <= tol, report
 
 
 @pytest.mark.parametrize("case", [CONTROL], ids=case_id)

@@ -175,17 +175,25 @@ def test_prefill_over_a_half_cache_takes_the_tensor_cores():
         assert [rule(7, d) for d in (32, 64, 128)] == ["attention-mma"] * 3
         assert rule(7, 64, "float32") == "attention-tiles" and rule(1, 64) == "attention-split"
         assert rule(7, 40) == "attention-tiles"  # head_dim not a multiple of 16
+        # rows of 16 queries a block and keys a tile; at 256 each row takes two warps (attention_mma.PART)
         assert [attention_mma.shape(target, d) for d in (64, 128, 256)] == [(4, 32), (2, 32), (1, 16)]
-        assert rule(7, 256) == "attention"  # its output fragments would spill: the split form
+        assert [attention_mma.parts(d) for d in (64, 128, 256)] == [1, 1, 2] and rule(7, 256) == "attention-mma"
     assert schedule_program(attention_program(7, 4, 2, 64, 0.125, kv="float16"), presets.load("adreno").target).attrs[
         "schedule"].rule == "attention-tiles"  # OpenCL: the SIMT tiles
 
 
+MMA_CASES = CASES + [
+    (20, 52, 2, 1, 256, 0, 0.0, 0),     # head_dim 256: two warps a row of 16 queries, each half the output
+    (24, 60, 4, 2, 256, 20, 50.0, 0),   # ... with Gemma 2's window and cap
+]
+
+
 @pytest.mark.parametrize("backend", ["cuda-emu", "cuda"])
-@pytest.mark.parametrize("n,total,h,kvh,d,window,cap,ring", CASES)
+@pytest.mark.parametrize("n,total,h,kvh,d,window,cap,ring", MMA_CASES)
 def test_tensor_core_tiles_match_the_reference(backend, n, total, h, kvh, d, window, cap, ring):
-    """The cases above over a float16 cache, in shuffled thread order (and on a GPU where there is one): within 1e-5
-    of the reference on the same half keys and values (measured at most 3.1e-6 under the emulation)."""
+    """The cases above and head_dim 256 over a float16 cache, in shuffled thread order (and on a GPU where there is
+    one): within 1e-5 of the reference on the same half keys and values (measured at most 3.1e-6 under the
+    emulation)."""
     runner = mma_runner() if backend == "cuda-emu" else KernelRunner(require_device("cuda"),
                                                                      presets.load("h100").target)
     attrs = {"window": window, **({"softcap": cap} if cap else {})}
@@ -259,10 +267,11 @@ def test_what_the_tensor_core_tiles_need(control):
 
 @pytest.mark.parametrize("preset", ["h100", "rtx4090"])
 def test_tensor_core_tiles_assemble_without_spills(preset):
-    """The attention's tensor-core tiles at head_dim 64 and 128 compile with nvcc for the preset's GPU: half m16n16k16
-    products (row-major queries and probabilities, col-major keys, row-major values) in their PTX, no register
-    spills, at most 48 KiB of static shared memory. ptxas on 2026-11-29, sm_90 and sm_89: 132 and 175 registers,
-    47.5 and 44.3 KiB (at 256, which is not taken: 255 registers and 164 bytes of spill stores)."""
+    """The attention's tensor-core tiles at head_dim 64, 128 and 256 compile with nvcc for the preset's GPU: half
+    m16n16k16 products (row-major queries and probabilities, col-major keys, row-major values) in their PTX, no
+    register spills, at most 48 KiB of static shared memory. ptxas on 2026-11-29, sm_90: 132, 175 and 177 registers,
+    47.5, 44.3 and 39.3 KiB (256 in two warps a row of 16 queries, each half the output; in one, tried: 255 registers
+    and 164 bytes of spill stores)."""
     from conftest import require_nvcc
 
     from deploycc.kernel_runner import render
@@ -270,7 +279,7 @@ def test_tensor_core_tiles_assemble_without_spills(preset):
 
     require_nvcc()
     target = presets.load(preset).target
-    for d in (64, 128):
+    for d in (64, 128, 256):
         prog = schedule_program(attention_program(512, 8, 2, d, 0.125, kv="float16"), target)
         assert prog.attrs["schedule"].rule == "attention-mma"
         ptx = compile_cuda(render(list(prog.attrs["schedule"].kernels), target), target.arch)
