@@ -149,8 +149,8 @@ def mma_runner(order: str = "shuffle") -> KernelRunner:
     return KernelRunner(open_device("cuda", emulate=order), presets.load("h100").target)
 
 
-def run_half(runner, prog, n, total, h, kvh, d, ring, seed=0):
-    """run()'s case with the keys and values as a float16 cache holds them."""
+def run_half(runner, prog, n, total, h, kvh, d, ring, window=0, cap=0.0, seed=0):
+    """run()'s case with the keys and values as a float16 cache holds them: (the kernel's output, the reference's)."""
     rng = np.random.default_rng(seed + n * 1000 + total)
     q = (rng.standard_normal((n, h, d)) * 2).astype(np.float32)
     k, v = (rng.standard_normal((total, kvh, d)).astype(np.float16) for _ in range(2))
@@ -162,7 +162,7 @@ def run_half(runner, prog, n, total, h, kvh, d, ring, seed=0):
         runner(prog, [q, kr, vr, out], [total])
     else:
         runner(prog, [q, k, v, out], [total])
-    return out, attention_reference(q, k.astype(np.float32), v.astype(np.float32), 0.125)
+    return out, attention_reference(q, k.astype(np.float32), v.astype(np.float32), 0.125, window=window, softcap=cap)
 
 
 def test_prefill_over_a_half_cache_takes_the_tensor_cores():
@@ -200,18 +200,7 @@ def test_tensor_core_tiles_match_the_reference(backend, n, total, h, kvh, d, win
     prog = schedule_program(attention_program(n, h, kvh, d, 0.125, ring, kv="float16", **attrs), runner.target)
     assert prog.attrs["schedule"].rule == "attention-mma"
     assert [k.tensor for k in prog.attrs["schedule"].kernels] == ["attention"]
-    rng = np.random.default_rng(n * 1000 + total)
-    q = (rng.standard_normal((n, h, d)) * 2).astype(np.float32)
-    k, v = (rng.standard_normal((total, kvh, d)).astype(np.float16) for _ in range(2))
-    out = np.zeros((n, h, d), np.float32)
-    if ring:
-        kr, vr = (np.full((ring, kvh, d), 1e3, np.float16) for _ in range(2))
-        for j in range(max(0, total - ring), total):
-            kr[j % ring], vr[j % ring] = k[j], v[j]
-        runner(prog, [q, kr, vr, out], [total])
-    else:
-        runner(prog, [q, k, v, out], [total])
-    want = attention_reference(q, k.astype(np.float32), v.astype(np.float32), 0.125, window=window, softcap=cap)
+    out, want = run_half(runner, prog, n, total, h, kvh, d, ring, window, cap)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-5)
 
 
