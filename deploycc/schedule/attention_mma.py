@@ -37,6 +37,7 @@ from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
 from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram
 from ..op.attention import capped, window_and_cap
 from .attention import COPY_BATCH, NEG, STATIC_SHARED
+from .attention_tiles import below, over, sees
 from .lowering import batched_copy
 
 SHAPES = ((4, 32), (2, 32), (1, 32), (1, 16))  # (warps a row of 16 queries takes, keys a tile), the first that fits
@@ -131,25 +132,6 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     at = warp * 16 + r  # the lane's row of Ms, Ls
     cols = BK // 2  # a lane's columns of the tile: half * cols ..
 
-    def below(a, b) -> tir.V:
-        return tir.index(a).cmp("lt", tir.index(b))
-
-    def both(a, b) -> tir.V:
-        return tir.V("and", "bool", (a, b))
-
-    def over(name, extent, f) -> Stmt:
-        v = sym.SymVar(name)
-        return For(v, c(extent), f(c(v)))
-
-    def sees(jj) -> tir.V:
-        """Whether the lane's query sees key base + jj (one of the tile's)."""
-        j = base + jj
-        limit = i + t - n + 1  # the query's keys end here (causal)
-        ok = both(below(j, hi), below(j, limit))
-        if window:
-            ok = both(ok, tir.index(j).cmp("ge", tir.index(limit - window)))
-        return both(ok, below(i, n))
-
     def stage_q(e):  # past the last query its row again (never stored); hi after lo, below: the read-back is exact
         flat = e * T + U
         rr, cc = sym.floordiv(flat, D), sym.mod(flat, D)
@@ -182,7 +164,8 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     def masked(e) -> Stmt:
         jj = half * cols + e
         value = capped(S[row_s + jj] * scale, cap)
-        return Seq((IfThenElse(sees(jj), Store(S, (row_s + jj,), value), Store(S, (row_s + jj,), tir.const(NEG))),
+        return Seq((IfThenElse(sees(i, base + jj, hi, t, n, window), Store(S, (row_s + jj,), value),
+                               Store(S, (row_s + jj,), tir.const(NEG))),
                     Store(mx, z, tir.vmax(mx[0], S[row_s + jj]))))
 
     def weigh(e) -> Stmt:

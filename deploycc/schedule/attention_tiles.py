@@ -31,6 +31,30 @@ BQ = 16  # queries per block
 TD = 8  # threads per query: each makes head_dim / TD output elements and BK / TD scores per tile
 
 
+def below(a, b) -> tir.V:
+    return tir.index(a).cmp("lt", tir.index(b))
+
+
+def both(a, b) -> tir.V:
+    return tir.V("and", "bool", (a, b))
+
+
+def over(name: str, extent, f) -> Stmt:
+    """for name < extent: f(name)."""
+    v = sym.SymVar(name)
+    return For(v, sym.as_expr(extent), f(sym.as_expr(v)))
+
+
+def sees(i, j, hi, t, n, window: int) -> tir.V:
+    """Whether query i of n sees key j of a tile of the keys below hi, over a cache of t keys: causal, in its last
+    `window` (0: all), and a query that exists."""
+    limit = i + t - n + 1  # query i's keys end here
+    ok = both(below(j, hi), below(j, limit))
+    if window:
+        ok = both(ok, tir.index(j).cmp("ge", tir.index(limit - window)))
+    return both(ok, below(i, n))
+
+
 def key_tile(target, d: int) -> int:
     """Keys per tile: 32, or 16 where 32's shared memory does not fit; 0 where neither does."""
     budget = min(int(target.max_shared_memory), STATIC_SHARED)
@@ -78,16 +102,6 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     m, l, dot, mt, corr, pw = (Buffer(x, (1,), "float32", "local") for x in ("m", "l", "dot", "mt", "corr", "pw"))
     z = (sym.as_expr(0),)
 
-    def below(a, b) -> tir.V:
-        return tir.index(a).cmp("lt", tir.index(b))
-
-    def both(a, b) -> tir.V:
-        return tir.V("and", "bool", (a, b))
-
-    def over(name, extent, f) -> Stmt:
-        v = sym.SymVar(name)
-        return For(v, sym.as_expr(extent), f(sym.as_expr(v)))
-
     # The stagings load unguarded, past the last query or key the tile's last row or key again (no score of such a
     # row or key is used: `sees` tests both), all of a staging's loads in flight together (lowering.batched_copy):
     # guarded, a trip at a time, each waited for its loads (schedule/attention.py's split form)
@@ -104,22 +118,13 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
         j = row(sym.smin(base + r, hi - 1))
         return [(Ks, r * PK + c, kv_value(K, j, kv, c)), (Vs, r * D + c, kv_value(Vb, j, kv, c))], None
 
-    def sees(jj) -> tir.V:
-        """Whether query i sees key base + jj (which is one of the tile's keys)."""
-        j = base + jj
-        limit = i + t - n + 1  # query i's keys end here (causal)
-        ok = both(below(j, hi), below(j, limit))
-        if window:
-            ok = both(ok, tir.index(j).cmp("ge", tir.index(limit - window)))
-        return both(ok, below(i, n))
-
     def score(e) -> Stmt:
         jj = p + TD * e
         k = sym.SymVar("k")
         return Seq((
             Store(dot, z, tir.const(0.0)),
             For(k, sym.as_expr(D), Store(dot, z, dot[0] + Qs[ql * PQ + sym.as_expr(k)] * Ks[jj * PK + sym.as_expr(k)])),
-            IfThenElse(sees(jj), Store(Ss, (ql * PS + jj,), capped(dot[0] * scale, cap)),
+            IfThenElse(sees(i, base + jj, hi, t, n, window), Store(Ss, (ql * PS + jj,), capped(dot[0] * scale, cap)),
                        Store(Ss, (ql * PS + jj,), tir.const(NEG))),
         ))
 

@@ -95,20 +95,11 @@ def test_tiles_match_the_reference(runner, n, total, h, kvh, d, window, cap, rin
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-5)
 
 
-def without_barrier(stmt, which: int):
-    """`stmt` with its `which`-th Barrier (in program order) removed."""
-    seen = [0]
-
+def without(stmt, drop):
+    """`stmt` without the statements of its sequences that drop(x) selects, asked in program order."""
     def visit(s):
         if isinstance(s, Seq):
-            kept = []
-            for x in s.stmts:
-                if isinstance(x, Barrier):
-                    seen[0] += 1
-                    if seen[0] - 1 == which:
-                        continue
-                kept.append(visit(x))
-            return Seq(tuple(kept))
+            return Seq(tuple(visit(x) for x in s.stmts if not drop(x)))
         if isinstance(s, (For, Alloc)):
             return dataclasses.replace(s, body=visit(s.body))
         if isinstance(s, IfThenElse):
@@ -116,6 +107,18 @@ def without_barrier(stmt, which: int):
                                        else_body=None if s.else_body is None else visit(s.else_body))
         return s
     return visit(stmt)
+
+
+def without_barrier(stmt, which: int):
+    """`stmt` with its `which`-th Barrier (in program order) removed."""
+    seen = [0]
+
+    def drop(x) -> bool:
+        if not isinstance(x, Barrier):
+            return False
+        seen[0] += 1
+        return seen[0] - 1 == which
+    return without(stmt, drop)
 
 
 @pytest.mark.parametrize("which", [0, 1, 2])
@@ -206,16 +209,7 @@ def test_tensor_core_tiles_match_the_reference(backend, n, total, h, kvh, d, win
 
 def without_intrin(stmt, which):
     """`stmt` without the Intrin statements `which` selects."""
-    def visit(s):
-        if isinstance(s, Seq):
-            return Seq(tuple(visit(x) for x in s.stmts if not (isinstance(x, Intrin) and which(x))))
-        if isinstance(s, (For, Alloc)):
-            return dataclasses.replace(s, body=visit(s.body))
-        if isinstance(s, IfThenElse):
-            return dataclasses.replace(s, then_body=visit(s.then_body),
-                                       else_body=None if s.else_body is None else visit(s.else_body))
-        return s
-    return visit(stmt)
+    return without(stmt, lambda x: isinstance(x, Intrin) and which(x))
 
 
 def broken(prog, body) -> TensorProgram:
