@@ -321,12 +321,16 @@ def _split(prog: TensorProgram, target) -> Schedule:
     if Paged.of(prog) is None:
         kernels, workspace = _split_form(prog, target, n.is_const and n.value == 1)
         return Schedule(kernels, workspace, "attention-split" if workspace else "attention")
+    from . import attention_mma
     from .dispatch import above, at_most
 
     pair, workspace = _split_form(prog, target, True)
-    rows, _ = _split_form(prog, target, False)
+    # above SPLIT_ROWS (a prompt's chunk): the tensor cores' tiles where they take it (CUDA, a float16 pool)
+    mma = attention_mma.schedule(prog, target, None, None, Paged.of(prog))
+    rows = mma.kernels if mma is not None else _split_form(prog, target, False)[0]
     guarded = tuple(_guarded(k, at_most(n, SPLIT_ROWS)) for k in pair) + (_guarded(rows[0], above(n, SPLIT_ROWS)),)
-    return Schedule(guarded, workspace, "attention-split|attention", dispatched=True)
+    return Schedule(guarded, workspace, "attention-split|attention-mma" if mma else "attention-split|attention",
+                    dispatched=True)
 
 
 SPLIT_ROWS = 16  # a page pool's step splits keys over blocks up to this many queries (h100's step: 16 sequences)

@@ -1,6 +1,7 @@
 """Prefill attention on the tensor cores (CUDA, a float16 KV cache): FlashAttention's tiles with wmma products.
 
-Takes what attention_tiles.py takes (causal attention over a contiguous or ring cache, more than one query) where the
+Takes what attention_tiles.py takes (causal attention over a contiguous or ring cache, more than one query), and a
+batched step's rows over the page pool above attention.SPLIT_ROWS (`paged`: segments() below), where the
 target has tensor cores, the cache is float16 (the presets' `kv_cache: float16`) and head_dim is a multiple of 16. A
 block of W warps makes BQ = 16 W consecutive queries of one head, each warp 16 of them; the keys the block's queries
 see go by in tiles of BK, staged in shared memory once for all its warps:
@@ -77,9 +78,10 @@ def takes(prog: TensorProgram, target) -> bool:
             and shape(target, d.value) is not None)
 
 
-def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
-    """The tensor-core form of a (non-paged) prefill attention program, or None where it does not apply. `keys`: the
-    key count (the cache's rows, or a ring's logical count), `row`: key index -> cache row (attention.keys_of)."""
+def schedule(prog: TensorProgram, target, keys, row, paged=None) -> Schedule | None:
+    """The tensor-core form of a prefill attention program, or None where it does not apply. `keys`: the key count
+    (the cache's rows, or a ring's logical count), `row`: key index -> cache row (attention.keys_of); or `paged`
+    (attention.Paged): a batched step's rows over the page pool (below)."""
     if not takes(prog, target):
         return None
     Q, K, Vb = prog.params[:3]
@@ -97,7 +99,7 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     group = sym.floordiv(h, K.shape[1])
     scale = float(prog.attrs["scale"])
     window, cap = window_and_cap(prog.attrs)
-    t = sym.as_expr(keys)
+    t = sym.as_expr(paged.t if paged else keys)
     c = sym.as_expr
     g, u, kt = sym.SymVar("g"), sym.SymVar("u"), sym.SymVar("kt")
     G, U, KT = c(g), c(u), c(kt)
@@ -142,11 +144,28 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
         rr, cc = sym.floordiv(flat, D), sym.mod(flat, D)
         return Store(Ql, (rr * LQ + cc,), Q[sym.smin(i0 + rr, n - 1), hh, cc] - Qh[rr * LQ + cc])
 
+    seg_b, seg_hi = (Buffer(x, (1,), "int32", "local") for x in ("seg_b", "seg_hi"))  # a page pool's segment
+
     def stage_kv(e):  # past the block's last key its row again (no score of it is used: `sees`)
         flat = e * T + U
         rr, cc = sym.floordiv(flat, D), sym.mod(flat, D)
+        if paged:  # the segment's sequence's key through its page table (past its keys: a page it names, or page 0)
+            j = sym.smin(KT * BK + rr, t - 1)
+            at_ = paged.pages[seg_b[0], sym.floordiv(j, paged.size)] * paged.size + tir.index(sym.mod(j, paged.size))
+            return [(Ks, rr * LQ + cc, K[at_, kv, cc]), (Vs, rr * LQ + cc, Vb[at_, kv, cc])], None
         j = row(sym.smin(base + rr, hi - 1))
         return [(Ks, rr * LQ + cc, K[j, kv, cc]), (Vs, rr * LQ + cc, Vb[j, kv, cc])], None
+
+    def visible(jj) -> tir.V:
+        """Whether the lane's query sees key jj of the tile."""
+        if not paged:
+            return sees(i, base + jj, hi, t, n, window)
+        q = sym.smin(i, n - 1)
+        j = tir.index(KT * BK + jj)
+        ok = tir.V("and", "bool", (paged.seq[q].cmp("eq", seg_b[0]), j.cmp("le", paged.pos[q])))
+        if window:
+            ok = tir.V("and", "bool", (ok, j.cmp("gt", paged.pos[q] - window)))
+        return tir.V("and", "bool", (ok, below(i, n)))
 
     # 2. S = Qh K^T + Ql K^T, each fragment of the tile's 16-key columns fresh
     scores: list = [Intrin("wmma.fill", (s_acc,), (c(jn),), (s_acc,)) for jn in range(BK // 16)]
@@ -164,7 +183,7 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
     def masked(e) -> Stmt:
         jj = half * cols + e
         value = capped(S[row_s + jj] * scale, cap)
-        return Seq((IfThenElse(sees(i, base + jj, hi, t, n, window), Store(S, (row_s + jj,), value),
+        return Seq((IfThenElse(visible(jj), Store(S, (row_s + jj,), value),
                                Store(S, (row_s + jj,), tir.const(NEG))),
                     Store(mx, z, tir.vmax(mx[0], S[row_s + jj]))))
 
@@ -215,21 +234,40 @@ def schedule(prog: TensorProgram, target, keys, row) -> Schedule | None:
                                                                 S[warp * 16 * LS + er * LS + ec] / Ls[warp * 16 + er]))),
                 Intrin("warp.sync", (), (), ())]
 
-    tiles_k = sym.floordiv(hi - lo + (BK - 1), BK)
+    def segments(tile: Stmt) -> Stmt:
+        """A page pool's step: the block's rows belong to the consecutive sequences seq[i0] .. seq[last] (a step's
+        rows are its sequences' tokens in order), each with keys of its own. For each, its keys up to the last one
+        the block's rows of it see, in tiles; a row scores the other sequences' keys NEG (`visible`), which leaves
+        its maximum, sum and output as they were (alpha 1, p 0). Every thread computes the same bounds, so the
+        tiles' barriers are reached by the whole block or by none of it."""
+        sg, rr = sym.SymVar("sg"), sym.SymVar("rr")
+        q = sym.smin(i0 + c(rr), n - 1)
+        first, last = paged.seq[i0], paged.seq[last_q]
+        sees_more = tir.V("and", "bool", (paged.seq[q].cmp("eq", seg_b[0]), paged.pos[q].cmp("ge", seg_hi[0])))
+        return For(sg, c(BQ), IfThenElse(tir.index(sg).cmp("le", last - first), Seq((
+            Store(seg_b, z, first + tir.index(sg)),
+            Store(seg_hi, z, tir.const(0, "int32")),
+            For(rr, c(BQ), IfThenElse(sees_more, Store(seg_hi, z, paged.pos[q] + 1))),
+            For(kt, sym.floordiv(t + (BK - 1), BK), IfThenElse(tir.index(KT * BK).cmp("lt", seg_hi[0]), tile)),
+        ))))
+
+    tile = Seq((batched_copy("kv", BK * D // T, stage_kv, min(BK * D // T, COPY_BATCH)), Barrier(),
+                *scores, *softmax, *update, Barrier()))
+    if paged:
+        keys_loop = segments(tile)
+    else:
+        keys_loop = For(kt, sym.floordiv(hi - lo + (BK - 1), BK), tile)
     body: Stmt = Seq((
         *[Intrin("wmma.fill", (o_acc,), (c(jd),), (o_acc,)) for jd in range(DW // 16)],
         IfThenElse(tir.index(half).cmp("eq", tir.index(0)),
                    Seq((Store(Ms, (at,), tir.const(NEG)), Store(Ls, (at,), tir.const(0.0))))),
         batched_copy("q", BQ * D // T, stage_q, min(BQ * D // T, COPY_BATCH)),
         over("qs", BQ * D // T, split_q),
-        For(kt, tiles_k, Seq((
-            batched_copy("kv", BK * D // T, stage_kv, min(BK * D // T, COPY_BATCH)), Barrier(),
-            *scores, *softmax, *update, Barrier(),
-        ))),
+        keys_loop,
         *out,
     ))
     for buf in (m_new, alpha, mx, sm, p, part, al, o_acc, s_acc, vb, kb, pa_l, pa_h, qa_l, qa_h,
-                Ps, Px, Ls, Ms, Pl, Ph, S, Vs, Ks, Ql, Qh):
+                Ps, Px, Ls, Ms, Pl, Ph, S, Vs, Ks, Ql, Qh, *((seg_b, seg_hi) if paged else ())):
         body = Alloc(buf, body)
     groups = tiles_q * h
     body = For(g, groups, For(u, c(T), body, "thread", "local"), "thread", "group")

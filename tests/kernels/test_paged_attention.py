@@ -42,11 +42,12 @@ def device_for(backend: str, target):
     return require_device(target.kind)
 
 
-def paged_program(n: int, h: int, kvh: int, d: int, rows: int, **attrs):
-    """The attention program legalization makes of a batched step's call (symbolic seq_len, batch, pages_len)."""
+def paged_program(n: int, h: int, kvh: int, d: int, rows: int, kv: str = "float32", **attrs):
+    """The attention program legalization makes of a batched step's call (symbolic seq_len, batch, pages_len); kv:
+    the pool's type."""
     seq, batch, width = sym.var("seq_len"), sym.var("batch"), sym.var("pages_len")
-    args = (Var("q", A.Tensor((seq, h, d), "float32")), Var("k", A.Tensor((rows, kvh, d), "float32")),
-            Var("v", A.Tensor((rows, kvh, d), "float32")), Var("pages", A.Tensor((batch, width), "int32")),
+    args = (Var("q", A.Tensor((seq, h, d), "float32")), Var("k", A.Tensor((rows, kvh, d), kv)),
+            Var("v", A.Tensor((rows, kvh, d), kv)), Var("pages", A.Tensor((batch, width), "int32")),
             Var("seq", A.Tensor((seq,), "int32")), Var("pos", A.Tensor((seq,), "int32")))
     op = get_op("attention")
     call = Call("attention", args, attrs, op.infer(args, attrs))
@@ -159,3 +160,51 @@ def test_keys_and_values_in_one_launch(backend, kind):
     assert runner.launches == 1
     np.testing.assert_array_equal(caches[0], want[0])
     np.testing.assert_array_equal(caches[1], want[1])
+
+
+@pytest.mark.parametrize("backend", ["cuda-emu", "cuda"])
+@pytest.mark.parametrize("starts,counts,h,kvh,d,window,cap", [
+    ([0, 20, 3], [7, 1, 13], 4, 1, 64, 0, 2.0),          # 21 rows: a block of three sequences, scores capped
+    ([0, 10, 100], [40, 30, 25], 4, 2, 64, 0, 0.0),      # 95 rows: blocks across sequences, tables of 2-8 pages
+    ([47], [17], 2, 2, 128, 20, 50.0),                   # one prefill crossing pages, window and cap, head_dim 128
+    ([5, 60], [50, 19], 2, 1, 256, 30, 0.0),             # head_dim 256 (two warps a row of queries), a window
+])
+def test_prompt_chunks_over_a_half_pool_take_the_tensor_cores(backend, starts, counts, h, kvh, d, window, cap):
+    """Above SPLIT_ROWS rows (a prompt's chunk in the server's step), over a float16 pool on h100, the rows' kernel
+    is the tensor cores' tiles (schedule/attention_mma.py, `paged`): a block's rows of 16 queries belong to one or
+    more of the step's sequences, each sequence's keys taken in tiles through its page table, the other sequences'
+    scored NEG. Against the reference on the same half keys and values at 1e-5, garbage (1e3-sized) in every row no
+    table names, shuffled thread order under the emulation (and on a GPU where there is one)."""
+    target = presets.load("h100").target
+    if backend == "cuda-emu":
+        require_cxx()
+        from deploycc.runtime.devices import open_device
+
+        device = open_device("cuda", emulate="shuffle")
+    else:
+        device = require_device("cuda")
+    scale, size, pages = 0.125, 16, 48
+    attrs = {"scale": scale, "page_size": size, **({"window": window} if window else {}),
+             **({"softcap": cap} if cap else {})}
+    rng = np.random.default_rng(sum(starts) * 31 + sum(counts))
+    cache = scatter(rng, starts, counts, size, pages, kvh, d)
+    m = cache.meta
+    n = len(m["pos"])
+    k, v = cache.k[0], cache.v[0]
+    for b, (s, c) in enumerate(zip(starts, counts)):
+        rows = np.asarray([m["pages"][b][x // size] * size + x % size for x in range(s + c)])
+        k[rows] = rng.standard_normal((len(rows), kvh, d)).astype(np.float32)
+        v[rows] = rng.standard_normal((len(rows), kvh, d)).astype(np.float32)
+    k, v = k.astype(np.float16), v.astype(np.float16)
+    q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
+    prog = schedule_program(paged_program(n, h, kvh, d, pages * size, "float16", **attrs), target)
+    sched = prog.attrs["schedule"]
+    assert sched.rule == "attention-split|attention-mma" and sched.kernels[-1].tensor == "attention"
+    out = np.zeros((n, h, d), np.float32)
+    runner = KernelRunner(device, target)
+    runner(prog, [q, k, v, m["pages"], m["seq"], m["pos"], out], [])
+    assert runner.launches == 1  # the rows' kernel alone: the guards choose it above SPLIT_ROWS
+    want = paged_attention_reference(q, k.astype(np.float32), v.astype(np.float32), m["pages"], m["seq"], m["pos"],
+                                     scale, size, window, cap)
+    assert np.abs(want).max() < 10  # no garbage row was read by the reference
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-5)
