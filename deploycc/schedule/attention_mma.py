@@ -144,7 +144,8 @@ def schedule(prog: TensorProgram, target, keys, row, paged=None) -> Schedule | N
         rr, cc = sym.floordiv(flat, D), sym.mod(flat, D)
         return Store(Ql, (rr * LQ + cc,), Q[sym.smin(i0 + rr, n - 1), hh, cc] - Qh[rr * LQ + cc])
 
-    seg_b, seg_hi = (Buffer(x, (1,), "int32", "local") for x in ("seg_b", "seg_hi"))  # a page pool's segment
+    # a page pool's sequences: the one whose keys are walked, its last key seen, the least and greatest of the block
+    seg_b, seg_hi, seg_lo, seg_top = (Buffer(x, (1,), "int32", "local") for x in ("seg_b", "seg_hi", "seg_lo", "seg_top"))
 
     def stage_kv(e):  # past the block's last key its row again (no score of it is used: `sees`)
         flat = e * T + U
@@ -235,21 +236,28 @@ def schedule(prog: TensorProgram, target, keys, row, paged=None) -> Schedule | N
                 Intrin("warp.sync", (), (), ())]
 
     def segments(tile: Stmt) -> Stmt:
-        """A page pool's step: the block's rows belong to the consecutive sequences seq[i0] .. seq[last] (a step's
-        rows are its sequences' tokens in order), each with keys of its own. For each, its keys up to the last one
-        the block's rows of it see, in tiles; a row scores the other sequences' keys NEG (`visible`), which leaves
-        its maximum, sum and output as they were (alpha 1, p 0). Every thread computes the same bounds, so the
-        tiles' barriers are reached by the whole block or by none of it."""
-        sg, rr = sym.SymVar("sg"), sym.SymVar("rr")
+        """A page pool's step: the block's rows belong to sequences between the least and the greatest of their seq
+        (a step's rows are its sequences' tokens in order, so one to a few consecutive ones; any order is right),
+        each with keys of its own. For each sequence in that range, its keys up to the last one the block's rows of
+        it see, in tiles; a row scores the other sequences' keys NEG (`visible`), which leaves its maximum, sum and
+        output as they were (alpha 1, p 0). Every thread computes the same bounds, so the tiles' barriers are
+        reached by the whole block or by none of it."""
+        sg, rr, r2 = sym.SymVar("sg"), sym.SymVar("rr"), sym.SymVar("r2")
         q = sym.smin(i0 + c(rr), n - 1)
-        first, last = paged.seq[i0], paged.seq[last_q]
+        sq = paged.seq[sym.smin(i0 + c(r2), n - 1)]
         sees_more = tir.V("and", "bool", (paged.seq[q].cmp("eq", seg_b[0]), paged.pos[q].cmp("ge", seg_hi[0])))
-        return For(sg, c(BQ), IfThenElse(tir.index(sg).cmp("le", last - first), Seq((
-            Store(seg_b, z, first + tir.index(sg)),
-            Store(seg_hi, z, tir.const(0, "int32")),
-            For(rr, c(BQ), IfThenElse(sees_more, Store(seg_hi, z, paged.pos[q] + 1))),
-            For(kt, sym.floordiv(t + (BK - 1), BK), IfThenElse(tir.index(KT * BK).cmp("lt", seg_hi[0]), tile)),
-        ))))
+        batch = paged.pages.shape[0]
+        return Seq((
+            Store(seg_lo, z, paged.seq[i0]), Store(seg_top, z, paged.seq[i0]),
+            For(r2, c(BQ), Seq((IfThenElse(sq.cmp("lt", seg_lo[0]), Store(seg_lo, z, sq)),
+                                IfThenElse(sq.cmp("gt", seg_top[0]), Store(seg_top, z, sq))))),
+            For(sg, batch, IfThenElse(tir.index(sg).cmp("le", seg_top[0] - seg_lo[0]), Seq((
+                Store(seg_b, z, seg_lo[0] + tir.index(sg)),
+                Store(seg_hi, z, tir.const(0, "int32")),
+                For(rr, c(BQ), IfThenElse(sees_more, Store(seg_hi, z, paged.pos[q] + 1))),
+                For(kt, sym.floordiv(t + (BK - 1), BK), IfThenElse(tir.index(KT * BK).cmp("lt", seg_hi[0]), tile)),
+            )))),
+        ))
 
     tile = Seq((batched_copy("kv", BK * D // T, stage_kv, min(BK * D // T, COPY_BATCH)), Barrier(),
                 *scores, *softmax, *update, Barrier()))
@@ -267,7 +275,7 @@ def schedule(prog: TensorProgram, target, keys, row, paged=None) -> Schedule | N
         *out,
     ))
     for buf in (m_new, alpha, mx, sm, p, part, al, o_acc, s_acc, vb, kb, pa_l, pa_h, qa_l, qa_h,
-                Ps, Px, Ls, Ms, Pl, Ph, S, Vs, Ks, Ql, Qh, *((seg_b, seg_hi) if paged else ())):
+                Ps, Px, Ls, Ms, Pl, Ph, S, Vs, Ks, Ql, Qh, *((seg_b, seg_hi, seg_lo, seg_top) if paged else ())):
         body = Alloc(buf, body)
     groups = tiles_q * h
     body = For(g, groups, For(u, c(T), body, "thread", "local"), "thread", "group")

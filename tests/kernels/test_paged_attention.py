@@ -163,13 +163,15 @@ def test_keys_and_values_in_one_launch(backend, kind):
 
 
 @pytest.mark.parametrize("backend", ["cuda-emu", "cuda"])
-@pytest.mark.parametrize("starts,counts,h,kvh,d,window,cap", [
-    ([0, 20, 3], [7, 1, 13], 4, 1, 64, 0, 2.0),          # 21 rows: a block of three sequences, scores capped
-    ([0, 10, 100], [40, 30, 25], 4, 2, 64, 0, 0.0),      # 95 rows: blocks across sequences, tables of 2-8 pages
-    ([47], [17], 2, 2, 128, 20, 50.0),                   # one prefill crossing pages, window and cap, head_dim 128
-    ([5, 60], [50, 19], 2, 1, 256, 30, 0.0),             # head_dim 256 (two warps a row of queries), a window
+@pytest.mark.parametrize("starts,counts,h,kvh,d,window,cap,shuffled", [
+    ([0, 20, 3], [7, 1, 13], 4, 1, 64, 0, 2.0, False),        # 21 rows: a block of three sequences, scores capped
+    ([0, 10, 100], [40, 30, 25], 4, 2, 64, 0, 0.0, False),    # 95 rows: blocks across sequences, 2-8 pages a table
+    ([47], [17], 2, 2, 128, 20, 50.0, False),                 # one prefill crossing pages, window and cap, 128
+    ([5, 60], [50, 19], 2, 1, 256, 30, 0.0, False),           # head_dim 256 (two warps a row of queries), a window
+    ([0, 10, 100], [40, 30, 25], 4, 2, 32, 0, 0.0, True),     # the rows in any order (verify --kernels draws such)
 ])
-def test_prompt_chunks_over_a_half_pool_take_the_tensor_cores(backend, starts, counts, h, kvh, d, window, cap):
+def test_prompt_chunks_over_a_half_pool_take_the_tensor_cores(backend, starts, counts, h, kvh, d, window, cap,
+                                                               shuffled):
     """Above SPLIT_ROWS rows (a prompt's chunk in the server's step), over a float16 pool on h100, the rows' kernel
     is the tensor cores' tiles (schedule/attention_mma.py, `paged`): a block's rows of 16 queries belong to one or
     more of the step's sequences, each sequence's keys taken in tiles through its page table, the other sequences'
@@ -197,6 +199,9 @@ def test_prompt_chunks_over_a_half_pool_take_the_tensor_cores(backend, starts, c
         v[rows] = rng.standard_normal((len(rows), kvh, d)).astype(np.float32)
     k, v = k.astype(np.float16), v.astype(np.float16)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
+    if shuffled:  # a block's rows then hold every sequence, out of order
+        order = rng.permutation(n)
+        m = {**m, "seq": np.ascontiguousarray(m["seq"][order]), "pos": np.ascontiguousarray(m["pos"][order])}
     prog = schedule_program(paged_program(n, h, kvh, d, pages * size, "float16", **attrs), target)
     sched = prog.attrs["schedule"]
     assert sched.rule == "attention-split|attention-mma" and sched.kernels[-1].tensor == "attention"
