@@ -3,8 +3,8 @@
 Takes what attention_tiles.py takes (causal attention over a contiguous or ring cache, more than one query), and a
 batched step's rows over the page pool above attention.SPLIT_ROWS (`paged`: segments() below), where the
 target has tensor cores, the cache is float16 (the presets' `kv_cache: float16`) and head_dim is a multiple of 16. A
-block of W warps makes BQ = 16 W consecutive queries of one head, each warp 16 of them; the keys the block's queries
-see go by in tiles of BK, staged in shared memory once for all its warps:
+block makes BQ = 16 R consecutive queries of one head, R rows of 16, each a warp's (two warps' past head_dim 128,
+below); the keys the block's queries see go by in tiles of BK, staged in shared memory once for all its warps:
 
 1. the block's threads stage the tile's BK rows of K and V (half, as cached; all their loads in flight together),
    then a barrier;
@@ -25,7 +25,7 @@ see go by in tiles of BK, staged in shared memory once for all its warps:
 
 At the end each warp stores its fragments through 16 x 16 floats of shared memory, and its lanes write O / l for the
 queries that exist. Where the fragments' sums meet, the errors are float's: QK^T over head_dim in one fragment, PV over
-a tile. Shared memory: Qh, Ql (BQ rows), K, V (BK rows), S and Ph, Pl (16 rows a warp); W and BK are the largest of
+a tile. Shared memory: Qh, Ql (BQ rows), K, V (BK rows), S and Ph, Pl (16 rows a warp); R and BK are the first of
 (4, 32), (2, 32), (1, 32), (1, 16) that fit the target (at most CUDA's 48 KiB of static shared memory): head_dim 64
 takes four rows of 16 queries, 128 two. Past 128 a warp's output fragments would spill (at 256, Gemma's: 255
 registers), so there two warps take each row of 16 queries, each computing the same scores and softmax (the same
@@ -41,7 +41,7 @@ from .attention import COPY_BATCH, NEG, STATIC_SHARED
 from .attention_tiles import below, over, sees
 from .lowering import batched_copy
 
-SHAPES = ((4, 32), (2, 32), (1, 32), (1, 16))  # (warps a row of 16 queries takes, keys a tile), the first that fits
+SHAPES = ((4, 32), (2, 32), (1, 32), (1, 16))  # (rows of 16 queries a block, keys a tile), the first that fits
 # A warp's output fragments cover at most this much of head_dim: at 256 (Gemma's) one warp's 16 fragments (128 floats
 # a thread) spilled (255 registers, 164 bytes of spill stores), so there two warps take the same 16 queries, each
 # computing the (same) scores and softmax and half of the output
