@@ -73,6 +73,20 @@ def scatter(rng, starts, counts, page_size, pages, kvh, d):
     return cache
 
 
+def step_case(starts, counts, size, pages, kvh, d):
+    """(the generator, the step's metadata, its rows, the key and value pools): every sequence's keys and values at
+    the rows its table names, garbage elsewhere (scatter)."""
+    rng = np.random.default_rng(sum(starts) * 31 + sum(counts))
+    cache = scatter(rng, starts, counts, size, pages, kvh, d)
+    m = cache.meta
+    k, v = cache.k[0], cache.v[0]
+    for b, (s, c) in enumerate(zip(starts, counts)):
+        rows = np.asarray([m["pages"][b][x // size] * size + x % size for x in range(s + c)])
+        k[rows] = rng.standard_normal((len(rows), kvh, d)).astype(np.float32)
+        v[rows] = rng.standard_normal((len(rows), kvh, d)).astype(np.float32)
+    return rng, m, len(m["pos"]), k, v
+
+
 @pytest.mark.parametrize("backend", sorted(PRESETS))
 @pytest.mark.parametrize("starts,counts,h,kvh,window,cap", [
     ([0], [1], 4, 4, 0, 0.0),                  # one sequence's first token
@@ -90,16 +104,7 @@ def test_paged_attention_matches_reference(backend, starts, counts, h, kvh, wind
     d, scale, size, pages = 32, 0.125, 16, 48
     attrs = {"scale": scale, "page_size": size, **({"window": window} if window else {}),
              **({"softcap": cap} if cap else {})}
-    rng = np.random.default_rng(sum(starts) * 31 + sum(counts))
-    cache = scatter(rng, starts, counts, size, pages, kvh, d)
-    m = cache.meta
-    n = len(m["pos"])
-    k, v = cache.k[0], cache.v[0]
-    for b, (s, c) in enumerate(zip(starts, counts)):  # the keys of each sequence, at the rows its table names
-        j = np.arange(s + c)
-        rows = np.asarray([cache.meta["pages"][b][x // size] * size + x % size for x in j])
-        k[rows] = rng.standard_normal((len(j), kvh, d)).astype(np.float32)
-        v[rows] = rng.standard_normal((len(j), kvh, d)).astype(np.float32)
+    rng, m, n, k, v = step_case(starts, counts, size, pages, kvh, d)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     prog = schedule_program(paged_program(n, h, kvh, d, pages * size, **attrs), target)
     sched = prog.attrs["schedule"]
@@ -188,15 +193,7 @@ def test_prompt_chunks_over_a_half_pool_take_the_tensor_cores(backend, starts, c
     scale, size, pages = 0.125, 16, 48
     attrs = {"scale": scale, "page_size": size, **({"window": window} if window else {}),
              **({"softcap": cap} if cap else {})}
-    rng = np.random.default_rng(sum(starts) * 31 + sum(counts))
-    cache = scatter(rng, starts, counts, size, pages, kvh, d)
-    m = cache.meta
-    n = len(m["pos"])
-    k, v = cache.k[0], cache.v[0]
-    for b, (s, c) in enumerate(zip(starts, counts)):
-        rows = np.asarray([m["pages"][b][x // size] * size + x % size for x in range(s + c)])
-        k[rows] = rng.standard_normal((len(rows), kvh, d)).astype(np.float32)
-        v[rows] = rng.standard_normal((len(rows), kvh, d)).astype(np.float32)
+    rng, m, n, k, v = step_case(starts, counts, size, pages, kvh, d)
     k, v = k.astype(np.float16), v.astype(np.float16)
     q = (rng.standard_normal((n, h, d)) * 3).astype(np.float32)
     if shuffled:  # a block's rows then hold every sequence, out of order
