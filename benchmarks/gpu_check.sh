@@ -23,7 +23,9 @@
 # benchmarks/gpu_calibrate.py then compares the profiles
 # (lease-bench.jsonl) with the performance model, on packages compiled here from the same code.
 # kv: the float16 KV cache (h100's default since 2026-11-29) against float32 (--override kv_cache=float32), a
-# Llama-3.2-1B-shaped package decoding after a 4,000-token prompt, interleaved: a second call after `lease`.
+# Llama-3.2-1B-shaped package decoding after a 4,000-token prompt, interleaved: a second call after `lease`. Its
+# prefill of 4,000 tokens (chunks of 2,048) also A/Bs the attention: the tensor cores' tiles take a float16 cache
+# only, so the float32 package's prefill runs the SIMT tiles.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
