@@ -127,7 +127,7 @@ def inspect(model, stage, device, quantization, head_quantization, activations, 
             kv = kv_cache_bytes(compiled.lowered, cfg, prepared.context_window, preset.kv_cache) \
                 if report["kv_cache_bytes"] else 0
             report["total_bytes"] += consts + kv - report["kv_cache_bytes"]
-            report["kv_cache_bytes"] = kv
+            report["kv_cache_bytes"], report["kv_cache_dtype"] = kv, preset.kv_cache
         if as_json:
             click.echo(json.dumps(report, indent=2))
         else:
@@ -250,5 +250,7 @@ def _print_memory(report: dict, where: str) -> None:
                       str(r["storages"]), f"{100 * r['reduction']:.0f}%")
     console = Console()
     console.print(table)
-    console.print(f"weights {human_size(report['weights_bytes'])}, KV cache {human_size(report['kv_cache_bytes'])}, "
+    kv = f"KV cache {human_size(report['kv_cache_bytes'])}" + (f" ({report['kv_cache_dtype']})" if "kv_cache_dtype" in report
+                                                                 else "")
+    console.print(f"weights {human_size(report['weights_bytes'])}, {kv}, "
                   f"total at load {human_size(report['total_bytes'])} (weights + KV cache + the largest prefill plan + decode)")

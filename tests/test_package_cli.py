@@ -431,18 +431,22 @@ def test_inspect_source_is_the_packages_kernel_text(compiled, model_dir, preset)
                           "no kernel 'no_such_kernel'", "--kernels")
 
 
-@pytest.mark.parametrize("device", [None, "cpu-opencl"])
+@pytest.mark.parametrize("device", [None, "cpu-opencl", "h100"])
 def test_inspect_memory(model_dir, device):
+    """The memory plan, weights and KV cache; h100's float16 cache half cpu-opencl's float32 one."""
     extra = ("--device", device) if device else ()
+    kv = 32768 if device == "h100" else 65536
     r = cli("inspect", model_dir, "--memory", "--json", *extra)
     assert r.returncode == 0, r.stderr
     m = json.loads(r.stdout)
     assert [(a["function"], a["seq_len"]) for a in m["activations"]] == [
         ("prefill", 128), ("prefill", 256), ("prefill", 512), ("decode", 1)]
     assert all(0 < a["planned_bytes"] <= a["unplanned_bytes"] for a in m["activations"])
-    assert m["context_window"] == 128 and m["kv_cache_bytes"] == 65536 and m["weights_bytes"] > 0
+    assert m["context_window"] == 128 and m["kv_cache_bytes"] == kv and m["weights_bytes"] > 0
+    assert m.get("kv_cache_dtype") == {None: None, "cpu-opencl": "float32", "h100": "float16"}[device]
     table = cli("inspect", model_dir, "--memory", *extra)
-    assert table.returncode == 0 and "decode" in table.stdout and "KV cache 65.5 KB" in table.stdout
+    assert table.returncode == 0 and "decode" in table.stdout
+    assert f"KV cache {kv / 1000:.1f} KB" + (f" ({m['kv_cache_dtype']})" if device else ",") in table.stdout
 
 
 # ---- bad input ---------------------------------------------------------------------------------
