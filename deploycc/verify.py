@@ -321,10 +321,14 @@ def jittered_rounding(seed: int):
     rng = np.random.default_rng(seed)
 
     def rounded(x, bits, weight=""):
-        x = np.asarray(x, np.float32)
-        moved = x.astype(np.float64) * (1 + rng.uniform(-NOISE_ULPS, NOISE_ULPS, x.shape) * 2.0 ** -24)
-        return round_activations_np(moved.astype(np.float32), bits)
+        return round_activations_np(moved(x, rng, NOISE_ULPS), bits)
     return rounded
+
+
+def moved(x, rng, ulps: float) -> np.ndarray:
+    """x (float32) with each element moved by up to `ulps` float32 ulps, relative, drawn from rng."""
+    x = np.asarray(x, np.float32)
+    return (x.astype(np.float64) * (1 + rng.uniform(-ulps, ulps, x.shape) * 2.0 ** -24)).astype(np.float32)
 
 
 def jittered_append(seed: int):
@@ -335,13 +339,8 @@ def jittered_append(seed: int):
 
     rng = np.random.default_rng(seed + 1000)
 
-    def moved(x):
-        x = np.asarray(x, np.float32)
-        return (x.astype(np.float64) * (1 + rng.uniform(-KV_NOISE_ULPS, KV_NOISE_ULPS, x.shape) * 2.0 ** -24)
-                ).astype(np.float32)
-
     def append(cache, k, v, *slot, **attrs):
-        return _append_ref(cache, moved(k), moved(v), *slot, **attrs)
+        return _append_ref(cache, moved(k, rng, KV_NOISE_ULPS), moved(v, rng, KV_NOISE_ULPS), *slot, **attrs)
     return append
 
 
@@ -387,9 +386,8 @@ def half_cache(model, jitter: int | None = None) -> None:
     rng = None if jitter is None else np.random.default_rng(jitter + 1000)
 
     def rounded(x):
-        if rng is not None:
-            x = x * (1 + torch.from_numpy(rng.uniform(-KV_NOISE_ULPS, KV_NOISE_ULPS, tuple(x.shape))).to(x.dtype)
-                     * 2.0 ** -24)
+        if rng is not None:  # as jittered_append moves the numpy reference's
+            x = torch.from_numpy(moved(x.detach().numpy(), rng, KV_NOISE_ULPS))
         return x.half().float()
 
     def attention(module, query, key, value, *args, **kwargs):

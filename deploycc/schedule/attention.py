@@ -160,7 +160,11 @@ class Paged:
 
     def row(self, i, j) -> tir.V:
         """The pool row of key j of query i's sequence."""
-        return self.pages[self.seq[i], sym.floordiv(j, self.size)] * self.size + tir.index(sym.mod(j, self.size))
+        return self.page_row(self.seq[i], j)
+
+    def page_row(self, b, j) -> tir.V:
+        """The pool row of key j of the step's sequence b."""
+        return self.pages[b, sym.floordiv(j, self.size)] * self.size + tir.index(sym.mod(j, self.size))
 
     def sees(self, i, j, window: int, keys: int = 1) -> tir.V:
         """Whether query i sees key j (or any of the `keys` keys from j on): causal, and the last `window`."""

@@ -151,8 +151,7 @@ def schedule(prog: TensorProgram, target, keys, row, paged=None) -> Schedule | N
         flat = e * T + U
         rr, cc = sym.floordiv(flat, D), sym.mod(flat, D)
         if paged:  # the segment's sequence's key through its page table (past its keys: a page it names, or page 0)
-            j = sym.smin(KT * BK + rr, t - 1)
-            at_ = paged.pages[seg_b[0], sym.floordiv(j, paged.size)] * paged.size + tir.index(sym.mod(j, paged.size))
+            at_ = paged.page_row(seg_b[0], sym.smin(KT * BK + rr, t - 1))
             return [(Ks, rr * LQ + cc, K[at_, kv, cc]), (Vs, rr * LQ + cc, Vb[at_, kv, cc])], None
         j = row(sym.smin(base + rr, hi - 1))
         return [(Ks, rr * LQ + cc, K[j, kv, cc]), (Vs, rr * LQ + cc, Vb[j, kv, cc])], None
@@ -162,10 +161,7 @@ def schedule(prog: TensorProgram, target, keys, row, paged=None) -> Schedule | N
         if not paged:
             return sees(i, base + jj, hi, t, n, window)
         q = sym.smin(i, n - 1)
-        j = tir.index(KT * BK + jj)
-        ok = tir.V("and", "bool", (paged.seq[q].cmp("eq", seg_b[0]), j.cmp("le", paged.pos[q])))
-        if window:
-            ok = tir.V("and", "bool", (ok, j.cmp("gt", paged.pos[q] - window)))
+        ok = tir.V("and", "bool", (paged.seq[q].cmp("eq", seg_b[0]), paged.sees(q, KT * BK + jj, window)))
         return tir.V("and", "bool", (ok, below(i, n)))
 
     # 2. S = Qh K^T + Ql K^T, each fragment of the tile's 16-key columns fresh
