@@ -2,9 +2,10 @@
 the same package run by the Python runtime (wgpu-py on Mesa lavapipe), in one run.
 
     .venv/bin/python benchmarks/browser.py [--device chrome-webgpu-swiftshader] [--quantization q4f16_1]
-                                           [--prompt-len 32,128] [--gen-len 32] [--json]
+                                           [--kv-cache float16,float32] [--prompt-len 32,128] [--gen-len 32] [--json]
 
-The package is compiled once into $DEPLOYCC_HOME/bench/packages/DEVICE/QUANT. Prefill: `--prompt-len` tokens
+The package is compiled once into $DEPLOYCC_HOME/bench/packages/DEVICE/QUANT-kvTYPE, for each KV cache type of
+`--kv-cache` (default: the preset's; several: one package each, measured one after the other in each runtime). Prefill: `--prompt-len` tokens
 in one step, after a warm-up step; decode: `--gen-len` single-token steps after it; each tok/s is tokens over
 the wall time of the engine's calls (the browser's performance.now(), Python's perf_counter), logits read
 back every step. Load: page open to engine ready (fetch, SHA-256 checks, WGSL builds, weight upload), once
@@ -52,7 +53,8 @@ BROWSERS = [("deploycc.js, Chromium", [], ""),
              "?feature_level=compatibility")]
 
 
-def browser_rows(pkg: Path, prompt_lens: list[int], gen: int, label: str, flags: list[str], query: str) -> list[dict]:
+def browser_rows(pkg: Path, kv: str, prompt_lens: list[int], gen: int, label: str, flags: list[str],
+                 query: str) -> list[dict]:
     from playwright.sync_api import sync_playwright
 
     exe = next((p for p in CHROMIUM if os.path.exists(p)), None)
@@ -80,7 +82,7 @@ def browser_rows(pkg: Path, prompt_lens: list[int], gen: int, label: str, flags:
         for n in prompt_lens:
             log(f"{label}: prefill {n}, decode {gen}")
             r = page.evaluate(MEASURE, [n, gen])
-            rows.append({"runtime": label, "adapter": r["adapter"], "f16": r["f16"], "prompt": n,
+            rows.append({"runtime": label, "adapter": r["adapter"], "f16": r["f16"], "kv_cache": kv, "prompt": n,
                          "prefill_tok_s": r["prefill_tok_s"], "decode_tok_s": r["decode_tok_s"],
                          "load_s": loads[0], "load_cached_s": loads[1]})
         browser.close()
@@ -88,7 +90,7 @@ def browser_rows(pkg: Path, prompt_lens: list[int], gen: int, label: str, flags:
     return rows
 
 
-def python_rows(pkg: Path, prompt_lens: list[int], gen: int) -> list[dict]:
+def python_rows(pkg: Path, kv: str, prompt_lens: list[int], gen: int) -> list[dict]:
     import numpy as np
 
     from deploycc.runtime.engine import Engine
@@ -112,7 +114,7 @@ def python_rows(pkg: Path, prompt_lens: list[int], gen: int) -> list[dict]:
             eng.decode(tok)
         decode = time.perf_counter() - t
         rows.append({"runtime": "deploycc Python (wgpu-py)", "adapter": eng.device.name, "f16": getattr(eng, "f16", "-"),
-                     "prompt": n, "prefill_tok_s": n / prefill, "decode_tok_s": gen / decode, "load_s": load,
+                     "kv_cache": kv, "prompt": n, "prefill_tok_s": n / prefill, "decode_tok_s": gen / decode, "load_s": load,
                      "load_cached_s": None})
     return rows
 
@@ -121,28 +123,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="chrome-webgpu-swiftshader")
     ap.add_argument("--quantization", default="q4f16_1")
+    ap.add_argument("--kv-cache", default="", help="KV cache types, comma-separated (default: the preset's)")
     ap.add_argument("--prompt-len", type=_int_list, default=[32, 128])
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     fetch = load_fetch_script()
     hf_dir, _ = ensure_model(fetch)
-    pkg = ensure_package(fetch.cache_home() / "bench", args.quantization, hf_dir,
-                         ["--quantization", args.quantization, "--context-window", "1024"], 0, args.device)
-    rows = [r for b in BROWSERS for r in browser_rows(pkg, args.prompt_len, args.gen_len, *b)]
-    rows += python_rows(pkg, args.prompt_len, args.gen_len)
-    report = {"machine": machine_info(), "package": str(pkg), "device": args.device, "quantization": args.quantization,
-              "gen_len": args.gen_len, "rows": rows}
+    from deploycc import presets
+
+    kvs = args.kv_cache.split(",") if args.kv_cache else [presets.load(args.device).kv_cache]
+    pkgs = {kv: ensure_package(fetch.cache_home() / "bench", f"{args.quantization}-kv{kv}", hf_dir,
+                               ["--quantization", args.quantization, "--context-window", "1024",
+                                "--override", f"kv_cache={kv}"], 0, args.device) for kv in kvs}
+    rows = [r for b in BROWSERS for kv, pkg in pkgs.items()
+            for r in browser_rows(pkg, kv, args.prompt_len, args.gen_len, *b)]
+    rows += [r for kv, pkg in pkgs.items() for r in python_rows(pkg, kv, args.prompt_len, args.gen_len)]
+    report = {"machine": machine_info(), "packages": {kv: str(p) for kv, p in pkgs.items()}, "device": args.device,
+              "quantization": args.quantization, "gen_len": args.gen_len, "rows": rows}
     if args.json:
         print(json.dumps(report, indent=2))
         return
     m = report["machine"]
     print(f"SmolLM2-135M-Instruct {args.quantization}, preset {args.device}; {m.get('cpu')} ({m.get('cpus')} CPUs)")
-    print(f"{'runtime':28} {'adapter':34} {'f16':7} {'prompt':>6} {'prefill tok/s':>14} {'decode tok/s':>13} "
+    print(f"{'runtime':28} {'adapter':34} {'f16':7} {'KV':7} {'prompt':>6} {'prefill tok/s':>14} {'decode tok/s':>13} "
           f"{'load s':>7} {'cached s':>8}")
     for r in rows:
         cached = f"{r['load_cached_s']:.1f}" if r["load_cached_s"] is not None else "-"
-        print(f"{r['runtime']:28} {str(r['adapter'])[:34]:34} {r['f16']:7} {r['prompt']:>6} {r['prefill_tok_s']:>14.1f} "
+        print(f"{r['runtime']:28} {str(r['adapter'])[:34]:34} {r['f16']:7} {r['kv_cache']:7} {r['prompt']:>6} "
+              f"{r['prefill_tok_s']:>14.1f} "
               f"{r['decode_tok_s']:>13.2f} {r['load_s']:>7.1f} {cached:>8}")
 
 

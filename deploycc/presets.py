@@ -25,7 +25,8 @@ TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context
 # The KV cache's element type: float32, or float16 (half the bytes a decode step reads at long contexts and half the
 # memory a sequence holds; MLC's and llama.cpp's default) where the target's kernels store half floats
 KV_CACHE = ("float32", "float16")
-KV_HALF_KINDS = ("cuda", "opencl")  # (OpenCL: vstore_half / vload_half, core OpenCL C without cl_khr_fp16)
+KV_HALF_KINDS = ("cuda", "opencl", "webgpu")  # OpenCL: vstore_half / vload_half (core OpenCL C without
+# cl_khr_fp16); WebGPU: f16 storage with shader-f16, else pack2x16float into u32 words (targets/wgsl.py)
 # A GPU preset's device, for the performance model (deploycc/perfmodel.py; `inspect PKG --kernels`): the vendor's
 # peak figures, and its limits per multiprocessor (occupancy). Not part of the target: no kernel depends on them.
 HARDWARE = {"bandwidth_gb_s": (1, 100_000), "multiprocessors": (1, 4096), "fp32_tflops": (0.1, 10_000),

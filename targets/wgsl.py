@@ -8,8 +8,15 @@ f32. Natively they are `array<f16>` under `enable f16;`, which needs the adapter
 (absent from SwiftShader and from lavapipe through ANGLE). The packed variant (packed_f16=True) declares
 them `array<u32>`, two halves per word in memory order, and reads element i as
 `unpack2x16float(w[u32(i) >> 1u])[u32(i) & 1u]` (WGSL core), so the same buffer bytes serve both.
-Packed kernels only read f16: a store would be a read-modify-write of a word another invocation may be
-writing, and no kernel today writes f16 (every f16 buffer is a weight).
+A packed kernel that writes f16 (a float16 KV cache's appends) declares the buffer `array<atomic<u32>>` and stores
+element i as two atomics on its word: `atomicAnd` clears its half's 16 bits, `atomicOr` sets them to the value's
+half. Each touches only its own half, so the invocation writing the word's other half at the same time (a plain
+read-modify-write of the word would lose one of the two) leaves it as it finds it.
+
+Every f16 store rounds through `half_bits` (HALF_BITS): to nearest, ties to even, in integer operations on the
+float's bits. WGSL leaves the rounding of f32 -> f16 (`f16()`, `pack2x16float`) to the implementation: SwiftShader's
+rounds otherwise, which put its float16 KV cache as far from the rounding reference (CUDA's `__float2half`,
+OpenCL's `vstore_half`, numpy's) as from no rounding at all (a tiny Qwen3's decode: 1.3e-3 of its largest logit).
 """
 from __future__ import annotations
 
@@ -49,6 +56,20 @@ def split_plan(k, max_binding: int) -> dict[int, tuple[int, int]]:
 def split_bytes(k, max_binding: int) -> dict[int, tuple[int, int]]:
     """split_plan in bytes, as the runtime binds ranges: buffer index -> (bytes per range, ranges)."""
     return {i: (chunk * ITEMSIZE[k.buffers[i].dtype], parts) for i, (chunk, parts) in split_plan(k, max_binding).items()}
+
+
+# x's nearest f16, ties to even, as the low 16 bits: NaN quiet, from 65,520 (halfway past the largest, 65,504) inf,
+# below 2^-14 a subnormal (|x| 2^24 to the nearest integer: WGSL's round() takes ties to even), else the 13 bits
+# dropped rounded into the rest (a carry moves the exponent) and the exponent's bias moved from 127 to 15
+HALF_BITS = """fn half_bits(x: f32) -> u32 {
+  let b = bitcast<u32>(x);
+  let a = b & 0x7fffffffu;
+  var h = (a + 0xfffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u;
+  if (a > 0x7f800000u) { h = 0x7e00u; } else if (a >= 0x477ff000u) { h = 0x7c00u; }
+  else if (a < 0x38800000u) { h = u32(round(bitcast<f32>(a) * 16777216.0)); }
+  return ((b >> 16u) & 0x8000u) | h;
+}
+"""
 
 
 class WGSLRenderer(CStyleRenderer):
@@ -208,9 +229,14 @@ class WGSLRenderer(CStyleRenderer):
         return super().load(buf, indices)
 
     def store(self, st) -> str:
-        if st.buffer.dtype == "float16":
-            return (f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = "
-                    f"f16({self.value(st.value)});")
+        if st.buffer.dtype == "float16":  # rounded by half_bits from f32 (the value's cast to half is that)
+            v = st.value
+            if isinstance(v, V) and v.op == "cast" and v.dtype == "float16":
+                v = v.src[0]
+            name, at = self.name(st.buffer, st.buffer.name), self.flat_index(st.buffer, st.indices)
+            if self.packed_f16:
+                return f"st_{name}({at}, {self.value(v)});"
+            return f"{name}[{at}] = f16(unpack2x16float(half_bits({self.value(v)})).x);"
         return f"{self.name(st.buffer, st.buffer.name)}[{self.flat_index(st.buffer, st.indices)}] = {self.value(st.value)};"
 
     def flat_index(self, buf, indices) -> str:
@@ -232,10 +258,12 @@ class WGSLRenderer(CStyleRenderer):
         for i, b in enumerate(k.buffers):
             access = "read_write" if b in k.written else "read"
             packed = self.packed_f16 and b.dtype == "float16"
-            if packed and b in k.written:
-                raise ValueError(f"{k.name} writes the float16 buffer {b.name}; the variant without shader-f16 "
-                                 "only reads f16 (store float32 instead)")
             name, ty = self.name(b, b.name), "u32" if packed else self.ctype(b.dtype)
+            if packed and b in k.written:  # never split: split_plan refuses an output past one binding
+                decls += [f"@group(0) @binding({binding}) var<storage, read_write> {name}: array<atomic<u32>>;",
+                          self.load_fn(name, "atomic", [name], 0), self.store_fn(name)]
+                binding += 1
+                continue
             if i not in plan and not packed:
                 decls.append(f"@group(0) @binding({binding}) var<storage, {access}> {name}: array<{ty}>;")
                 binding += 1
@@ -274,21 +302,30 @@ class WGSLRenderer(CStyleRenderer):
     @staticmethod
     def load_fn(name: str, ty: str, ranges: list[str], chunk: int) -> str:
         """`ld_<name>(i)`: element i of a buffer of `ty` bound as `ranges` (consecutive, `chunk` elements each but
-        the last); a u32 buffer here is packed f16, read as f32."""
+        the last); a u32 buffer here is packed f16, read as f32, and an "atomic" one packed f16 the kernel writes."""
         def get(r: str, i: str) -> str:
-            return f"unpack2x16float({r}[u32({i}) >> 1u])[u32({i}) & 1u]" if ty == "u32" else f"{r}[{i}]"
-        out = "f32" if ty == "u32" else ty
+            word = f"atomicLoad(&{r}[u32({i}) >> 1u])" if ty == "atomic" else f"{r}[u32({i}) >> 1u]"
+            return f"unpack2x16float({word})[u32({i}) & 1u]" if ty in ("u32", "atomic") else f"{r}[{i}]"
+        out = "f32" if ty in ("u32", "atomic") else ty
         if len(ranges) == 1:
             return f"fn ld_{name}(i: i32) -> {out} {{\n  return {get(ranges[0], 'i')};\n}}"
         body = "".join(f"  if (c == {p}) {{ return {get(r, 'o')}; }}\n" for p, r in enumerate(ranges[:-1]))
         return (f"fn ld_{name}(i: i32) -> {out} {{\n  let c = i / {chunk};\n  let o = i - c * {chunk};\n"
                 f"{body}  return {get(ranges[-1], 'o')};\n}}")
 
+    @staticmethod
+    def store_fn(name: str) -> str:
+        """`st_<name>(i, x)`: x rounded to f16 into element i of a packed buffer (module docstring)."""
+        return (f"fn st_{name}(i: i32, x: f32) {{\n  let w = u32(i) >> 1u;\n  let sh = (u32(i) & 1u) * 16u;\n"
+                f"  atomicAnd(&{name}[w], ~(0xffffu << sh));\n"
+                f"  atomicOr(&{name}[w], half_bits(x) << sh);\n}}")
+
     def module(self, kernels) -> str:
         needs_f16 = not self.packed_f16 and any(b.dtype == "float16" for k in kernels for b in k.buffers)
         needs_subgroups = self.subgroup_ops and any(subgroup.has_subgroup_reduce(k) for k in kernels)
+        stores_f16 = any(b.dtype == "float16" for k in kernels for b in k.written)
         return ("enable f16;\n" if needs_f16 else "") + ("enable subgroups;\n" if needs_subgroups else "") + \
-            "\n".join(self.kernel(k) for k in kernels)
+            (HALF_BITS if stores_f16 else "") + "\n".join(self.kernel(k) for k in kernels)
 
 
 def render(kernels, target=None, packed_f16: bool = False, subgroups: bool = False) -> str:

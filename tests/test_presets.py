@@ -114,9 +114,9 @@ def test_bad_types_and_values(tmp_path, old, new, needles):
 
 
 def test_a_half_cache_needs_half_stores(tmp_path):
-    text = GOOD.replace("kind: opencl", "kind: webgpu").replace("backend: opencl", "backend: webgpu")
+    text = GOOD.replace("kind: opencl", "kind: cpu\n  isa: native").replace("backend: opencl", "backend: cpu")
     msg = error(tmp_path, text + "kv_cache: float16\n")
-    assert "'kv_cache: float16' needs a target whose kernels store half floats (cuda, opencl), not webgpu" in msg
+    assert "'kv_cache: float16' needs a target whose kernels store half floats (cuda, opencl, webgpu), not cpu" in msg
     assert "use kv_cache: float32" in msg
 
 
@@ -165,9 +165,9 @@ def test_overrides():
     assert h100.kv_cache == "float16" and presets.load("rtx4090").kv_cache == "float16" and p.kv_cache == "float32"
     assert apply_overrides(h100, ["kv_cache=float32"]) == replace(h100, kv_cache="float32")
     assert apply_overrides(h100, ["prefill_chunk=64"]).hardware == h100.hardware
-    assert apply_overrides(p, ["kv_cache=float16"]).kv_cache == "float16"  # OpenCL stores half too
-    with pytest.raises(DeployError, match="needs a target whose kernels store half floats"):
-        apply_overrides(presets.load("cpu-webgpu"), ["kv_cache=float16"])
+    assert apply_overrides(p, ["kv_cache=float16"]).kv_cache == "float16"  # OpenCL stores half too, and WebGPU
+    assert presets.load("chrome-webgpu").kv_cache == "float16" and presets.load("cpu-webgpu").kv_cache == "float32"
+    assert apply_overrides(presets.load("cpu-webgpu"), ["kv_cache=float16"]).kv_cache == "float16"
     with pytest.raises(DeployError, match="needs a target whose kernels store half floats"):
         apply_overrides(presets.load("cpu"), ["kv_cache=float16"])
 

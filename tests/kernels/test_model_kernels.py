@@ -12,8 +12,9 @@ atol 1e-4 + rtol 1e-4 of the interpreter's; logits within max |diff| LOGIT_TOL *
 graph-level reference session: float32 rounding in another summation order, which grows with the fixtures'
 realistic magnitudes (measured up to 1.4e-5 of the largest logit: 1.6e-4 at 12, qwen3-gqa2-headdim-window on PoCL;
 the earlier 1e-4 was 7e-5 to 3e-4 of the logits of transformers' initialisation). The h100 run keeps its preset's
-float16 KV cache (the reference session's rounds alike; its attention kernels read half), and so does PoCL's run
-(vload_half / vstore_half), held to HALF_LOGIT_TOL; rtx4090's keeps float32 (KV_CACHE).
+float16 KV cache (the reference session's rounds alike; its attention kernels read half), and so do PoCL's run
+(vload_half / vstore_half) and lavapipe's (f16 storage, chrome-webgpu's default), held to HALF_LOGIT_TOL;
+rtx4090's keeps float32 (KV_CACHE).
 """
 import numpy as np
 import pytest
@@ -39,7 +40,8 @@ EMULATE = {"cuda-emu-h100": "forward", "cuda-emu-rtx4090": "reverse"}
 # The KV cache: the preset's (float16 on the CUDA presets, float32 elsewhere), but rtx4090's emulation keeps float32
 # (`--override kv_cache=float32`), so that both caches' attention kernels run on every architecture, and one CUDA
 # run's logits stay within float32's summation order of the reference's
-KV_CACHE = {"cuda-emu-rtx4090": "float32", "opencl": "float16"}  # PoCL: a half cache through vload/vstore_half
+# PoCL: a half cache through vload/vstore_half; lavapipe: through f16 storage (chrome-webgpu's cache)
+KV_CACHE = {"cuda-emu-rtx4090": "float32", "opencl": "float16", "webgpu": "float16"}
 # A float16 cache rounds each key and value, and one that the kernels and the reference (float32 sums in other
 # orders) put on either side of a tie between two halves rounds apart: every later position moves, the more the
 # more peaked the attention (measured up to 2.3e-4 of the largest logit on h100, gpt2-odd at 64 tokens; 1.6e-3 on

@@ -1,12 +1,15 @@
-"""A float16 KV cache (`kv_cache: float16`: the h100, rtx4090 and adreno presets'; `--override kv_cache=...` sets it
-on any CUDA or OpenCL preset).
+"""A float16 KV cache (`kv_cache: float16`: the h100, rtx4090, adreno and chrome-webgpu presets'; `--override
+kv_cache=...` sets it on any CUDA, OpenCL or WebGPU preset).
 
-The keys and values are rounded to half (to nearest, ties to even: CUDA's `__float2half`, OpenCL's `vstore_half`)
-where they are stored, by the fused rope-and-append kernel and by kv_pair in the server's steps; every attention kernel
-reads them back as float. The package says so (manifest kv_cache.dtype), its KV cache and page pool take half the
-bytes, and the reference session rounds its cache alike: the package's logits are within float32's summation order of
-that reference, and much further from the float32 cache's (the negative control: the rounding is real and the
-reference's is the same). Here on the CUDA emulation (h100) and on PoCL (cpu-opencl with the override).
+The keys and values are rounded to half (to nearest, ties to even: CUDA's `__float2half`, OpenCL's `vstore_half`,
+WGSL's `f16()` or `pack2x16float`) where they are stored, by the fused rope-and-append kernel and by kv_pair in the
+server's steps; every attention kernel reads them back as float. The package says so (manifest kv_cache.dtype), its
+KV cache and page pool take half the bytes, and the reference session rounds its cache alike: the package's logits
+are within float32's summation order of that reference, and much further from the float32 cache's (the negative
+control: the rounding is real and the reference's is the same). Here on the CUDA emulation (h100), on PoCL
+(cpu-opencl with the override) and on lavapipe (cpu-webgpu with the override), WebGPU twice: with shader-f16
+(`array<f16>`) and without it (`cpu-webgpu-nof16`: the kernels that adapters without it run, two halves a u32 word,
+each written with an atomicAnd and an atomicOr, targets/wgsl.py).
 """
 from __future__ import annotations
 
@@ -22,18 +25,29 @@ from deploycc.runtime.engine import Engine
 from fixtures import make_tiny
 
 MODEL = "llama-gqa3-llama3rope"
-SOURCES = {"h100": "kernels.cu", "cpu-opencl": "kernels.cl"}
+SOURCES = {"h100": "kernels.cu", "cpu-opencl": "kernels.cl", "cpu-webgpu": "*.wgsl", "cpu-webgpu-nof16": "*.nof16.wgsl"}
 # how each target stores and declares a half cache
 HALF = {"h100": ("half* __restrict__ k_cache", "__float2half("),  # the fused append
-        "cpu-opencl": ("__global const half* restrict k,", "vstore_half(")}  # kv_copy; the attention's keys
+        "cpu-opencl": ("__global const half* restrict k,", "vstore_half("),  # kv_copy; the attention's keys
+        "cpu-webgpu": ("var<storage, read_write> k_cache: array<f16>;", "] = f16("),
+        "cpu-webgpu-nof16": ("var<storage, read_write> k_cache: array<atomic<u32>>;", "st_k_cache(")}
 
 
 def needs(preset: str, monkeypatch) -> None:
     if preset == "h100":
         require_cxx()
         monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "forward")
-    else:
+    elif preset == "cpu-opencl":
         require_device("opencl")
+    else:  # lavapipe has shader-f16: without it, as on SwiftShader, through the environment
+        require_device("webgpu")
+        monkeypatch.setenv("DEPLOYCC_WEBGPU_F16", "0" if preset.endswith("-nof16") else "1")
+
+
+def source(pkg, preset: str) -> str:
+    pattern = SOURCES[preset]
+    return "".join(f.read_text() for f in sorted((pkg / "kernels").glob(pattern))
+                   if preset != "cpu-webgpu" or not f.name.endswith(".nof16.wgsl"))
 
 
 @pytest.fixture(scope="module", params=sorted(SOURCES))
@@ -45,7 +59,7 @@ def packages(request, tmp_path_factory):
         needs(preset, m)
         for kv in ("float16", "float32"):
             path = tmp_path_factory.mktemp(f"{preset}-{kv}") / "pkg"
-            out[kv] = compile_model(str(src), preset, "q4f16_1", context_window=64, out=str(path),
+            out[kv] = compile_model(str(src), preset.removesuffix("-nof16"), "q4f16_1", context_window=64, out=str(path),
                                     overrides=("prefill_chunk=16", "max_num_sequences=2", "kv_pool_tokens=128",
                                                f"kv_cache={kv}"))
     return preset, src, out
@@ -61,9 +75,9 @@ def test_the_package_says_and_allocates_half(packages, monkeypatch):
     assert 2 * half.cache.nbytes == full.cache.nbytes
     assert Engine.load(pkgs["float16"], paged=True).cache.dtype == "float16"
     declared, stored = HALF[preset]
-    source = (pkgs["float16"] / "kernels" / SOURCES[preset]).read_text()
-    assert declared in source and stored in source  # the appends store half, the attention kernels read it
-    assert declared not in (pkgs["float32"] / "kernels" / SOURCES[preset]).read_text()
+    text = source(pkgs["float16"], preset)
+    assert declared in text and stored in text  # the appends store half, the attention kernels read it
+    assert declared not in source(pkgs["float32"], preset)
 
 
 def test_the_reference_rounds_its_cache_alike(packages, monkeypatch):

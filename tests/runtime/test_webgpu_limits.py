@@ -74,7 +74,8 @@ def test_requires_counts_split_ranges(tmp_path):
 
 
 # llama-gqa1 at a context window of 32 and 4-token steps: its largest buffer is the merged gate/up weight (14336
-# bytes); at 128 tokens, a KV-cache layer (16384); with 32-token steps, an activation storage (14336).
+# bytes); at 128 tokens, a KV-cache layer (16384, float32: chrome-webgpu's float16 cache would take half); with
+# 32-token steps, an activation storage (14336).
 @pytest.mark.parametrize("ctx,chunk,limit,fragment,hint", [
     (32, 4, 8192, r"weight \w+ of kernel \w+ takes 14336 bytes", "choose a smaller --quantization"),
     (128, 4, 15000, "KV cache of layer 0 takes 16384 bytes", "lower --context-window"),
@@ -85,7 +86,7 @@ def test_a_buffer_over_max_buffer_size_is_a_compile_error(tmp_path, ctx, chunk, 
     with pytest.raises(DeployError, match=rf"^{fragment}, more than the target's max_buffer_size {limit} "
                                           rf"\(WebGPU's maxBufferSize\); {hint}") as e:
         compile_model(str(make_tiny("llama-gqa1")), "chrome-webgpu", "q0f32", out=str(out), context_window=ctx,
-                      overrides=(f"target.max_buffer_size={limit}", f"prefill_chunk={chunk}"))
+                      overrides=(f"target.max_buffer_size={limit}", f"prefill_chunk={chunk}", "kv_cache=float32"))
     assert "\n" not in str(e.value) and not out.exists()
 
 
