@@ -5,14 +5,14 @@ the same package run by the Python runtime (wgpu-py on Mesa lavapipe), in one ru
                                            [--kv-cache float16,float32] [--prompt-len 32,128] [--gen-len 32] [--json]
 
 The package is compiled once into $DEPLOYCC_HOME/bench/packages/DEVICE/QUANT-kvTYPE, for each KV cache type of
-`--kv-cache` (default: the preset's; several: one package each, measured one after the other in each runtime). Prefill: `--prompt-len` tokens
-in one step, after a warm-up step; decode: `--gen-len` single-token steps after it; each tok/s is tokens over
-the wall time of the engine's calls (the browser's performance.now(), Python's perf_counter), logits read
-back every step. Load: page open to engine ready (fetch, SHA-256 checks, WGSL builds, weight upload), once
-from the network and once from the Cache API. Chromium is Debian's, driven by Playwright, with
+`--kv-cache` (default: the preset's; several: one package each, measured one after the other in each runtime).
+Prefill: `--prompt-len` tokens in one step, after a warm-up step; decode: `--gen-len` single-token steps after it;
+each tok/s is tokens over the wall time of the engine's calls (the browser's performance.now(), Python's
+perf_counter), logits read back every step. Load: page open to engine ready (fetch, SHA-256 checks, WGSL builds,
+weight upload), once from the network and once from the Cache API. Chromium is Debian's, driven by Playwright, with
 --enable-unsafe-webgpu, twice: on its SwiftShader adapter, and on Mesa lavapipe through ANGLE's OpenGL ES
-(--use-angle=vulkan --use-webgpu-adapter=opengles, a compatibility-mode adapter); the adapter's f16 mode
-(packed without shader-f16) is in the table.
+(--use-angle=vulkan --use-webgpu-adapter=opengles, a compatibility-mode adapter); the adapter's f16 mode (packed
+without shader-f16) is in the table.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""WGSL without shader-f16: float16 buffers declared as packed u32 words and read with unpack2x16float, or written
-half a word at a time with atomics (targets/wgsl.py packed_f16). The packed modules never name f16; on lavapipe (which has shader-f16, forced off
-here with WebGPUDevice(f16=False) / DEPLOYCC_WEBGPU_F16=0) they give the interpreter's values exactly, split
-into binding ranges too, and packages of every f16 quantization give the same logits with either variant as with
-the other and within 1e-4 of the quantized reference."""
+"""WGSL without shader-f16: float16 buffers declared as packed u32 words and read with unpack2x16float, or written half
+a word at a time with atomics (targets/wgsl.py packed_f16). The packed modules never name f16; on lavapipe (which
+has shader-f16, forced off here with WebGPUDevice(f16=False) / DEPLOYCC_WEBGPU_F16=0) they give the interpreter's
+values exactly, split into binding ranges too, and packages of every f16 quantization give the same logits with
+either variant as with the other and within 1e-4 of the quantized reference."""
 import json
 import re
 

@@ -2,10 +2,10 @@
 adapter (no shader-f16), driven by Playwright, the bundle served from 127.0.0.1 by a static file server.
 
 Checked: prefill (every position) and decode logits of tiny models within 1e-3 (3e-3 with a float16 cache) of the
-largest logit of the numpy reference (its KV cache float16, as chrome-webgpu's: written as halves of u32 words with atomics, the reference
-rounding alike), with f16 weights read through the packed path, on SwiftShader (with subgroups: the reductions' subgroup
-variants) and on Mesa lavapipe through ANGLE (a compatibility-mode adapter, without subgroups: the shared-memory
-trees); a damaged weight file refused with a one-line message;
+largest logit of the numpy reference (its KV cache float16, as chrome-webgpu's: written as halves of u32 words with
+atomics, the reference rounding alike), with f16 weights read through the packed path, on SwiftShader (with
+subgroups: the reductions' subgroup variants) and on Mesa lavapipe through ANGLE (a compatibility-mode adapter,
+without subgroups: the shared-memory trees); a damaged weight file refused with a one-line message;
 a second load served from the Cache API without fetching weights; a storage quota too small for the
 weights leaves no cache behind and the model still runs; an adapter limit the package exceeds, bad requests,
 the sampler, the bundle served by `python PKG serve`; and (marked `model`) SmolLM2 4-bit greedy
@@ -205,15 +205,16 @@ HALVE = """async ([src, xs, groups, entry]) => {
   const out = device.createBuffer({size: words, usage: usage.STORAGE | usage.COPY_SRC});
   const back = device.createBuffer({size: words, usage: usage.MAP_READ | usage.COPY_DST});
   device.queue.writeBuffer(x, 0, new Float32Array(xs));
-  const pipe = device.createComputePipeline({layout: "auto", compute: {module: device.createShaderModule({code: src}), entryPoint: entry}});
+  const module = device.createShaderModule({code: src});
+  const pipe = device.createComputePipeline({layout: "auto", compute: {module, entryPoint: entry}});
   const group = device.createBindGroup({layout: pipe.getBindGroupLayout(0),
     entries: [{binding: 0, resource: {buffer: x}}, {binding: 1, resource: {buffer: out}}]});
   const enc = device.createCommandEncoder(), pass = enc.beginComputePass();
   pass.setPipeline(pipe); pass.setBindGroup(0, group); pass.dispatchWorkgroups(groups); pass.end();
   enc.copyBufferToBuffer(out, 0, back, 0, words); device.queue.submit([enc.finish()]);
   await back.mapAsync(GPUMapMode.READ);
-  return {bits: Array.from(new Uint16Array(back.getMappedRange().slice(0))), f16: navigator.gpu !== undefined &&
-          (await navigator.gpu.requestAdapter()).features.has("shader-f16")}; }"""
+  return {bits: Array.from(new Uint16Array(back.getMappedRange().slice(0))),
+          f16: (await navigator.gpu.requestAdapter()).features.has("shader-f16")}; }"""
 
 
 @pytest.mark.parametrize("half_bits", [True, False])
@@ -222,12 +223,13 @@ def test_half_stores_round_to_nearest_even_on_swiftshader(site, browser, monkeyp
     atomicOr each) on the adapter that runs them, SwiftShader (no shader-f16): bit for bit numpy's astype(float16)
     on every case of the rounding (kernels/test_wgsl_f16_packed.py), through half_bits. The negative control:
     SwiftShader's own pack2x16float rounds otherwise (measured: 230 of 10,864, subnormals)."""
+    from kernels.test_wgsl_f16_packed import halve_program, halves_to_store
+
     from deploycc import presets
     from deploycc.ir import sym
     from deploycc.ir.kernel import scheduled
     from deploycc.schedule import schedule_program
     from deploycc.targets import wgsl
-    from kernels.test_wgsl_f16_packed import halve_program, halves_to_store
 
     root, server = site
     (root / "blank").mkdir(exist_ok=True)
