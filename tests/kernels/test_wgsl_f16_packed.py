@@ -74,7 +74,7 @@ def halves_to_store() -> np.ndarray:
 
 
 @pytest.mark.parametrize("f16", [True, False])
-def test_f16_stores_round_to_nearest_even(f16):
+def test_webgpu_f16_stores_round_to_nearest_even(f16):
     """A kernel that writes float16 (a float16 KV cache's appends): natively `array<f16>`, and in the packed variant
     an `array<atomic<u32>>` each of whose words two invocations write at once, a half each (atomicAnd, atomicOr).
     Both round through half_bits, to nearest with ties to even, which WGSL leaves to the implementation: bit for bit
