@@ -26,7 +26,7 @@ TOP_KEYS = {"name", "description", "target", "runtime", "quantization", "context
 # memory a sequence holds; MLC's and llama.cpp's default) where the target's kernels store half floats
 KV_CACHE = ("float32", "float16")
 KV_HALF_KINDS = ("cuda", "opencl", "webgpu")  # OpenCL: vstore_half / vload_half (core OpenCL C without
-# cl_khr_fp16); WebGPU: f16 storage with shader-f16, else pack2x16float into u32 words (targets/wgsl.py)
+# cl_khr_fp16); WebGPU: f16 storage with shader-f16, else two halves a u32 word, each written with atomics
 # A GPU preset's device, for the performance model (deploycc/perfmodel.py; `inspect PKG --kernels`): the vendor's
 # peak figures, and its limits per multiprocessor (occupancy). Not part of the target: no kernel depends on them.
 HARDWARE = {"bandwidth_gb_s": (1, 100_000), "multiprocessors": (1, 4096), "fp32_tflops": (0.1, 10_000),

@@ -15,8 +15,8 @@ read-modify-write of the word would lose one of the two) leaves it as it finds i
 
 Every f16 store rounds through `half_bits` (HALF_BITS): to nearest, ties to even, in integer operations on the
 float's bits. WGSL leaves the rounding of f32 -> f16 (`f16()`, `pack2x16float`) to the implementation: SwiftShader's
-rounds otherwise, which put its float16 KV cache as far from the rounding reference (CUDA's `__float2half`,
-OpenCL's `vstore_half`, numpy's) as from no rounding at all (a tiny Qwen3's decode: 1.3e-3 of its largest logit).
+rounds subnormals otherwise (230 of tests/kernels/test_wgsl_f16_packed.py's 10,864 values: a float16 KV cache
+then rounds as neither CUDA's `__float2half`, OpenCL's `vstore_half` nor numpy's reference does).
 """
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ class WGSLRenderer(CStyleRenderer):
         self.scratch: list[str] = []  # module-scope arrays that subgroup_reduce declares
         self.threads = 0
         self.split: dict = {}
+        self.atomic: set = set()
         self.kernel_name = ""
 
     def ctype(self, dtype: str) -> str:
@@ -225,6 +226,9 @@ class WGSLRenderer(CStyleRenderer):
 
     def load(self, buf, indices) -> str:
         if buf in self.split or (self.packed_f16 and buf.dtype == "float16"):
+            if buf in self.atomic:
+                raise ValueError(f"{self.kernel_name} reads the float16 buffer {buf.name} it writes, which the "
+                                 "variant without shader-f16 writes with atomics; read it in another kernel")
             return f"ld_{self.name(buf, buf.name)}({self.flat_index(buf, indices)})"
         return super().load(buf, indices)
 
@@ -253,15 +257,16 @@ class WGSLRenderer(CStyleRenderer):
         decls = []
         plan = split_plan(k, self.max_binding)
         self.split = {k.buffers[i]: v for i, v in plan.items()}
+        self.atomic = {b for b in k.written if self.packed_f16 and b.dtype == "float16"}  # array<atomic<u32>>
         self.kernel_name = k.name
         binding = 0
         for i, b in enumerate(k.buffers):
             access = "read_write" if b in k.written else "read"
             packed = self.packed_f16 and b.dtype == "float16"
             name, ty = self.name(b, b.name), "u32" if packed else self.ctype(b.dtype)
-            if packed and b in k.written:  # never split: split_plan refuses an output past one binding
+            if b in self.atomic:  # never split: split_plan refuses an output past one binding
                 decls += [f"@group(0) @binding({binding}) var<storage, read_write> {name}: array<atomic<u32>>;",
-                          self.load_fn(name, "atomic", [name], 0), self.store_fn(name)]
+                          self.store_fn(name)]
                 binding += 1
                 continue
             if i not in plan and not packed:
@@ -302,11 +307,10 @@ class WGSLRenderer(CStyleRenderer):
     @staticmethod
     def load_fn(name: str, ty: str, ranges: list[str], chunk: int) -> str:
         """`ld_<name>(i)`: element i of a buffer of `ty` bound as `ranges` (consecutive, `chunk` elements each but
-        the last); a u32 buffer here is packed f16, read as f32, and an "atomic" one packed f16 the kernel writes."""
+        the last); a u32 buffer here is packed f16, read as f32."""
         def get(r: str, i: str) -> str:
-            word = f"atomicLoad(&{r}[u32({i}) >> 1u])" if ty == "atomic" else f"{r}[u32({i}) >> 1u]"
-            return f"unpack2x16float({word})[u32({i}) & 1u]" if ty in ("u32", "atomic") else f"{r}[{i}]"
-        out = "f32" if ty in ("u32", "atomic") else ty
+            return f"unpack2x16float({r}[u32({i}) >> 1u])[u32({i}) & 1u]" if ty == "u32" else f"{r}[{i}]"
+        out = "f32" if ty == "u32" else ty
         if len(ranges) == 1:
             return f"fn ld_{name}(i: i32) -> {out} {{\n  return {get(ranges[0], 'i')};\n}}"
         body = "".join(f"  if (c == {p}) {{ return {get(r, 'o')}; }}\n" for p, r in enumerate(ranges[:-1]))

@@ -97,6 +97,21 @@ def test_webgpu_f16_stores_round_to_nearest_even(f16):
     assert same.all(), [(float(a), float(b), float(c)) for a, b, c in zip(x[~same], got[1][~same], want[~same])][:5]
 
 
+def test_packed_variant_refuses_to_read_what_it_writes_with_atomics():
+    """A kernel that wrote and read one f16 buffer would read it through atomicLoad of array<atomic<u32>>: no kernel
+    does (the appends write the cache, the attention kernels read it), so the packed variant refuses it in one
+    line rather than render code no test runs."""
+    from deploycc.targets.wgsl import WGSLRenderer
+
+    target = presets.load("cpu-webgpu").target
+    (k,) = kernels_of(halve_program(10), target)
+    out = next(b for b in k.buffers if b.name == "out")
+    r = WGSLRenderer(packed_f16=True)
+    assert "array<atomic<u32>>" in r.kernel(k)  # the renderer's state is now this kernel's: out is written
+    with pytest.raises(ValueError, match="halve reads the float16 buffer out it writes"):
+        r.load(out, (tir.index(0),))
+
+
 @pytest.mark.parametrize("max_binding", [1 << 27, 512])
 @pytest.mark.parametrize("f16", [True, False])
 def test_split_ranges_read_the_same_halves(max_binding, f16):
