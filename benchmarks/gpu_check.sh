@@ -25,7 +25,9 @@
 # kv: the float16 KV cache (h100's default since 2026-11-29) against float32 (--override kv_cache=float32), a
 # Llama-3.2-1B-shaped package decoding after a 4,000-token prompt, interleaved: a second call after `lease`. Its
 # prefill of 4,000 tokens (chunks of 2,048) also A/Bs the attention: the tensor cores' tiles take a float16 cache
-# only, so the float32 package's prefill runs the SIMT tiles.
+# only, so the float32 package's prefill runs the SIMT tiles. Then the same on WebGPU (wgpu on the Vulkan driver): a
+# SmolLM2-shaped cpu-webgpu package with each cache after a 2,000-token prompt, the float16 one with shader-f16 and
+# without (its packed atomics), interleaved.
 # wide: every test that names cuda, h100, rtx4090 or webgpu (the CLI ones too), then prefill at 512 tokens, decode
 # at a 2048-token context and batched decode (--sequences) of the h100 packages.
 set -u
@@ -140,6 +142,20 @@ if [ "$STAGE" = kv ]; then  # the float16 KV cache against float32 at a long con
     stamp "bench $m kv_cache=$kv, prompt 4000"
     timeout 60 $PY -m deploycc bench /tmp/pkg/kv-$kv --repeat 1 --prompt-len 4000 --gen-len 64 --json \
       2>>"$LOGS/bench.err" | tee -a "$OUT/kv-bench.jsonl" | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); \
+print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s')})" || tail -3 "$LOGS/bench.err"
+  done
+  # WebGPU on the GPU's Vulkan driver (the browser's float16 cache, since 2026-11-29): SmolLM2-shaped cpu-webgpu with
+  # each cache, the float16 one also without shader-f16 (DEPLOYCC_WEBGPU_F16=0: its appends' packed atomics)
+  w=SmolLM2-135M-shaped
+  for kv in float16 float32; do
+    timeout 200 $PY -m deploycc compile "$DEPLOYCC_HOME/models/$w" --device cpu-webgpu --quantization q4f16_1 \
+      --override kv_cache=$kv -o /tmp/pkg/kvw-$kv >"$LOGS/compile-kvw-$kv.log" 2>&1 &
+  done; wait
+  for f16 in 1 0; do DEPLOYCC_WEBGPU_F16=$f16 timeout 60 $PY -m deploycc verify /tmp/pkg/kvw-float16 --steps 4 2>&1 | tail -1; done
+  for run in "float16 1" "float32 1" "float16 0" "float16 1" "float32 1" "float16 0"; do
+    set -- $run; stamp "bench $w cpu-webgpu kv_cache=$1 DEPLOYCC_WEBGPU_F16=$2, prompt 2000"
+    DEPLOYCC_WEBGPU_F16=$2 timeout 60 $PY -m deploycc bench /tmp/pkg/kvw-$1 --repeat 1 --prompt-len 2000 --gen-len 64 \
+      --json 2>>"$LOGS/bench.err" | tee -a "$OUT/kv-bench.jsonl" | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); \
 print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s')})" || tail -3 "$LOGS/bench.err"
   done
   stamp "done"; exit 0
