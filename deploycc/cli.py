@@ -133,10 +133,11 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(str(path))
-    mem = summary["memory"]
+    mem, kv = summary["memory"], summary["kv_cache_dtype"]
     click.echo(f"{summary['preset']} ({summary['backend']}), {summary['quantization']}, context window "
                f"{summary['context_window']}: {summary['kernels']} kernels, weights {human_size(mem['weights_bytes'])}, "
-               f"KV cache {human_size(mem['kv_cache_bytes'])}, activations {human_size(mem['activation_bytes'])}")
+               f"KV cache {human_size(mem['kv_cache_bytes'])}{'' if kv == 'float32' else f' ({kv})'}, "
+               f"activations {human_size(mem['activation_bytes'])}")
     by_type = manifest["model"].get("weights_by_type")
     if by_type:
         click.echo(weights_by_type_text(by_type))
@@ -161,6 +162,7 @@ def _package_summary(path: Path, manifest: dict) -> dict:
             "head_quantization": manifest.get("head_quantization", manifest["quantization"]),
             "context_window": manifest["bounds"]["context_window"],
             "prefill_chunk": manifest["bounds"]["prefill_chunk"], "kernels": len(manifest["kernels"]["entries"]),
+            "kv_cache_dtype": manifest["kv_cache"].get("dtype", "float32"),
             "memory": manifest.get("memory", {}), "web": "index.html" in manifest["files"],
             **({"weights_by_type": manifest["model"]["weights_by_type"]} if "weights_by_type" in manifest["model"] else {})}
 

@@ -159,7 +159,19 @@ def test_compile_json(model_dir, tmp_path):
     assert out["package"] == str(tmp_path / "pkg") and out["preset"] == "cpu" and out["backend"] == "cpu"
     assert out["prefill_chunk"] == 16 and out["context_window"] == 128 and out["quantization"] == "q4f16_2"
     assert out["kernels"] == len(m["kernels"]["entries"]) and out["memory"] == m["memory"]
-    assert out["source"] == str(model_dir.resolve())
+    assert out["source"] == str(model_dir.resolve()) and out["kv_cache_dtype"] == "float32"
+
+
+def test_compile_says_a_half_cache(model_dir, tmp_path):
+    """A float16 KV cache (here `--override kv_cache=float16` on cpu-opencl) is named in the summary line beside its
+    bytes, half a float32 cache's (test_compile_prints_path_and_summary: 65.5 KB), and in --json."""
+    needs("opencl")
+    r = cli("compile", model_dir, "--device", "cpu-opencl", "--override", "kv_cache=float16", "-o", tmp_path / "pkg")
+    assert r.returncode == 0, r.stderr
+    assert "KV cache 32.8 KB (float16), activations " in r.stdout.splitlines()[1]
+    r = cli("compile", model_dir, "--device", "cpu-opencl", "--override", "kv_cache=float16", "-o", tmp_path / "pkg",
+            "--force", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["kv_cache_dtype"] == "float16", r.stderr
 
 
 def test_compile_head_quantization(model_dir, tmp_path):
