@@ -73,15 +73,29 @@ def halves_to_store() -> np.ndarray:
     return np.concatenate([x, -x]).astype(np.float32)
 
 
-@pytest.mark.parametrize("f16", [True, False])
-def test_webgpu_f16_stores_round_to_nearest_even(f16):
+def racy_store_fn(name: str) -> str:
+    """The packed store as one read-modify-write of the word (each access atomic, the pair not): the negative
+    control of the atomicAnd and atomicOr."""
+    return (f"fn st_{name}(i: i32, x: f32) {{\n  let w = u32(i) >> 1u;\n  let sh = (u32(i) & 1u) * 16u;\n"
+            f"  let old = atomicLoad(&{name}[w]);\n"
+            f"  atomicStore(&{name}[w], (old & ~(0xffffu << sh)) | (half_bits(x) << sh));\n}}")
+
+
+@pytest.mark.parametrize("variant", ["native", "packed", "packed-racy"])
+def test_webgpu_f16_stores_round_to_nearest_even(variant, monkeypatch):
     """A kernel that writes float16 (a float16 KV cache's appends): natively `array<f16>`, and in the packed variant
     an `array<atomic<u32>>` each of whose words two invocations write at once, a half each (atomicAnd, atomicOr).
     Both round through half_bits, to nearest with ties to even, which WGSL leaves to the implementation: bit for bit
-    numpy's astype(float16) (CUDA's __float2half, OpenCL's vstore_half) on lavapipe, on every case of the rounding."""
+    numpy's astype(float16) (CUDA's __float2half, OpenCL's vstore_half) on lavapipe, on every case of the rounding.
+    The negative control: the packed store as a plain read-modify-write of its word loses about every other half
+    (measured 5,182 of 10,868: lavapipe runs neighbouring invocations side by side)."""
     from deploycc.runtime.devices.webgpu import WebGPUDevice
+    from deploycc.targets import wgsl
 
     require_device("webgpu", f16=True)
+    f16 = variant == "native"
+    if variant == "packed-racy":
+        monkeypatch.setattr(wgsl.WGSLRenderer, "store_fn", staticmethod(racy_store_fn))
     device = WebGPUDevice(f16=f16)
     target = presets.load("cpu-webgpu").target
     x = halves_to_store()
@@ -94,6 +108,9 @@ def test_webgpu_f16_stores_round_to_nearest_even(f16):
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
     same = (got[1].view(np.uint16) == want.view(np.uint16)) | (np.isnan(got[1]) & np.isnan(want))
+    if variant == "packed-racy":
+        assert (~same).sum() > len(x) // 4, int((~same).sum())
+        return
     assert same.all(), [(float(a), float(b), float(c)) for a, b, c in zip(x[~same], got[1][~same], want[~same])][:5]
 
 
