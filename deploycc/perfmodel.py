@@ -78,8 +78,9 @@ THREE_PRODUCTS = 3
 # The tensor-core tiles' instructions a multiply-add of their matmul, by kind, counted in the SASS nvcc makes for sm_90
 # (benchmarks/tiles_sass.py, Llama-3.2-1B's widths, q4f16_1): over its 32 x 32 outputs a warp's K step of 32 (32,768
 # multiply-adds) issues 1,189 instructions in the 3xTF32 tiles (4 trips of the 210-instruction loop of 8 of K and the
-# staging's 349), and its K step of 64 in the codes' tiles 809 (with three products, q4f16_2's or q0f16's, a K step of
-# 32 464 and 463); a thread of the warp issues each. Both issue more
+# staging's 349), and its K step of 64 in the codes' tiles 774 (809 before 2026-11-29's aligned pointers let nvcc
+# load a thread's staged x as 16-byte vectors; with three products, q4f16_2's or q0f16's, a K step of 32 464 and 463);
+# a thread of the warp issues each. Both issue more
 # than their tensor cores take: the SMs' issue rate bounds them. (The tiles' time is counted in their matmul's
 # multiply-adds, not in the program's FLOPs: a 4-bit weight's program has 4 a multiply-add, its dequantization's two
 # among them.)
@@ -87,19 +88,20 @@ THREE_PRODUCTS = 3
 # the softmax between them on the SIMT cores) counted the same way: a warp's key tile of 32 issues 917 instructions
 # for its 16 x 32 x 64 x 2 multiply-adds at head_dim 64 (4 warps a block) and 2,533 for 16 x 32 x 128 x 2 at 128 (2
 # warps: the staging's loop of 390 four times); the larger is taken.
-TENSOR_INSTRUCTIONS_PER_MAC = {"tf32": 32 * 1189 / 32768, "codes": 32 * 809 / 65536, "codes3": 32 * 464 / 32768,
+TENSOR_INSTRUCTIONS_PER_MAC = {"tf32": 32 * 1189 / 32768, "codes": 32 * 774 / 65536, "codes3": 32 * 464 / 32768,
                                "attention": 32 * 2533 / 131072}
 # Instructions a FLOP of the loop-level program costs, by schedule rule: the fp32 peak's half (a multiply-add is two
 # FLOPs and one instruction) unless counted. The decode GEMVs were counted in the SASS nvcc makes for sm_90
 # (benchmarks/gemv_sass.py, an 8B Llama's widths, q4f16_1, whose program has 4 FLOPs a weight): the float GEMV
-# (schedule/gemv.py) 5.50 instructions a weight (shift, mask, int-to-float, the multiply-add; since 2026-11-28 the
-# group's scale and the codes' zero point once a lane's 8 inputs: 8.0 before), the dp4a GEMV (schedule/dp4a.py) 3.0
-# with its rounding of x. So on an H100 the float GEMV cannot stream the weights at the HBM's bandwidth: its SMs
+# (schedule/gemv.py) 5.25 instructions a weight (shift, mask, int-to-float, the multiply-add; since 2026-11-28 the
+# group's scale and the codes' zero point once a lane's 8 inputs: 8.0 before; since 2026-11-29 a lane's 8 inputs in
+# two 16-byte loads, targets/cuda.py's aligned pointers: 5.50 before), the dp4a GEMV (schedule/dp4a.py) 3.0 with its
+# rounding of x. So on an H100 the float GEMV cannot stream the weights at the HBM's bandwidth: its SMs
 # issue 33.4 T instructions a second, 6.1 T weights. The GEMV with an RMS norm folded in (transform/inline_prologue.py:
-# "gemv-norm") 6.53 a weight (each input also times its norm weight and its square summed, shared by a lane's four
-# rows); its program has 9 FLOPs a weight, the norm's factor rsqrt(sum / K + eps) written inside the sum over K,
-# which the kernel takes once a row.
-INSTRUCTIONS_PER_FLOP = {"gemv": 5.50 / 4, "gemv-norm": 6.53 / 9, "gemv-dp4a": 0.75}
+# "gemv-norm") 5.94 a weight (each input also times its norm weight and its square summed, shared by a lane's four
+# rows; 6.53 with scalar loads); its program has 9 FLOPs a weight, the norm's factor rsqrt(sum / K + eps) written
+# inside the sum over K, which the kernel takes once a row.
+INSTRUCTIONS_PER_FLOP = {"gemv": 5.25 / 4, "gemv-norm": 5.94 / 9, "gemv-dp4a": 0.75}
 # the share of the fp32 peak's instruction rate those GEMVs issue at: Llama-3.2-1B's head (262.7 M weights, 8.0
 # instructions each) took 107.7 us on an H200 (2026-11-28; 62.8 at the peak's rate), SmolLM2's (28.3 M) 18.7
 ISSUE_EFFICIENCY = 0.6

@@ -4,7 +4,13 @@ from __future__ import annotations
 from deploycc.ir import subgroup
 from deploycc.ir.tir import Store, V
 
-from .cstyle import CStyleRenderer
+from .cstyle import CStyleRenderer, ident
+
+# Every buffer a launch passes is an allocation of its own, which cudaMalloc (CuPy's pool) aligns to 256 bytes, as
+# the emulation does (runtime/devices/cuda_emu.py): a kernel takes each pointer as aligned to 16 bytes
+# (__builtin_assume_aligned), so nvcc may merge a thread's loads of four consecutive floats, where the index proves
+# them aligned, into one 16-byte load (a decode GEMV's activations: 8 scalar loads -> 2 LDG.E.128).
+ALIGN = 16
 
 
 class CUDARenderer(CStyleRenderer):
@@ -25,6 +31,20 @@ class CUDARenderer(CStyleRenderer):
     def buffer_param(self, buf, written: bool) -> str:
         const = "" if written else "const "
         return f"{const}{self.ctype(buf.dtype)}* __restrict__ {self.name(buf, buf.name)}"
+
+    def signature(self, k) -> str:
+        """The buffers come in as `<name>_arg`; the body's first lines (self.aligned) make `<name>` of each, aligned
+        to ALIGN bytes."""
+        self.args = [object() for _ in k.buffers]  # the arguments' keys in the Namer: alive while the kernel renders
+        params, self.aligned = [], []
+        for b, key in zip(k.buffers, self.args):
+            ptr = f"{'' if b in k.written else 'const '}{self.ctype(b.dtype)}*"
+            name = self.name(b, b.name)
+            arg = self.name(key, name + "_arg")
+            params.append(f"{ptr} __restrict__ {arg}")
+            self.aligned.append(f"  {ptr} __restrict__ {name} = ({ptr})__builtin_assume_aligned({arg}, {ALIGN});")
+        params += [self.scalar_param(v) for v in k.scalars]
+        return f"{self.kernel_prefix} {ident(k.name)}({', '.join(params)})"
 
     STORAGE = {"float16": ("__half2float", "__float2half"), "bfloat16": ("__bfloat162float", "__float2bfloat16")}
 
@@ -144,7 +164,8 @@ class CUDARenderer(CStyleRenderer):
         if k.threads % 32:  # a block that is not whole warps (a preset of few threads): the shuffles need all 32 lanes
             k = subgroup.lower(k)
         text = super().kernel(k)
-        return text.replace(" {\n", f" {{\n  // launch: {k.threads} threads per block\n", 1)
+        lines = "".join(f"{x}\n" for x in self.aligned)
+        return text.replace(" {\n", f" {{\n  // launch: {k.threads} threads per block\n{lines}", 1)
 
 
 def render(kernels, target=None) -> str:

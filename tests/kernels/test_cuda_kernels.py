@@ -44,3 +44,27 @@ def test_cuda_kernels_compile_and_assemble(tiny_path, preset):
     assert {ident(k.name) for k in kernels} <= set(usage), "every kernel is in the PTX"
     spills = {name: u for name, u in usage.items() if u["spill_stores"]}
     assert not spills, f"register spills: {spills}"
+
+
+def test_buffers_come_aligned_and_the_gemv_loads_its_inputs_16_bytes_at_a_time():
+    """Every buffer a launch passes is an allocation of its own (256-byte aligned, as the emulation's), so each kernel
+    takes its pointers as 16-byte aligned (targets/cuda.py: `<name>_arg` through __builtin_assume_aligned), and nvcc
+    loads a decode GEMV lane's 8 consecutive activations as two 16-byte vectors (ld.global.nc.v4.f32): in the SASS
+    of an 8B's widths 5.25 instructions a 4-bit weight instead of 5.50 (benchmarks/gemv_sass.py). Without the
+    alignment, the negative control, its PTX has no vector load."""
+    from deploycc.quantization import quantize
+    from fixtures import make_tiny
+
+    target = presets.load("h100").target
+    model = quantize(deploycc.load_model(str(make_tiny("llama-gqa1"))), "q4f16_1", None, False)
+    mod = run_pipeline(export(model, 64), target, "scheduled")
+    gemvs = [k for prog in mod.programs().values() if scheduled(prog).rule.startswith("gemv")
+             for k in scheduled(prog).kernels]
+    assert gemvs
+    source = render(gemvs, target)
+    for k in gemvs:
+        for b in k.buffers:
+            assert f"__builtin_assume_aligned({b.name}_arg, 16);" in source, b.name
+    assert ".v4.f32" in compile_cuda(source, target.arch)
+    unaligned = source.replace(", 16);", ", 4);")
+    assert ".v4.f32" not in compile_cuda(unaligned, target.arch)
