@@ -4,7 +4,7 @@ from __future__ import annotations
 from deploycc.ir import subgroup
 from deploycc.ir.tir import Store, V
 
-from .cstyle import CStyleRenderer, ident
+from .cstyle import CStyleRenderer
 
 # Every buffer a launch passes is an allocation of its own, which cudaMalloc (CuPy's pool) aligns to 256 bytes, as
 # the emulation does (runtime/devices/cuda_emu.py): a kernel takes each pointer as aligned to 16 bytes
@@ -29,22 +29,13 @@ class CUDARenderer(CStyleRenderer):
     preamble = "#include <cuda_fp16.h>\n#include <math_constants.h>\n#define INFINITY CUDART_INF_F\n\n"
 
     def buffer_param(self, buf, written: bool) -> str:
-        const = "" if written else "const "
-        return f"{const}{self.ctype(buf.dtype)}* __restrict__ {self.name(buf, buf.name)}"
-
-    def signature(self, k) -> str:
-        """The buffers come in as `<name>_arg`; the body's first lines (self.aligned) make `<name>` of each, aligned
-        to ALIGN bytes."""
-        self.args = [object() for _ in k.buffers]  # the arguments' keys in the Namer: alive while the kernel renders
-        params, self.aligned = [], []
-        for b, key in zip(k.buffers, self.args):
-            ptr = f"{'' if b in k.written else 'const '}{self.ctype(b.dtype)}*"
-            name = self.name(b, b.name)
-            arg = self.name(key, name + "_arg")
-            params.append(f"{ptr} __restrict__ {arg}")
-            self.aligned.append(f"  {ptr} __restrict__ {name} = ({ptr})__builtin_assume_aligned({arg}, {ALIGN});")
-        params += [self.scalar_param(v) for v in k.scalars]
-        return f"{self.kernel_prefix} {ident(k.name)}({', '.join(params)})"
+        """`<name>_arg`, which the body's first line of it (self.aligned) makes `<name>`, aligned to ALIGN bytes."""
+        ptr = f"{'' if written else 'const '}{self.ctype(buf.dtype)}*"
+        name = self.name(buf, buf.name)
+        self.args.append(object())  # the argument's key in the Namer: kept alive while the kernel renders
+        arg = self.name(self.args[-1], name + "_arg")
+        self.aligned.append(f"  {ptr} __restrict__ {name} = ({ptr})__builtin_assume_aligned({arg}, {ALIGN});")
+        return f"{ptr} __restrict__ {arg}"
 
     STORAGE = {"float16": ("__half2float", "__float2half"), "bfloat16": ("__bfloat162float", "__float2bfloat16")}
 
@@ -163,6 +154,7 @@ class CUDARenderer(CStyleRenderer):
     def kernel(self, k) -> str:
         if k.threads % 32:  # a block that is not whole warps (a preset of few threads): the shuffles need all 32 lanes
             k = subgroup.lower(k)
+        self.args, self.aligned = [], []
         text = super().kernel(k)
         lines = "".join(f"{x}\n" for x in self.aligned)
         return text.replace(" {\n", f" {{\n  // launch: {k.threads} threads per block\n{lines}", 1)
