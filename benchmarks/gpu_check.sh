@@ -43,6 +43,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DEPLOYCC_HOME=/t
 PY="python3 -P"  # -P (and PYTHONSAFEPATH for the CLI the tests start): the checkout's deploycc/ (its runtime lives beside it) must not shadow the installed wheel
 t0=$(date +%s)
 stamp() { echo "== $(( $(date +%s) - t0 ))s: $*"; }
+tok_s() { $PY -c "import json,sys; r=json.loads(sys.stdin.read()); print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s')})"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
 $PY - <<'EOF'
@@ -141,8 +142,7 @@ if [ "$STAGE" = kv ]; then  # the float16 KV cache against float32 at a long con
   for kv in float16 float32 float16 float32; do
     stamp "bench $m kv_cache=$kv, prompt 4000"
     timeout 60 $PY -m deploycc bench /tmp/pkg/kv-$kv --repeat 1 --prompt-len 4000 --gen-len 64 --json \
-      2>>"$LOGS/bench.err" | tee -a "$OUT/kv-bench.jsonl" | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); \
-print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s')})" || tail -3 "$LOGS/bench.err"
+      2>>"$LOGS/bench.err" | tee -a "$OUT/kv-bench.jsonl" | tok_s || tail -3 "$LOGS/bench.err"
   done
   # WebGPU on the GPU's Vulkan driver (the browser's float16 cache, since 2026-11-29): SmolLM2-shaped cpu-webgpu with
   # each cache, the float16 one also without shader-f16 (DEPLOYCC_WEBGPU_F16=0: its appends' packed atomics)
@@ -155,8 +155,7 @@ print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s')})" || tail -3 "$LO
   for run in "float16 1" "float32 1" "float16 0" "float16 1" "float32 1" "float16 0"; do
     set -- $run; stamp "bench $w cpu-webgpu kv_cache=$1 DEPLOYCC_WEBGPU_F16=$2, prompt 2000"
     DEPLOYCC_WEBGPU_F16=$2 timeout 60 $PY -m deploycc bench /tmp/pkg/kvw-$1 --repeat 1 --prompt-len 2000 --gen-len 64 \
-      --json 2>>"$LOGS/bench.err" | tee -a "$OUT/kv-bench.jsonl" | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); \
-print({k: r.get(k) for k in ('prefill_tok_s', 'decode_tok_s')})" || tail -3 "$LOGS/bench.err"
+      --json 2>>"$LOGS/bench.err" | tee -a "$OUT/kv-bench.jsonl" | tok_s || tail -3 "$LOGS/bench.err"
   done
   stamp "done"; exit 0
 fi

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import click
 
-from .cli_inspect import human_size, inspect
+from .cli_inspect import human_size, inspect, kv_cache_text
 from .cli_measure import bench, perplexity, verify
 from .cli_open import CompileProgress, open_package, session_for, source_path
 from .cli_signing import keygen, sign, trust_option, trust_policy
@@ -133,10 +133,10 @@ def compile_cmd(model, device, quantization, head_quantization, context_window, 
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(str(path))
-    mem, kv = summary["memory"], summary["kv_cache_dtype"]
+    mem = summary["memory"]
     click.echo(f"{summary['preset']} ({summary['backend']}), {summary['quantization']}, context window "
                f"{summary['context_window']}: {summary['kernels']} kernels, weights {human_size(mem['weights_bytes'])}, "
-               f"KV cache {human_size(mem['kv_cache_bytes'])}{'' if kv == 'float32' else f' ({kv})'}, "
+               f"{kv_cache_text(mem['kv_cache_bytes'], summary['kv_cache_dtype'])}, "
                f"activations {human_size(mem['activation_bytes'])}")
     by_type = manifest["model"].get("weights_by_type")
     if by_type:

@@ -21,6 +21,11 @@ def human_size(n) -> str:
     return f"{n} B"
 
 
+def kv_cache_text(nbytes, dtype: str | None = None) -> str:
+    """"KV cache 94.4 MB (float16)": its bytes and, where known, its element type."""
+    return f"KV cache {human_size(nbytes)}" + (f" ({dtype})" if dtype else "")
+
+
 @click.command(short_help="IR after a pipeline stage, VM bytecode, kernel list or memory plan.")
 @click.argument("model")
 @click.option("--stage", type=click.Choice(STOPS), default="exported", show_default=True,
@@ -250,7 +255,6 @@ def _print_memory(report: dict, where: str) -> None:
                       str(r["storages"]), f"{100 * r['reduction']:.0f}%")
     console = Console()
     console.print(table)
-    kv = f"KV cache {human_size(report['kv_cache_bytes'])}" + (f" ({report['kv_cache_dtype']})" if "kv_cache_dtype" in report
-                                                                 else "")
+    kv = kv_cache_text(report["kv_cache_bytes"], report.get("kv_cache_dtype"))
     console.print(f"weights {human_size(report['weights_bytes'])}, {kv}, "
                   f"total at load {human_size(report['total_bytes'])} (weights + KV cache + the largest prefill plan + decode)")

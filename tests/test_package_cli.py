@@ -142,6 +142,7 @@ def test_compile_prints_path_and_summary(compiled, preset):
     assert lines[1].startswith(f"{preset} ({preset.split('-')[1]}), q0f32, context window 128: ")
     assert f"{len(m['kernels']['entries'])} kernels, weights " in lines[1]
     assert "KV cache 65.5 KB" in lines[1] and "activations " in lines[1]
+    assert "KV cache 65.5 KB (float32)," in lines[1]  # its type named, as inspect --memory names it
     assert "write weights" in r.stderr and "tensors" in r.stderr  # the progress display, on stderr
     for f in ("manifest.json", "bytecode.json", "__main__.py", "runtime/cli.py", "tokenizer.json", "tokenizer_config.json"):
         assert (pkg / f).is_file(), f
@@ -163,8 +164,9 @@ def test_compile_json(model_dir, tmp_path):
 
 
 def test_compile_says_a_half_cache(model_dir, tmp_path):
-    """A float16 KV cache (here `--override kv_cache=float16` on cpu-opencl) is named in the summary line beside its
-    bytes, half a float32 cache's (test_compile_prints_path_and_summary: 65.5 KB), and in --json."""
+    """The KV cache's type is named in the summary line beside its bytes (as inspect --memory names it): a float16
+    one (here `--override kv_cache=float16` on cpu-opencl) half a float32 cache's (test_compile_prints_path_and_summary:
+    65.5 KB), and in --json."""
     needs("opencl")
     r = cli("compile", model_dir, "--device", "cpu-opencl", "--override", "kv_cache=float16", "-o", tmp_path / "pkg")
     assert r.returncode == 0, r.stderr
