@@ -32,7 +32,12 @@ launch:
             (programs.json's "in_flight": ir/kernel.py loads_in_flight; the decode attention's 128, which an H200
             measured at 9.3 us a layer of SmolLM2's shape where IN_FLIGHT said 25). And "serial": the waves of
             blocks x the barriers a thread passes x PHASE_US, a block's steps one after another, each waiting on its
-            loads (fitted on an H200's tensor-core tiles at a few rows, which no other term explained). The host's
+            loads (fitted on an H200's tensor-core tiles at a few rows, which no other term explained). A kernel
+            whose last block to arrive finishes the work (CUDA's split decode attention combining its S partials,
+            schedule/attention.py) adds that block's round trips to memory after the rest: ARRIVAL_TRIPS (its fences
+            and the atomic add, and its two barriers' waits, which the serial term then leaves out) and its
+            combine's (programs.json's "tail": S over the partials a trip), LATENCY_US each (not yet measured on a
+            GPU). The host's
             time to enqueue the step's launches (HOST_US each, measured there with the Python VM and CuPy; for the
             decode step, run as a CUDA graph, GRAPH_HOST_US + GRAPH_INT_US per int argument + GRAPH_LAUNCH_US) runs
             beside the device's; a step takes the longer of the two.
@@ -69,6 +74,12 @@ LATENCY_US = 0.5  # a load's round trip to device memory
 # of 16 sequences, SmolLM2's shape: 18 and 48 K steps of two barriers, 44-54 and 105 us a launch on an H200,
 # 2026-11-28, less the profile's ~5 us) took 1.0-1.2 us a barrier, whatever their bytes
 PHASE_US = 1.05
+# a kernel whose last block to arrive combines (schedule/attention.py): the arrival's round trips, a fence (the block's
+# stores seen by the device), the atomic add and a fence again, between its two barriers (ARRIVAL_BARRIERS, left out
+# of the serial term); the combine's own trips after them are the kernel's (programs.json "tail": its S partials a
+# batch of 8 a trip, whose loads nvcc's SASS for sm_90 issues together before the first update)
+ARRIVAL_TRIPS = 3
+ARRIVAL_BARRIERS = 2
 IN_FLIGHT = 8  # bytes of loads a thread has waiting at once
 TF32_PRODUCTS = 3  # tensor-core products a float multiply-add takes (schedule/mma.py: 3xTF32)
 CODES_PRODUCTS = 2  # and a multiply-add of 4- or 8-bit weights' codes (mma.codes_rule: x in bfloat16 and half parts)
@@ -224,6 +235,7 @@ class Launch:
     macs: int = 0  # the multiply-adds of its program's matmul (the tensor-core tiles': program_macs)
     barriers: int = 0  # a thread's barriers (programs.json: ir/kernel.py barriers)
     in_flight: int = IN_FLIGHT  # bytes of loads a thread has waiting at once (programs.json: ir/kernel.py loads_in_flight)
+    tail: int = 0  # its last block's round trips after the others arrived (programs.json's "tail"), or 0
     rule: str = ""  # its program's schedule rule (programs.json)
     occupancy: float = 0.0  # of a multiprocessor's threads
     filled: float = 0.0  # of the whole GPU's threads
@@ -402,6 +414,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     rules = {k["name"]: p["schedule"].get("rule", "") for p in programs for k in p["schedule"]["kernels"]}
     passed = {k["name"]: k["barriers"] for p in programs for k in p["schedule"]["kernels"] if "barriers" in k}
     flying = {k["name"]: k["in_flight"] for p in programs for k in p["schedule"]["kernels"] if "in_flight" in k}
+    tails = {k["name"]: k["tail"] for p in programs for k in p["schedule"]["kernels"] if "tail" in k}
     steps = {}
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
     if sequences and "step" in bc["functions"]:
@@ -425,6 +438,9 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             if launch.kernel in passed:
                 launch.barriers = _sym(passed[launch.kernel], ints)
             launch.in_flight = max(IN_FLIGHT, flying.get(launch.kernel, 0))
+            if launch.kernel in tails:
+                launch.tail = _sym(tails[launch.kernel], ints)
+                launch.barriers -= ARRIVAL_BARRIERS
             _time(launch, hw)
             step.launches.append(launch)
         steps[key] = step
@@ -475,7 +491,8 @@ def _time(x: Launch, hw: dict) -> None:
                           / (hw["fp32_tflops"] * FMA_INSTRUCTIONS_PER_FLOP * ISSUE_EFFICIENCY) / 1e12)
         del times["arithmetic"]
     x.bound = max(times, key=times.get)
-    x.seconds = times[x.bound] + LAUNCH_US * 1e-6
+    tail = (ARRIVAL_TRIPS + x.tail) * LATENCY_US * 1e-6 if x.tail else 0.0
+    x.seconds = times[x.bound] + tail + LAUNCH_US * 1e-6
 
 
 # each kind of tensor-core tiles: (the peak its products run at, the products a multiply-add takes)

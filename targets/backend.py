@@ -28,6 +28,10 @@ class Backend:
     core_loops: bool = False
     # the renderer turns a reduction's `lanes` loop of the target's vector width into vector types (OpenCL)
     vector_lanes: bool = False
+    # a work-group may count its arrival at a device-scope atomic counter after a fence (CUDA's __threadfence and
+    # atomicAdd), so the last of a launch's groups to arrive can finish the work of all (schedule/attention.py's
+    # combine of the split decode attention); OpenCL 1.2 and WebGPU promise no such ordering across work-groups
+    grid_arrivals: bool = False
 
     @property
     def language(self) -> str:
@@ -160,7 +164,7 @@ class WebGPUBackend(Backend):
 
 
 BACKENDS = {b.kind: b for b in (Backend("opencl", "opencl", "kernels.cl", vector_lanes=True),
-                                 Backend("cuda", "cuda", "kernels.cu"), WebGPUBackend("webgpu", "wgsl", ""),
+                                 Backend("cuda", "cuda", "kernels.cu", grid_arrivals=True), WebGPUBackend("webgpu", "wgsl", ""),
                                  CpuBackend("cpu", "c", "kernels.c", core_loops=True))}
 
 

@@ -124,6 +124,13 @@ class Target:
 
         return backend(self.kind).vector_lanes
 
+    @property
+    def grid_arrivals(self) -> bool:
+        """The kind's kernels may count their work-groups' arrivals (targets/backend.py Backend.grid_arrivals)."""
+        from .backend import backend
+
+        return backend(self.kind).grid_arrivals
+
     @classmethod
     def from_dict(cls, d: dict) -> Target:
         known = {f.name for f in fields(cls)}

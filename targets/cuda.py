@@ -139,9 +139,25 @@ class CUDARenderer(CStyleRenderer):
             return [f"for (int e = 0; e < {acc}.num_elements; e++) {acc}.x[e] = {sc}.x[e] * {acc}.x[e] + {part}.x[e];"]
         if st.name == "warp.sync":  # the warp's lanes meet: shared stores before it are seen after it
             return ["__syncwarp();"]
+        if st.name == "grid.arrive":  # schedule/attention.py: the block's arrival at counter[row] of `count` blocks
+            return self.grid_arrive(n[0], n[1], i[0], i[1])
         if st.name == "wmma.store":
             return [f"wmma::store_matrix_sync({n[0]} + {i[1]}, {n[1]}[{i[0]}], {i[2]}, wmma::mem_row_major);"]
         return super().intrin(st)
+
+    @staticmethod
+    def grid_arrive(counter: str, last: str, row: str, count: str) -> list[str]:
+        """One thread of a block whose threads stored their results before a barrier counts the block in: a fence
+        (every store the block made, seen through the barrier, is seen by the device before the count is), the
+        atomic add, and for the last of `count` blocks a zeroed counter (for the next launch) and a fence before the
+        block reads the others' results (the CUDA programming guide's last-block pattern; cooperative groups' grid
+        sync orders a block's stores the same way). `last` (shared) tells the block's threads after a barrier."""
+        return ["__threadfence();",
+                f"{last}[0] = atomicAdd(&{counter}[{row}], 1) == {count} - 1;",
+                f"if ({last}[0]) {{",
+                f"  {counter}[{row}] = 0;",
+                "  __threadfence();",
+                "}"]
 
     def module(self, kernels) -> str:
         text = super().module(kernels)

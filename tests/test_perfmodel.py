@@ -16,7 +16,10 @@ from bad_inputs.common import assert_one_line_error, cli
 
 from deploycc import presets
 from deploycc.errors import DeployError
+from deploycc.ir.sym import evaluate
 from deploycc.perfmodel import (
+    ARRIVAL_BARRIERS,
+    ARRIVAL_TRIPS,
     CODES_PRODUCTS,
     FMA_INSTRUCTIONS_PER_FLOP,
     GRAPH_HOST_US,
@@ -185,17 +188,14 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
         step = pred["steps"][f"step{b}"]
         launches, paired = launch_sites(package, "step", b)
         assert len(step.launches) == launches and step.tokens == b
-        # the keys split over blocks (a few queries): the kernel that reads the pages, then the partials' combine
-        names = [x.kernel for x in step.launches if x.kernel.startswith("attention")]
-        pairs = list(zip(names[::2], names[1::2]))
-        assert names and len(names) == 2 * len(pairs) and all(b == a[:-5] + "_merge" for a, b in pairs)
-        attention = [x for x in step.launches if x.kernel in {a for a, _ in pairs}]
-        assert all(a.endswith("_part") for a, _ in pairs)
+        # the keys split over blocks (a few queries): one kernel that reads the pages, whose last block to arrive at
+        # a row combines its partials (CUDA: no _merge launch)
+        attention = [x for x in step.launches if x.kernel.startswith("attention")]
+        assert attention and all(x.kernel.endswith("_part") and x.tail >= 1 for x in attention)
         rows = min(b * -(-48 // pool["page_size"]) * pool["page_size"], pool["pages"] * pool["page_size"])
         read = rows * row * 2  # keys and values: the named pages, at most the pool
-        assert attention and all(read <= x.bytes < read + 4096 for x in attention), (read, [x.bytes for x in attention])
-        merges = [x for x in step.launches if x.kernel.startswith("attention") and x.kernel.endswith("_merge")]
-        assert all(x.flops > 0 for x in attention) and not any(x.flops for x in merges)  # the blocks do the work
+        assert all(read <= x.bytes < read + 4096 for x in attention), (read, [x.bytes for x in attention])
+        assert all(x.flops > 0 for x in attention)  # the blocks do the work
     assert pred["steps"]["step1"].bytes < pred["steps"]["step4"].bytes
     # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs (past MANY rows the tiles: the
     # prefill of 40 above)
@@ -300,6 +300,36 @@ def test_a_blocks_barriers_run_one_after_another():
     many = Launch("tiles", blocks=100 * 132 * 4, threads=128, bytes=0, barriers=10)  # 4 blocks an SM: 25 waves
     _time(many, H100)
     assert many.seconds == pytest.approx((25 * 10 * PHASE_US + LAUNCH_US) * 1e-6)
+
+
+def test_the_last_block_to_arrive_adds_its_round_trips(package):
+    """CUDA's split decode attention is one launch: its last block to arrive at a row combines the row's S partials
+    (schedule/attention.py), 8 a round trip. programs.json records those trips ("tail"); the model adds them and
+    ARRIVAL_TRIPS (the fences and the atomic add) after the rest, leaves the arrival's two barriers out of the serial
+    term (their waits are those trips), and a decode step launches no combine of its own."""
+    from kernels.test_cpu_attention import attention_program
+
+    from deploycc.ir.kernel import barriers
+    from deploycc.schedule import schedule_program
+
+    m = json.loads((package / "manifest.json").read_text())
+    doc = json.loads((package / m["kernels"]["programs"]).read_text())
+    kernels = {k["name"]: k for p in doc["programs"] for k in p["schedule"]["kernels"]}
+    assert [n for n, k in kernels.items() if "tail" in k] == [n for n in kernels if n.endswith("_part")]
+    assert not any(n.endswith("_merge") for n in kernels)
+    decode = predict(package, context=48)["steps"]["decode"]
+    part = [x for x in decode.launches if x.kernel.endswith("_part")]
+    assert part and all(x.tail == 1 for x in part)  # 48 keys: one block a row, one trip
+    assert len(decode.launches) == launch_sites(package, "decode", 1)[0]
+    k = schedule_program(attention_program(1, 9, 3, 64, 0.125), presets.load("h100").target).attrs["schedule"].kernels[0]
+    t = next(iter(k.tail.free_vars()))
+    assert [evaluate(k.tail, {t: keys}) for keys in (1, 64, 512, 513, 2048)] == [1, 1, 1, 2, 4]  # 64 keys a block
+    x = Launch("attention_part", blocks=96, threads=96, bytes=1_000_000, in_flight=128, tail=4,
+               barriers=evaluate(barriers(k.body), {t: 2048}) - ARRIVAL_BARRIERS)
+    _time(x, H100)
+    alone = Launch("attention_part", blocks=96, threads=96, bytes=1_000_000, in_flight=128, barriers=x.barriers)
+    _time(alone, H100)
+    assert x.bound == alone.bound and x.seconds == pytest.approx(alone.seconds + (ARRIVAL_TRIPS + 4) * LATENCY_US * 1e-6)
 
 
 def test_packages_record_the_barriers_their_kernels_pass(package):

@@ -42,6 +42,9 @@ class Kernel:
     # the tensor-core tiles' kind (perfmodel.TENSOR_KINDS: "tf32", "codes", "codes3"; "" for none), which the
     # schedule that makes them knows (schedule/mma.py) and programs.json records for the performance model
     tensor: str = ""
+    # the round trips to memory its last work-group makes after every other has arrived (schedule/attention.py's
+    # combine in the last block), in its sizes, which programs.json records for the performance model; None: none
+    tail: sym.Expr | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +58,10 @@ class Schedule:
     rule: str = ""
     dispatched: bool = False
     rounded: Buffer | None = None  # the input its kernels round to codes, where no quantize intrinsic says so (dp4a)
+    # workspace buffers that must hold zeros when the kernels start and that they leave zero (a count of work-groups
+    # arrived, which the last to arrive resets: schedule/attention.py): the VM gives them a storage of their own,
+    # allocated zeroed once and never shared with other tensors (vm/lower.py)
+    zeroed: tuple[Buffer, ...] = ()
 
 
 def scheduled(prog: TensorProgram) -> Schedule | None:

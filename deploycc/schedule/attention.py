@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, Schedule, free_syms, global_buffers
-from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from ..ir.tir import Alloc, Barrier, Buffer, For, IfThenElse, Intrin, Seq, Stmt, Store, TensorProgram
 from ..op.attention import capped, window_and_cap
 from .lowering import batched_copy, reduce_lanes, thread_grid
 
@@ -315,6 +315,11 @@ def _split(prog: TensorProgram, target) -> Schedule:
     blocks a (kv head, query), block s taking the tile of keys 2Ts .. 2Ts + 2T - 1; each writes its heads' partials
     (maximum, sum, unnormalised accumulator) to a workspace, and a second kernel, one thread per output element,
     combines the S partials the same way. A 2048-key decode step of SmolLM2 on h100 (T = 32) runs 32 blocks a kv head.
+    Where the target's work-groups may count their arrivals (CUDA: target.grid_arrivals) there is no second kernel:
+    each block, its partials stored, counts itself in at its row's counter (a fence, then an atomic add: Intrin
+    "grid.arrive"), and the block that arrives last, which then sees every other's partials, combines them for the
+    row and sets the counter back to zero for the next launch (the CUDA programming guide's last-block reduction;
+    one launch a layer fewer: a decode step's launches were ~4 us each on an H200, its combine 4.2 of them).
     - a contiguous cache with one query (the decode step): always;
     - a page pool (the batched step, whose row count `seq_len` is known only at run time): dispatched by that
       count (schedule/dispatch.py's guards), the split pair up to SPLIT_ROWS rows (the sequences decoding, a short
@@ -324,7 +329,7 @@ def _split(prog: TensorProgram, target) -> Schedule:
     n = prog.params[0].shape[0]
     if Paged.of(prog) is None:
         kernels, workspace = _split_form(prog, target, n.is_const and n.value == 1)
-        return Schedule(kernels, workspace, "attention-split" if workspace else "attention")
+        return Schedule(kernels, workspace, "attention-split" if workspace else "attention", zeroed=_zeroed(workspace))
     from . import attention_mma
     from .dispatch import above, at_most
 
@@ -334,7 +339,15 @@ def _split(prog: TensorProgram, target) -> Schedule:
     rows = mma.kernels if mma is not None else _split_form(prog, target, False)[0]
     guarded = tuple(_guarded(k, at_most(n, SPLIT_ROWS)) for k in pair) + (_guarded(rows[0], above(n, SPLIT_ROWS)),)
     return Schedule(guarded, workspace, "attention-split|attention-mma" if mma else "attention-split|attention",
-                    dispatched=True)
+                    dispatched=True, zeroed=_zeroed(workspace))
+
+
+def _zeroed(workspace: tuple[Buffer, ...]) -> tuple[Buffer, ...]:
+    """The arrivals' counter among the split form's workspace: zero before the launch, left zero after it."""
+    return tuple(b for b in workspace if b.name == ARRIVED)
+
+
+ARRIVED = "arrived"  # the split form's counter of a (kv head, query) row's blocks that stored their partials
 
 
 SPLIT_ROWS = 16  # a page pool's step splits keys over blocks up to this many queries (h100's step: 16 sequences)
@@ -448,8 +461,71 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
             Store(part, (base + 2 + c,), out[0]),
         ))
 
-    cc = sym.SymVar("cc")
-    e_at = sym.as_expr(cc) * T + U  # the block's outputs, G heads x D elements, over its T threads
+    def over_outputs(f) -> Stmt:
+        """f(head a_ of the group, element c) for the block's outputs, G heads x D elements, over its T threads."""
+        cc = sym.SymVar("cc")
+        e_at = sym.as_expr(cc) * T + U
+        return For(cc, sym.as_expr((G * D + T - 1) // T), IfThenElse(tir.index(e_at).cmp("lt", tir.index(G * D)),
+                                                                      f(sym.floordiv(e_at, D), sym.mod(e_at, D))))
+
+    arrive = splits and target.grid_arrivals
+    arrived = Buffer(ARRIVED, (K.shape[1] * bound,), "int32", "global")  # a count a (kv head, query) row
+    last = Buffer("last", (1,), "int32", "shared")  # whether this block arrived last at its row
+
+    def combined() -> tuple[Stmt, sym.Expr]:
+        """The last block of row r: its heads' outputs from the row's S partials, in one pass over them (the
+        maximum and the sums rescaled as each partial comes, the online softmax's update), and its round trips to
+        memory. A thread's E outputs go side by side, `batch` partials a trip: the trip's loads first, into
+        registers (a partial past S loads the last one again and weighs nothing), then their updates, so the loads
+        are in flight together: S / batch round trips, not the 2 S of merge() one output after another."""
+        E = (G * D + T - 1) // T  # outputs a thread
+        batch = max(1, min(COMBINE_BATCH, COMBINE_REGISTERS // E))
+        cc, s_, j_ = sym.SymVar("cc"), sym.SymVar("s"), sym.SymVar("j")
+        e_at = sym.as_expr(cc) * T + U
+        a_, c = sym.floordiv(e_at, D), sym.mod(e_at, D)
+        at = sym.as_expr(s_) * batch + j_  # the partial
+        row0 = ((kv * G + a_) * n + i) * S * W  # head a_'s partials, where write() stored them
+        base = row0 + sym.smin(at, S - 1) * W
+        rm, rt, ro = (Buffer(x, (E,), "float32", "local") for x in ("rm", "rt", "ro"))
+        lm, ll, la = (Buffer(x, (batch * E,), "float32", "local") for x in ("lm", "ll", "la"))
+        nm, wa, wb = (Buffer(x, (1,), "float32", "local") for x in ("nm", "wa", "wb"))
+        k_, kj = (sym.as_expr(cc),), (sym.as_expr(j_) * E + cc,)
+        guard = (G * D) % T != 0  # a thread's last output may be past the block's
+
+        def each(f) -> Stmt:
+            inner = IfThenElse(tir.index(e_at).cmp("lt", tir.index(G * D)), f()) if guard else f()
+            return For(cc, sym.as_expr(E), inner, "unroll")
+
+        def over_batch(f) -> Stmt:
+            return For(j_, sym.as_expr(batch), each(f), "unroll")
+        ok = tir.index(at).cmp("lt", tir.index(S))
+        load = over_batch(lambda: Seq((Store(lm, kj, part[base]), Store(ll, kj, part[base + 1]),
+                                       Store(la, kj, part[base + 2 + c]))))
+        update = over_batch(lambda: Seq((
+            Store(nm, z, tir.select(ok, tir.vmax(rm[k_], lm[kj]), rm[k_])),
+            Store(wa, z, tir.unary("exp", rm[k_] - nm[0])),
+            Store(wb, z, tir.select(ok, tir.unary("exp", lm[kj] - nm[0]), tir.const(0.0))),
+            Store(rt, k_, rt[k_] * wa[0] + ll[kj] * wb[0]),
+            Store(ro, k_, ro[k_] * wa[0] + la[kj] * wb[0]),
+            Store(rm, k_, nm[0]))))
+        trips = sym.floordiv(S + (batch - 1), batch)
+        body_ = Seq((each(lambda: Seq((Store(rm, k_, tir.const(NEG)), Store(rt, k_, tir.const(0.0)),
+                                      Store(ro, k_, tir.const(0.0))))),
+                     For(s_, trips, Seq((load, update))),
+                     each(lambda: Store(O, (i, kv * G + a_, c), ro[k_] / rt[k_]))))
+        for buf in (rm, rt, ro, lm, ll, la, nm, wa, wb):
+            body_ = Alloc(buf, body_)
+        return body_, trips
+
+    tail: tuple[Stmt, ...] = ()
+    trips = None
+    if arrive:  # the partials stored by every thread, one counts the block in; the last block combines the row's
+        combine, trips = combined()
+        tail = (Barrier(),
+                IfThenElse(tir.index(U).cmp("eq", tir.index(0)),
+                           Intrin("grid.arrive", (arrived, last), (r, S), writes=(arrived, last))),
+                Barrier(),
+                IfThenElse(last[0].cmp("ne", tir.const(0, "int32")), combine))
     body: Stmt = Seq((
         Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
         over("c", D, lambda c: Store(acc, (c,), tir.const(0.0))),
@@ -457,20 +533,22 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
         Store(sm_m, (U,), m[0]), Store(sm_l, (U,), l[0]),
         over("c", D, lambda c: Store(sm, (U * P + c,), acc[c])),
         Barrier(),
-        For(cc, sym.as_expr((G * D + T - 1) // T), IfThenElse(tir.index(e_at).cmp("lt", tir.index(G * D)),
-                                                               write(sym.floordiv(e_at, D), sym.mod(e_at, D)))),
-    ))
+        over_outputs(write),
+    ) + tail)
     for buf in (m, l, sc, corr, pr, mx, tot, out, acc):
         body = Alloc(buf, body)
-    for buf in (sm_m, sm_l, sm):
+    for buf in (sm_m, sm_l, sm) + ((last,) if arrive else ()):
         body = Alloc(buf, body)
     blocks = K.shape[1] * n * S
     body = For(g, blocks, For(u, sym.as_expr(T), body, "thread", "local"), "thread", "group")
-    params = list(prog.params) + ([part] if splits else [])
+    params = list(prog.params) + ([part] if splits else []) + ([arrived] if arrive else [])
     bufs, written = global_buffers(body, params)
-    k = Kernel(prog.name + ("_part" if splits else ""), bufs, tuple(free_syms(body)), body, blocks, T, written)
+    k = Kernel(prog.name + ("_part" if splits else ""), bufs, tuple(free_syms(body)), body, blocks, T, written,
+               tail=trips)
     if not splits:
         return (k,), ()
+    if arrive:
+        return (k,), (part, arrived)
     name = prog.name + ("_merge" if paged else "")  # a page pool's row kernel keeps the program's name
     return (k, _combine_splits(prog, target, part, S, W, name)), (part,)
 
@@ -494,6 +572,8 @@ def merge(n, m_of, l_of, acc_of, into) -> Stmt:
 
 
 SPLIT_KEYS_PER_THREAD = 2  # a tile of the split form is 2 T keys, and a split block's share
+COMBINE_BATCH = 8  # partials a trip of the last block's combine (CUDA), their loads in flight together,
+COMBINE_REGISTERS = 16  # fewer where a thread's outputs times them pass this (each three registers)
 COPY_BATCH = 16  # trips of a tile's copy whose loads are in flight together (two floats each: 32 registers)
 
 

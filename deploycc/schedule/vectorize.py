@@ -27,7 +27,7 @@ FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sin", "cos", "abs", "erf"
 
 def vectorize(s: Schedule) -> Schedule:
     kernels = tuple(replace(k, body=_stmt(k.body)) for k in s.kernels)
-    return Schedule(kernels, s.workspace, s.rule, s.dispatched)
+    return replace(s, kernels=kernels)
 
 
 def _stmt(st: Stmt) -> Stmt:

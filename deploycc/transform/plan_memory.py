@@ -12,7 +12,8 @@ Liveness runs from a tensor's definition to its last use anywhere in the functio
 uses over: `y = x`, `match_cast(x, ...)`, tuples and their items, and (conservatively) the tensor
 result of any builtin or graph-function call keeps its tensor arguments alive. The function's
 result lives to the end; an input of `kv.append` lives until the append (the cache copies it).
-Workspace buffers live only during their call. Function parameters and KV-cache views are not
+Workspace buffers live only during their call (those a schedule needs zero at every launch, Schedule.zeroed, are
+not planned: the VM gives them a storage of their own). Function parameters and KV-cache views are not
 allocations. Branches of an `If` are planned one after the other, which is safe (never both run)
 if not optimal.
 """
@@ -206,6 +207,8 @@ class _Liveness:
             return
         mapping = program_sym_map(prog, call)
         for i, buf in enumerate(sched.workspace):
+            if buf in sched.zeroed:  # a counter kept zero between launches: a storage of its own (vm/lower.py)
+                continue
             missing = set().union(*(d.free_vars() for d in buf.shape)) - set(mapping)
             if missing:
                 names = ", ".join(sorted(v.name for v in missing))

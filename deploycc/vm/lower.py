@@ -84,6 +84,9 @@ class Lowered:
     kernels: dict[str, Kernel]  # by unique name
     constants: dict[str, object] = field(default_factory=dict)  # name -> numpy array
     storages: list[dict] = field(default_factory=list)  # {"bytes": bound}
+    # the storage of every Schedule.zeroed buffer (counters the kernels leave zero), shared by them alone: allocated
+    # zeroed once, as every device's alloc does, it stays zero between launches
+    zeroed_storage: int | None = None
     plans: dict = field(default_factory=dict)
     kv_copy: TensorProgram | None = None
     kv_copy_ring: TensorProgram | None = None
@@ -225,6 +228,18 @@ class _FnLowering:
             raise ValueError(f"lower_vm: no upper bound for a tensor of shape {ann.shape}")
         self.out.storages.append({"bytes": int(bound)})
         return len(self.out.storages) - 1
+
+    def _zeroed_storage(self, ann: A.TensorAnn) -> int:
+        """The package's one storage of zeroed counters (Schedule.zeroed), grown to hold `ann`: never planned, so no
+        other tensor is written into it; the kernels that use it leave it zero, and they run one after another."""
+        sid = self.out.zeroed_storage
+        if sid is None:
+            sid = self.out.zeroed_storage = self._extra_storage(ann)
+        else:
+            grown = self.out.storages[self._extra_storage(ann)]
+            self.out.storages.pop()
+            self.out.storages[sid]["bytes"] = max(self.out.storages[sid]["bytes"], grown["bytes"])
+        return sid
 
     def alloc(self, sid: int, ann: A.TensorAnn, dst: int) -> None:
         self.emit("vm.alloc", [{"i": sid}, {"str": ann.dtype}, *(self.s(d) for d in ann.shape)], dst)
@@ -413,10 +428,13 @@ class _FnLowering:
         env = program_sym_map(prog, call)  # program variable -> caller expression
         regs = {b: self.arg(a) for b, a in zip(prog.inputs, tensor_args)}
         regs.update({b: {"r": r} for b, r in zip(prog.outputs, out_regs)})
-        ws_ids = self.plan.workspace.get(var, [])
+        ws_ids = list(self.plan.workspace.get(var, []))  # the planned ones (not the zeroed), in order
         for i, w in enumerate(sched.workspace):
             wann = A.Tensor(tuple(sym.substitute(d, env) for d in w.shape), w.dtype)
-            sid = ws_ids[i] if i < len(ws_ids) else self._extra_storage(wann)
+            if w in sched.zeroed:
+                sid = self._zeroed_storage(wann)
+            else:
+                sid = ws_ids.pop(0) if ws_ids else self._extra_storage(wann)
             r = self.reg((var, "ws", i))
             self.alloc(sid, wann, r)
             regs[w] = {"r": r}

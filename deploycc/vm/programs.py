@@ -135,6 +135,8 @@ def _schedule(prog: TensorProgram, n: _Names) -> dict:
         in_flight = loads_in_flight(k.body)
         if in_flight:  # the performance model's latency term
             entry["in_flight"] = in_flight
+        if k.tail is not None:  # its last block's round trips after the others arrived (schedule/attention.py)
+            entry["tail"] = n.sym(k.tail)
         if k.tensor:  # its tensor-core tiles' kind: the performance model's peak and instructions for them
             entry["tensor"] = k.tensor
         kernels.append(entry)

@@ -13,7 +13,7 @@
 // run them, and a warp whose lanes all reach one runs on alone: between two barriers each warp runs as far as it can
 // before the next warp starts (the warps in the order their first threads come), as a GPU's warps may run ahead of
 // each other, so a barrier between warps left out shows (since 2026-11-29; before, every thread ran up to its next
-// warp primitive first, which hid it). __dp4a is arithmetic.
+// warp primitive first, which hid it). __dp4a is arithmetic; atomicAdd and __threadfence below.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -85,6 +85,14 @@ template <class T> static inline T dcc_shfl_idx(unsigned mask, T v, int line, in
 #define __shfl_up_sync(mask, var, ...) dcc_shfl_up((mask), (var), __LINE__, __VA_ARGS__)
 #define __shfl_sync(mask, var, ...) dcc_shfl_idx((mask), (var), __LINE__, __VA_ARGS__)
 #define __syncwarp(...) ((void)dcc_warp_exchange(0xffffffffu, 0, dcc_lane(), __LINE__))
+// -- device-scope atomics and fences (schedule/attention.py's last-block combine). A launch's fibers run on one OS
+// thread, one at a time, switching only at a barrier or a warp primitive, so a read-modify-write is indivisible here,
+// and __threadfence has nothing to order: which block arrives last follows the block order asked for, but a fence
+// left out goes unseen (the weak memory model is what the emulation does not prove).
+static inline int atomicAdd(int* p, int v) { int old = *p; *p = old + v; return old; }
+static inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { unsigned int old = *p; *p = old + v; return old; }
+static inline void __threadfence() {}
+
 // four signed (unsigned) bytes of a times those of b, summed, plus c (sm_61+)
 static inline int __dp4a(int a, int b, int c) {
   for (int k = 0; k < 4; k++) c += (int)(signed char)(a >> (8 * k)) * (int)(signed char)(b >> (8 * k));

@@ -338,6 +338,35 @@ def test_dp4a_is_four_byte_products_summed():
     np.testing.assert_array_equal(d.download(u, 1000, np.uint32), ((ua * ub).sum(1) + 7).astype(np.uint32))
 
 
+ATOMICS = HEADER + r'''
+extern "C" __global__ void tickets(int* __restrict__ counter, int* __restrict__ old, unsigned int* __restrict__ sums) {
+  int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  __threadfence();
+  old[t] = atomicAdd(&counter[t % 3], 2);
+  atomicAdd(&sums[0], (unsigned int)t);
+}
+'''
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
+def test_atomic_adds_are_indivisible_and_return_the_old_value(order):
+    """atomicAdd (int and unsigned) as CUDA documents it: the value before the add, each add seen by the next; the
+    old values of one counter are then 0, 2, 4, ... in some order (the order the blocks and threads ran), and the
+    sums whole (schedule/attention.py's last-block combine counts its blocks so)."""
+    d = emulator(order)
+    k = d.build(ATOMICS, ["tickets"])["tickets"]
+    counter, old, sums = d.alloc(12), d.alloc(4 * 1024), d.alloc(4)
+    d.launch(k, [counter, old, sums], (4, 1, 1), (256, 1, 1))
+    got = d.download(old, 1024, np.int32)
+    for c in range(3):
+        mine = np.sort(got[np.arange(1024) % 3 == c])
+        np.testing.assert_array_equal(mine, 2 * np.arange(mine.size))
+    assert list(d.download(counter, 3, np.int32)) == [2 * 342, 2 * 341, 2 * 341]
+    assert int(d.download(sums, 1, np.uint32)[0]) == 1023 * 1024 // 2
+    if order != "forward":  # the threads' order shows in who got which ticket
+        assert not np.array_equal(got[::3], 2 * np.arange(342))
+
+
 # ---- tensor cores: nvcuda::wmma, tf32 m16n16k8, against a numpy model ------------------------------------------------
 
 WMMA = HEADER + "#include <mma.h>\n" + r'''
