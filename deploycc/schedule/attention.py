@@ -473,49 +473,16 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
     last = Buffer("last", (1,), "int32", "shared")  # whether this block arrived last at its row
 
     def combined() -> tuple[Stmt, sym.Expr]:
-        """The last block of row r: its heads' outputs from the row's S partials, in one pass over them (the
-        maximum and the sums rescaled as each partial comes, the online softmax's update), and its round trips to
-        memory. A thread's E outputs go side by side, `batch` partials a trip: the trip's loads first, into
-        registers (a partial past S loads the last one again and weighs nothing), then their updates, so the loads
-        are in flight together: S / batch round trips, not the 2 S of merge() one output after another."""
-        E = (G * D + T - 1) // T  # outputs a thread
-        batch = max(1, min(COMBINE_BATCH, COMBINE_REGISTERS // E))
-        cc, s_, j_ = sym.SymVar("cc"), sym.SymVar("s"), sym.SymVar("j")
-        e_at = sym.as_expr(cc) * T + U
-        a_, c = sym.floordiv(e_at, D), sym.mod(e_at, D)
-        at = sym.as_expr(s_) * batch + j_  # the partial
-        row0 = ((kv * G + a_) * n + i) * S * W  # head a_'s partials, where write() stored them
-        base = row0 + sym.smin(at, S - 1) * W
-        rm, rt, ro = (Buffer(x, (E,), "float32", "local") for x in ("rm", "rt", "ro"))
-        lm, ll, la = (Buffer(x, (batch * E,), "float32", "local") for x in ("lm", "ll", "la"))
-        nm, wa, wb = (Buffer(x, (1,), "float32", "local") for x in ("nm", "wa", "wb"))
-        k_, kj = (sym.as_expr(cc),), (sym.as_expr(j_) * E + cc,)
-        guard = (G * D) % T != 0  # a thread's last output may be past the block's
+        """The last block of row r: its heads' outputs (G x D over the T threads, E a thread) from the row's S
+        partials (combine_partials), and its round trips to memory."""
+        E = (G * D + T - 1) // T
 
-        def each(f) -> Stmt:
-            inner = IfThenElse(tir.index(e_at).cmp("lt", tir.index(G * D)), f()) if guard else f()
-            return For(cc, sym.as_expr(E), inner, "unroll")
-
-        def over_batch(f) -> Stmt:
-            return For(j_, sym.as_expr(batch), each(f), "unroll")
-        ok = tir.index(at).cmp("lt", tir.index(S))
-        load = over_batch(lambda: Seq((Store(lm, kj, part[base]), Store(ll, kj, part[base + 1]),
-                                       Store(la, kj, part[base + 2 + c]))))
-        update = over_batch(lambda: Seq((
-            Store(nm, z, tir.select(ok, tir.vmax(rm[k_], lm[kj]), rm[k_])),
-            Store(wa, z, tir.unary("exp", rm[k_] - nm[0])),
-            Store(wb, z, tir.select(ok, tir.unary("exp", lm[kj] - nm[0]), tir.const(0.0))),
-            Store(rt, k_, rt[k_] * wa[0] + ll[kj] * wb[0]),
-            Store(ro, k_, ro[k_] * wa[0] + la[kj] * wb[0]),
-            Store(rm, k_, nm[0]))))
-        trips = sym.floordiv(S + (batch - 1), batch)
-        body_ = Seq((each(lambda: Seq((Store(rm, k_, tir.const(NEG)), Store(rt, k_, tir.const(0.0)),
-                                      Store(ro, k_, tir.const(0.0))))),
-                     For(s_, trips, Seq((load, update))),
-                     each(lambda: Store(O, (i, kv * G + a_, c), ro[k_] / rt[k_]))))
-        for buf in (rm, rt, ro, lm, ll, la, nm, wa, wb):
-            body_ = Alloc(buf, body_)
-        return body_, trips
+        def output(cc):
+            e_at = cc * T + U
+            a_, c = sym.floordiv(e_at, D), sym.mod(e_at, D)
+            guard = tir.index(e_at).cmp("lt", tir.index(G * D)) if (G * D) % T else None  # past the block's last
+            return ((kv * G + a_) * n + i) * S * W, c, lambda v: Store(O, (i, kv * G + a_, c), v), guard
+        return combine_partials(part, S, W, E, output)
 
     tail: tuple[Stmt, ...] = ()
     trips = None
@@ -577,19 +544,59 @@ COMBINE_REGISTERS = 16  # fewer where a thread's outputs times them pass this (e
 COPY_BATCH = 16  # trips of a tile's copy whose loads are in flight together (two floats each: 32 registers)
 
 
+def combine_partials(part: Buffer, S: sym.Expr, W: int, E: int, output) -> tuple[Stmt, sym.Expr]:
+    """A thread's E outputs, each from S partials (maximum, sum, then the accumulator's elements, W apart), and the
+    round trips to memory it makes. output(cc) -> (where output cc's first partial starts, its element, a store of
+    its value, a guard or None). One pass over the partials (the online softmax's update: the maximum and the sums
+    rescaled as each partial comes), the outputs side by side, `batch` partials a trip: the trip's loads first, into
+    registers (a partial past S loads the last one again and weighs nothing), then their updates, so the loads are in
+    flight together (nvcc's SASS for sm_90 issues a trip's 16 before the first update; with a guard per partial it
+    branched around each): S / batch round trips, not the 2 S of merge() one output after another."""
+    batch = max(1, min(COMBINE_BATCH, COMBINE_REGISTERS // E))
+    cc, s_, j_ = sym.SymVar("cc"), sym.SymVar("s"), sym.SymVar("j")
+    row0, c, store, guard = output(sym.as_expr(cc))
+    at = sym.as_expr(s_) * batch + j_  # the partial
+    base = row0 + sym.smin(at, S - 1) * W
+    rm, rt, ro = (Buffer(x, (E,), "float32", "local") for x in ("rm", "rt", "ro"))
+    lm, ll, la = (Buffer(x, (batch * E,), "float32", "local") for x in ("lm", "ll", "la"))
+    nm, wa, wb = (Buffer(x, (1,), "float32", "local") for x in ("nm", "wa", "wb"))
+    z, k_, kj = (sym.as_expr(0),), (sym.as_expr(cc),), (sym.as_expr(j_) * E + cc,)
+
+    def each(f) -> Stmt:
+        return For(cc, sym.as_expr(E), IfThenElse(guard, f()) if guard is not None else f(), "unroll")
+
+    def over_batch(f) -> Stmt:
+        return For(j_, sym.as_expr(batch), each(f), "unroll")
+    ok = tir.index(at).cmp("lt", tir.index(S))
+    load = over_batch(lambda: Seq((Store(lm, kj, part[base]), Store(ll, kj, part[base + 1]),
+                                   Store(la, kj, part[base + 2 + c]))))
+    update = over_batch(lambda: Seq((
+        Store(nm, z, tir.select(ok, tir.vmax(rm[k_], lm[kj]), rm[k_])),
+        Store(wa, z, tir.unary("exp", rm[k_] - nm[0])),
+        Store(wb, z, tir.select(ok, tir.unary("exp", lm[kj] - nm[0]), tir.const(0.0))),
+        Store(rt, k_, rt[k_] * wa[0] + ll[kj] * wb[0]),
+        Store(ro, k_, ro[k_] * wa[0] + la[kj] * wb[0]),
+        Store(rm, k_, nm[0]))))
+    trips = sym.floordiv(S + (batch - 1), batch)
+    body = Seq((each(lambda: Seq((Store(rm, k_, tir.const(NEG)), Store(rt, k_, tir.const(0.0)),
+                                 Store(ro, k_, tir.const(0.0))))),
+                For(s_, trips, Seq((load, update))),
+                each(lambda: store(ro[k_] / rt[k_]))))
+    for buf in (rm, rt, ro, lm, ll, la, nm, wa, wb):
+        body = Alloc(buf, body)
+    return body, trips
+
+
 def _combine_splits(prog: TensorProgram, target, part: Buffer, S: sym.Expr, W: int, name: str) -> Kernel:
-    """The second kernel of the split form: output element (query, head, c) from its S partials, one thread each."""
+    """The second kernel of the split form (where the target's work-groups do not count their arrivals): output
+    element (query, head, c) from its S partials, one thread each (combine_partials)."""
     O = prog.params[-1]
     n, h, D = O.shape[0], O.shape[1], O.shape[2].value
-    mx, tot, out = (Buffer(x, (1,), "float32", "local") for x in ("mx", "tot", "o"))
 
     def body_of(x):
         r, c = sym.floordiv(x, D), sym.mod(x, D)  # r: the (head, query) row, as the partials' blocks number them
-        base = lambda s: (r * S + s) * W  # noqa: E731
-        merged = merge(S, lambda s: part[base(s)], lambda s: part[base(s) + 1], lambda s: part[base(s) + 2 + c],
-                       (mx, tot, out))
         at = (sym.mod(r, n), sym.floordiv(r, n), c)
-        return Alloc(mx, Alloc(tot, Alloc(out, Seq((merged, Store(O, at, out[0] / tot[0]))))))
+        return combine_partials(part, S, W, 1, lambda cc: (r * S * W, c, lambda v: Store(O, at, v), None))[0]
 
     body, groups = thread_grid(h * n * D, target.threads_per_block, body_of)
     bufs, written = global_buffers(body, [part, O])
