@@ -213,10 +213,17 @@ class VM {
     this.pass = null;
     this.launches = 0;
     this.functions = {};
+    let launches = 0; // the most launch instructions of a step function, the most int arguments of a launch: the
+    let ints = 1; // Params ring's slots and their size
     for (const name of STEP_FUNCTIONS) {
       const spec = bytecode.functions[name];
-      if (spec) this.functions[name] = this.prepareFunction(name, spec);
+      if (!spec) continue;
+      this.functions[name] = this.prepareFunction(name, spec);
+      const sites = spec.instructions.filter((ins) => ins.fn === "vm.launch");
+      launches = Math.max(launches, sites.length);
+      for (const ins of sites) ints = Math.max(ints, ins.args.length - 1 - ins.args.findIndex((a) => a.str === "|"));
     }
+    gpu.reserveParams(launches, ints);
   }
 
   prepareFunction(name, spec) {
@@ -312,12 +319,14 @@ class VM {
       if (g <= 0) return;
       if (g > maxGrid * maxGrid) throw new PackageError(`${kernel.name}: ${g} work-groups exceed the grid limit`);
       const bs = bufs.map((b) => { const v = b(regs, heap); return v instanceof DTensor ? v.buf : v; });
-      const group = this.gpu.bindGroup(kernel, bs, scalars.map((s) => s(heap)));
+      const ints = scalars.map((s) => s(heap));
+      const offsets = kernel.hasParams ? [this.gpu.stage(ints)] : [];
+      const group = this.gpu.bindGroup(kernel, bs, ints.length);
       const grid = g <= maxGrid ? [g] : [maxGrid, Math.ceil(g / maxGrid)];
       this.launches++;
-      if (this.recording) { this.recording.push({ kernel, group, grid }); return; }
+      if (this.recording) { this.recording.push({ kernel, group, grid, offsets }); return; }
       this.pass.setPipeline(kernel.pipeline);
-      this.pass.setBindGroup(0, group);
+      this.pass.setBindGroup(0, group, offsets);
       this.pass.dispatchWorkgroups(...grid);
     };
   }
@@ -329,6 +338,7 @@ class VM {
     for (const [r, v] of fn.preset) regs[r] = v;
     inputs.forEach((v, i) => { regs[i] = v; });
     const heap = new Array(Math.max(fn.heapNames.length, 1)).fill(0);
+    this.gpu.used = 0; // the step's Params from the ring's first slot (a step that threw left its own)
     this.pass = encoder.beginComputePass();
     try {
       for (const ins of fn.code) {
@@ -448,8 +458,8 @@ export class Engine {
       this.readback = device.createBuffer({ size: n * 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     }
     encoder.copyBufferToBuffer(out.buf.handle, 0, this.readback, 0, n * 4);
+    this.gpu.writeParams();
     device.queue.submit([encoder.finish()]);
-    for (const b of this.gpu.retired.splice(0)) b.destroy();
     await this.readback.mapAsync(GPUMapMode.READ, 0, n * 4);
     const logits = new Float32Array(this.readback.getMappedRange(0, n * 4).slice(0));
     this.readback.unmap();
@@ -471,12 +481,13 @@ export class Engine {
     }
     const launches = this.vm.recording;
     this.vm.recording = null;
+    this.gpu.writeParams(); // every recorded launch's Params, at the offsets they were given
     const ms = {};
-    for (const { kernel, group, grid } of launches) {
+    for (const { kernel, group, grid, offsets } of launches) {
       const encoder = device.createCommandEncoder();
       const pass = encoder.beginComputePass();
       pass.setPipeline(kernel.pipeline);
-      pass.setBindGroup(0, group);
+      pass.setBindGroup(0, group, offsets);
       pass.dispatchWorkgroups(...grid);
       pass.end();
       const t0 = performance.now();

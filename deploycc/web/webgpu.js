@@ -1,8 +1,13 @@
 // The device of deploycc's browser runtime: a WebGPU adapter held to the package's limits, its WGSL kernels as
 // compute pipelines with explicit bind group layouts, storage buffers and the bind groups of each launch.
+//
+// A launch's Params (its int arguments) go into a ring of uniform memory at an offset of its own (a dynamic offset,
+// aligned to minUniformBufferOffsetAlignment), written by one queue.writeBuffer just before the step's submit, so a
+// kernel's bind group depends on its buffers alone and is made once (before 2026-11-29 a decode step, whose lengths
+// change every step, made a uniform buffer and a bind group for most of its launches).
 import { PackageError } from "./errors.js";
 
-const GROUP_CACHE = 4096; // bind groups (each with its Params uniform) kept across steps
+const GROUP_CACHE = 4096; // bind groups kept across steps
 
 const BINDING = /((?:@\s*\w+\s*\(\s*\d+\s*\)\s*)+)var\s*<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>/g;
 
@@ -70,8 +75,10 @@ export class WebGPU {
     device.addEventListener("uncapturederror", (e) => this.errors.push(e.error.message));
     this.lost = null;
     device.lost.then((i) => { this.lost = `the WebGPU device was lost (${i.reason}: ${i.message})`; });
-    this.retired = []; // uniforms of evicted bind groups: destroyed once the step that may use them is submitted
     this.groups = new Map();
+    this.ring = null; // the Params ring (reserveParams), its staged bytes and how many of them this step used
+    this.staged = null;
+    this.used = 0;
     this.STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
   }
 
@@ -102,7 +109,8 @@ export class WebGPU {
       if (err) throw new PackageError(`${file}:${err.lineNum}:${err.linePos}: WGSL error: ${err.message}`);
       const bindings = parseBindings(code);
       const layout = this.device.createBindGroupLayout({
-        entries: bindings.map(([binding, type]) => ({ binding, visibility: GPUShaderStage.COMPUTE, buffer: { type } })),
+        entries: bindings.map(([binding, type]) => ({ binding, visibility: GPUShaderStage.COMPUTE,
+          buffer: { type, hasDynamicOffset: type === "uniform" } })),
       });
       modules[file] = { module, layout, bindings,
         pipelineLayout: this.device.createPipelineLayout({ bindGroupLayouts: [layout] }) };
@@ -124,19 +132,39 @@ export class WebGPU {
     return kernels;
   }
 
-  uniform(ints) {
-    // An immutable uniform buffer of one launch's Params (little-endian i32, padded to 16 bytes).
-    const size = Math.max(16, Math.ceil(ints.length * 4 / 16) * 16);
-    const buf = this.device.createBuffer({ size, usage: GPUBufferUsage.UNIFORM, mappedAtCreation: true });
-    new Int32Array(buf.getMappedRange()).set(ints);
-    buf.unmap();
-    return buf;
+  reserveParams(launches, ints) {
+    // The Params ring: a slot for each launch of the step function with the most launch instructions, each slot
+    // the largest launch's Params (`ints` of them) rounded up to minUniformBufferOffsetAlignment.
+    const align = this.device.limits.minUniformBufferOffsetAlignment || 256;
+    this.slot = Math.ceil(Math.max(16, Math.ceil(ints / 4) * 16) / align) * align;
+    const size = Math.max(1, launches) * this.slot;
+    this.ring?.destroy();
+    this.ring = this.device.createBuffer({ size, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, label: "params" });
+    this.staged = new ArrayBuffer(size);
+    this.used = 0;
   }
 
-  bindGroup(kernel, bufs, ints) {
-    const key = kernel.name + "|" + bufs.map((b) => b.id).join(",") + "|" + ints.join(",");
+  stage(ints) {
+    // This launch's Params (little-endian i32, padded to 16 bytes) at the next slot of the step; its offset.
+    const at = this.used;
+    if (at + this.slot > this.staged.byteLength) {
+      throw new PackageError(`a step launched more than the ${this.staged.byteLength / this.slot} kernels its bytecode lists`);
+    }
+    new Int32Array(this.staged, at, ints.length).set(ints);
+    this.used = at + this.slot;
+    return at;
+  }
+
+  writeParams() {
+    // The step's staged Params into the ring; the queue runs the write before the step's submit that follows it.
+    if (this.used) this.device.queue.writeBuffer(this.ring, 0, this.staged, 0, this.used);
+    this.used = 0;
+  }
+
+  bindGroup(kernel, bufs, nInts) {
+    const key = kernel.name + "|" + bufs.map((b) => b.id).join(",");
     const hit = this.groups.get(key);
-    if (hit) { this.groups.delete(key); this.groups.set(key, hit); return hit.group; } // most recent last
+    if (hit) { this.groups.delete(key); this.groups.set(key, hit); return hit; } // most recent last
     const entries = [];
     let binding = 0;
     bufs.forEach((b, i) => {
@@ -151,15 +179,12 @@ export class WebGPU {
         entries.push({ binding: binding++, resource: { buffer: b.handle, offset: p * chunk, size } });
       }
     });
-    const uniform = kernel.hasParams ? this.uniform(ints) : null;
-    if (uniform) entries.push({ binding: binding++, resource: { buffer: uniform } });
-    const group = this.device.createBindGroup({ layout: kernel.layout, entries, label: kernel.name });
-    this.groups.set(key, { group, uniform });
-    if (this.groups.size > GROUP_CACHE) { // least recently used first; its uniform goes after this step's submit
-      const [old, { uniform: u }] = this.groups.entries().next().value;
-      this.groups.delete(old);
-      if (u) this.retired.push(u);
+    if (kernel.hasParams) {
+      entries.push({ binding: binding++, resource: { buffer: this.ring, offset: 0, size: Math.max(16, Math.ceil(nInts / 4) * 16) } });
     }
+    const group = this.device.createBindGroup({ layout: kernel.layout, entries, label: kernel.name });
+    this.groups.set(key, group);
+    if (this.groups.size > GROUP_CACHE) this.groups.delete(this.groups.keys().next().value); // least recently used
     return group;
   }
 }

@@ -10,8 +10,12 @@ layout entry for a `read` binding and an "auto" layout drops bindings an entry p
 
 Launches are batched: consecutive launches are encoded into one compute pass (wgpu inserts the
 barriers between dispatches) and submitted on synchronize/download/write. Submitting per dispatch
-costs 150-550 us on lavapipe against 25-40 us batched (FACTS.md). A uniform buffer is immutable
-once made (one per distinct Params value), so batched launches with different scalars stay correct.
+costs 150-550 us on lavapipe against 25-40 us batched (FACTS.md). Each launch's Params go into a ring of uniform
+memory at an offset of its own (a dynamic offset, aligned to min_uniform_buffer_offset_alignment), written with one
+queue.write_buffer just before the batch is submitted (a write the queue orders after every earlier submission), so
+a kernel's bind group depends on its buffers alone and is made once: a decode step, whose lengths change every step,
+made a new uniform buffer and bind group for most of its launches before (2026-11-29). A batch that fills the ring is
+submitted and the ring starts over.
 
 shader-f16 is requested when the adapter has it (`has_f16`). `WebGPUDevice(f16=False)`, or the environment
 variable DEPLOYCC_WEBGPU_F16=0 where f16 is not given, leaves it off, as on adapters that lack it (SwiftShader,
@@ -45,6 +49,7 @@ _DECL = re.compile(r"((?:@\s*\w+\s*\(\s*\d+\s*\)\s*)+)var\s*<\s*(\w+)\s*(?:,\s*(
 _ATTR = re.compile(r"@\s*(group|binding)\s*\(\s*(\d+)\s*\)")
 _ENTRY = re.compile(r"@\s*workgroup_size\s*\(([^)]*)\)\s*(?:@\s*\w+\s*)*fn\s+(\w+)")
 _CACHE_SIZE = 1024
+RING_BYTES = 1 << 18  # the Params ring: at 256-byte alignment (the spec's default) 1,024 launches a batch
 F16_ENV = "DEPLOYCC_WEBGPU_F16"
 SUBGROUPS_ENV = "DEPLOYCC_WEBGPU_SUBGROUPS"
 # WGSL's `enable subgroups;` (Chrome's Tint requires it); wgpu's naga rejects it and takes the subgroup built-ins
@@ -196,8 +201,10 @@ class WebGPUDevice(Device):
         self._storage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         self._sync_buf = self.device.create_buffer(size=4, usage=self._storage)
         self._modules: dict[str, tuple] = {}  # source sha256 -> (shader module, bind-group layout, pipeline layout, bindings)
-        self._uniforms: OrderedDict[bytes, object] = OrderedDict()
         self._groups: OrderedDict[tuple, tuple] = OrderedDict()
+        self._align = int(self.limits.get("min_uniform_buffer_offset_alignment", 256))
+        self._ring = self.device.create_buffer(size=RING_BYTES, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self._staged = bytearray()  # the Params of the launches encoded and not yet submitted, at their offsets
         self._encoder = self._pass = None
         self.pending = 0  # launches encoded and not yet submitted
 
@@ -307,21 +314,23 @@ class WebGPUDevice(Device):
             module = self.device.create_shader_module(code=source)
         except wgpu.GPUError as e:
             raise DeviceError(f"WGSL build failed on {self.name}: {_error_text(e)}") from None
-        entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": t}} for b, t in bindings]
+        entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": t, "has_dynamic_offset": t == "uniform"}} for b, t in bindings]
         bgl = self.device.create_bind_group_layout(entries=entries)
         return module, bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]), bindings
 
-    def _bind_group(self, kernel: Kernel, bufs: list, ints: list[int]):
+    def _bind_group(self, kernel: Kernel, bufs: list, params: int):
+        """The kernel's bind group over `bufs` and, with `params` bytes of Params, the ring (bound at a dynamic
+        offset): made once for those buffers and kept (least recently used out past _CACHE_SIZE)."""
         # a storage binding's size is a multiple of 4: the last range of an f16 weight may end mid-word
         ranges = tuple((b.buffer.handle, b.offset, min(-(-b.size // 4) * 4, b.buffer.handle.size - b.offset))
                        if isinstance(b, BufferRange) else (b.handle, 0, b.handle.size) for b in bufs)
-        handles = tuple(r[0] for r in ranges)
-        params = _params_bytes(ints) if kernel.meta["has_params"] else b""
         key = (id(kernel.meta["layout"]), tuple((id(h), o, n) for h, o, n in ranges), params)
         hit = self._groups.get(key)
         if hit is not None:
             self._groups.move_to_end(key)
             return hit[0]
+        handles = tuple(r[0] for r in ranges)
         types: dict[int, set[str]] = {}
         for h, t in zip(handles, kernel.meta["types"]):
             types.setdefault(id(h), set()).add(t)
@@ -330,13 +339,7 @@ class WebGPUDevice(Device):
                               "that within a dispatch (declare both bindings read_write)")
         entries = [{"binding": i, "resource": {"buffer": h, "offset": o, "size": n}} for i, (h, o, n) in enumerate(ranges)]
         if params:
-            ubuf = self._uniforms.get(params)
-            if ubuf is None:
-                ubuf = self.device.create_buffer_with_data(data=params, usage=self._wgpu.BufferUsage.UNIFORM)
-                self._uniforms[params] = ubuf
-                if len(self._uniforms) > _CACHE_SIZE:
-                    self._uniforms.popitem(last=False)  # wgpu keeps it alive while a pending pass uses it
-            entries.append({"binding": len(handles), "resource": {"buffer": ubuf, "offset": 0, "size": len(params)}})
+            entries.append({"binding": len(handles), "resource": {"buffer": self._ring, "offset": 0, "size": params}})
         try:
             group = self.device.create_bind_group(layout=kernel.meta["layout"], entries=entries)
         except self._wgpu.GPUError as e:
@@ -345,6 +348,15 @@ class WebGPUDevice(Device):
         if len(self._groups) > _CACHE_SIZE:
             self._groups.popitem(last=False)
         return group
+
+    def _stage(self, params: bytes) -> int:
+        """The ring offset of this launch's Params, staged for the batch's write (a full ring submits the batch)."""
+        at = -(-len(self._staged) // self._align) * self._align
+        if at + len(params) > RING_BYTES:
+            self.flush()
+            at = 0
+        self._staged[len(self._staged):] = bytes(at - len(self._staged)) + params
+        return at
 
     def launch(self, kernel: Kernel, args: list, grid, block) -> None:
         bufs, ints = self._split_args(kernel, args)
@@ -360,12 +372,14 @@ class WebGPUDevice(Device):
         if max(grid) > self.limits.get("max_compute_workgroups_per_dimension", 65535):
             raise DeviceError(f"{kernel.name}: grid {grid} exceeds max_compute_workgroups_per_dimension "
                               f"{self.limits.get('max_compute_workgroups_per_dimension', 65535)}")
-        group = self._bind_group(kernel, bufs, ints)
+        params = _params_bytes(ints) if meta["has_params"] else b""
+        offsets = [self._stage(params)] if params else []  # (before the pass is begun: a full ring submits)
+        group = self._bind_group(kernel, bufs, len(params))
         if self._pass is None:
             self._encoder = self.device.create_command_encoder()
             self._pass = self._encoder.begin_compute_pass()
         self._pass.set_pipeline(kernel.handle)
-        self._pass.set_bind_group(0, group)
+        self._pass.set_bind_group(0, group, offsets)
         self._pass.dispatch_workgroups(*grid)
         self.pending += 1
 
@@ -376,8 +390,11 @@ class WebGPUDevice(Device):
         cpass, encoder = self._pass, self._encoder
         self._pass = self._encoder = None
         self.pending = 0
+        staged, self._staged = self._staged, bytearray()
         try:
             cpass.end()
+            if staged:  # the batch's Params, before its commands (the queue runs the write first)
+                self.queue.write_buffer(self._ring, 0, bytes(staged) + bytes(-len(staged) % 4))
             self.queue.submit([encoder.finish()])
         except self._wgpu.GPUError as e:
             raise DeviceError(f"WebGPU submit failed: {_error_text(e)}") from None

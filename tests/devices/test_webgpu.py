@@ -145,6 +145,40 @@ def test_many_launches_then_one_download(dev):
     assert dev.pending == 0
 
 
+def test_params_ride_a_ring_and_bind_groups_are_made_once(monkeypatch):
+    """Each launch's Params at a dynamic offset of one uniform ring, written just before its batch is submitted: 2,000
+    launches of two kernels of one module on one buffer, most with other scalars, make one bind group, and when the ring is full
+    the batch is submitted and the ring starts over (a ring of 40 slots here: 50 submits), every launch seeing its own
+    scalars (the sum of them all, in order with the doublings). The negative control: the staged Params written at
+    offset 0 whatever the launch's (every launch then reads the first one's) gives another sum."""
+    from deploycc.runtime.devices import webgpu
+
+    dev = require_device("webgpu")
+    monkeypatch.setattr(webgpu, "RING_BYTES", 40 * int(dev.limits.get("min_uniform_buffer_offset_alignment", 256)))
+
+    def run(d) -> np.ndarray:
+        ks = d.build(ADDK, ["addk", "double"])
+        buf = d.alloc(64 * 4)
+        for step in range(2000):
+            if step % 500 == 499:
+                d.launch(ks["double"], [buf, 64], (1, 1, 1), (64, 1, 1))
+            else:
+                d.launch(ks["addk"], [buf, 64, step], (1, 1, 1), (64, 1, 1))
+        return d.download(buf, 64, np.int32)
+    expect = 0
+    for step in range(2000):
+        expect = expect * 2 if step % 500 == 499 else expect + step
+    fresh = webgpu.WebGPUDevice()
+    submits = []
+    submit = fresh.queue.submit
+    monkeypatch.setattr(fresh.queue, "submit", lambda cbs: (submits.append(1), submit(cbs))[1], raising=False)
+    assert (run(fresh) == np.int32(expect)).all() and len(fresh._groups) == 1  # addk and double share a layout
+    assert len(submits) >= 2000 // 40
+    broken = webgpu.WebGPUDevice()
+    monkeypatch.setattr(broken, "_stage", lambda params: (broken._staged.__setitem__(slice(0, len(params)), params), 0)[1])
+    assert not (run(broken) == np.int32(expect)).all()
+
+
 def test_chained_launches_and_write_ordering(dev):
     k = dev.build(COPY, ["copy"])["copy"]
     a = np.arange(1000, dtype=np.float32)
