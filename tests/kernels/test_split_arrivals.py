@@ -91,3 +91,40 @@ def test_a_broken_arrival_fails(mutation):
     stuck = [c.tolist() for _, c in results if c.any()]
     assert worst > 1e-2 or np.isnan(worst), (mutation, worst)
     assert stuck, "a counter left other than zero"
+
+
+def test_the_counters_have_a_storage_no_tensor_shares(tmp_path):
+    """A package's counters (Schedule.zeroed): every attention launch of every step function allocates them from one
+    storage, which no other vm.alloc names (a tensor written there would leave a counter other than zero, and the
+    next launch's last block would not be found), sized for the largest (the server's step: a row for each of up to
+    SPLIT_ROWS queries and kv heads)."""
+    import json
+
+    from deploycc.package import compile_model
+    from deploycc.schedule.attention import SPLIT_ROWS
+    from fixtures import make_tiny
+
+    pkg = compile_model(str(make_tiny("qwen3-x32")), "h100", quantization="q4f16_1", context_window=64,
+                        out=str(tmp_path / "pkg"))
+    m = json.loads((pkg / "manifest.json").read_text())
+    bc = json.loads((pkg / "bytecode.json").read_text())
+    counters, others = set(), set()
+    for fn in bc["functions"].values():
+        allocs = {}
+        for ins in fn["instructions"]:
+            if ins.get("fn") == "vm.alloc":
+                allocs[ins["dst"]] = (ins["args"][0]["i"], ins["args"][1]["str"])
+            if ins.get("fn") == "vm.launch" and ins["args"][0]["k"].endswith("_part"):  # the counters: its last buffer
+                sep = next(i for i, a in enumerate(ins["args"]) if a.get("str") == "|")
+                last = m["kernels"]["entries"][ins["args"][0]["k"]]["args"]["buffers"][-1]
+                assert last["dtype"] == "int32" and last["written"]
+                counters.add(allocs[ins["args"][sep - 1]["r"]])
+        others |= {sid for sid, _ in allocs.values()}
+    assert len(counters) == 1, counters
+    (sid, dtype), = counters
+    assert dtype == "int32"
+    shared = [ins for fn in bc["functions"].values() for ins in fn["instructions"]
+              if ins.get("fn") == "vm.alloc" and ins["args"][0]["i"] == sid]
+    assert all(ins["args"][1]["str"] == "int32" and len(ins["args"]) == 3 for ins in shared), "counters only"
+    assert m["storages"][sid]["bytes"] >= m["kv_cache"]["kv_heads"] * SPLIT_ROWS * 4
+    assert others - {sid}, "the plan's storages are others"
