@@ -318,7 +318,7 @@ def _split(prog: TensorProgram, target) -> Schedule:
     each block, its partials stored, counts itself in at its row's counter (a fence, then an atomic add: Intrin
     "grid.arrive"), and the block that arrives last, which then sees every other's partials, combines them for the
     row and sets the counter back to zero for the next launch (the CUDA programming guide's last-block reduction;
-    one launch a layer fewer: a decode step's launches were ~4 us each on an H200, its combine 4.2 of them).
+    one launch a layer fewer: an H200 took ~4 us a launch of a decode step, and 4.2 us a layer for the combine's).
     - a contiguous cache with one query (the decode step): always;
     - a page pool (the batched step, whose row count `seq_len` is known only at run time): dispatched by that
       count (schedule/dispatch.py's guards), the split pair up to SPLIT_ROWS rows (the sequences decoding, a short

@@ -219,27 +219,27 @@ class _FnLowering:
         ann = var.ann.fields[k] if isinstance(var.ann, A.TupleAnn) else var.ann
         return self._extra_storage(ann)
 
-    def _extra_storage(self, ann: A.TensorAnn) -> int:
+    def _bound_bytes(self, ann: A.TensorAnn) -> int:
         size = sym.as_expr(4)
         for d in ann.shape:
             size = size * d
         bound = self.bounds.upper_bound(size)
         if bound is None:
             raise ValueError(f"lower_vm: no upper bound for a tensor of shape {ann.shape}")
-        self.out.storages.append({"bytes": int(bound)})
+        return int(bound)
+
+    def _extra_storage(self, ann: A.TensorAnn) -> int:
+        self.out.storages.append({"bytes": self._bound_bytes(ann)})
         return len(self.out.storages) - 1
 
     def _zeroed_storage(self, ann: A.TensorAnn) -> int:
         """The package's one storage of zeroed counters (Schedule.zeroed), grown to hold `ann`: never planned, so no
         other tensor is written into it; the kernels that use it leave it zero, and they run one after another."""
-        sid = self.out.zeroed_storage
-        if sid is None:
-            sid = self.out.zeroed_storage = self._extra_storage(ann)
-        else:
-            grown = self.out.storages[self._extra_storage(ann)]
-            self.out.storages.pop()
-            self.out.storages[sid]["bytes"] = max(self.out.storages[sid]["bytes"], grown["bytes"])
-        return sid
+        if self.out.zeroed_storage is None:
+            self.out.zeroed_storage = self._extra_storage(ann)
+        st = self.out.storages[self.out.zeroed_storage]
+        st["bytes"] = max(st["bytes"], self._bound_bytes(ann))
+        return self.out.zeroed_storage
 
     def alloc(self, sid: int, ann: A.TensorAnn, dst: int) -> None:
         self.emit("vm.alloc", [{"i": sid}, {"str": ann.dtype}, *(self.s(d) for d in ann.shape)], dst)
