@@ -440,7 +440,6 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             launch.in_flight = max(IN_FLIGHT, flying.get(launch.kernel, 0))
             if launch.kernel in tails:
                 launch.tail = _sym(tails[launch.kernel], ints)
-                launch.barriers -= ARRIVAL_BARRIERS
             _time(launch, hw)
             step.launches.append(launch)
         steps[key] = step
@@ -479,7 +478,7 @@ def _time(x: Launch, hw: dict) -> None:
     waves = -(-x.blocks // (hw["multiprocessors"] * blocks_per_mp))
     times = {"bandwidth": x.bytes / (hw["bandwidth_gb_s"] * 1e9),
              "latency": x.bytes / max(resident, 1) / x.in_flight * LATENCY_US * 1e-6,
-             "serial": waves * x.barriers * PHASE_US * 1e-6,
+             "serial": waves * (x.barriers - (ARRIVAL_BARRIERS if x.tail else 0)) * PHASE_US * 1e-6,
              "arithmetic": x.flops / (hw["fp32_tflops"] * 1e12)}
     if x.tensor:  # the tensor cores' products and the tiles' instructions (counted): what the SMs issue beside them
         macs = x.macs or x.flops // 2

@@ -460,33 +460,33 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
             Store(part, (base + 2 + c,), out[0]),
         ))
 
+    E = (G * D + T - 1) // T  # the block's outputs, G heads x D elements, a thread
+
+    def output_of(cc):
+        """A thread's output cc: its head of the group, its element, and a guard where the last may be past G x D."""
+        e_at = cc * T + U
+        guard = tir.index(e_at).cmp("lt", tir.index(G * D)) if (G * D) % T else None
+        return sym.floordiv(e_at, D), sym.mod(e_at, D), guard
+
     def over_outputs(f) -> Stmt:
-        """f(head a_ of the group, element c) for the block's outputs, G heads x D elements, over its T threads."""
+        """f(head a_ of the group, element c) for each of the thread's outputs."""
         cc = sym.SymVar("cc")
-        e_at = sym.as_expr(cc) * T + U
-        return For(cc, sym.as_expr((G * D + T - 1) // T), IfThenElse(tir.index(e_at).cmp("lt", tir.index(G * D)),
-                                                                      f(sym.floordiv(e_at, D), sym.mod(e_at, D))))
+        a_, c, guard = output_of(sym.as_expr(cc))
+        return For(cc, sym.as_expr(E), IfThenElse(guard, f(a_, c)) if guard is not None else f(a_, c))
 
     arrive = splits and target.grid_arrivals
     arrived = Buffer(ARRIVED, (K.shape[1] * bound,), "int32", "global")  # a count a (kv head, query) row
     last = Buffer("last", (1,), "int32", "shared")  # whether this block arrived last at its row
 
-    def combined() -> tuple[Stmt, sym.Expr]:
-        """The last block of row r: its heads' outputs (G x D over the T threads, E a thread) from the row's S
-        partials (combine_partials), and its round trips to memory."""
-        E = (G * D + T - 1) // T
-
-        def output(cc):
-            e_at = cc * T + U
-            a_, c = sym.floordiv(e_at, D), sym.mod(e_at, D)
-            guard = tir.index(e_at).cmp("lt", tir.index(G * D)) if (G * D) % T else None  # past the block's last
-            return ((kv * G + a_) * n + i) * S * W, c, lambda v: Store(O, (i, kv * G + a_, c), v), guard
-        return combine_partials(part, S, W, E, output)
+    def partials_of(cc):
+        """The last block of row r combines its heads' outputs from the row's S partials (combine_partials)."""
+        a_, c, guard = output_of(cc)
+        return ((kv * G + a_) * n + i) * S * W, c, lambda v: Store(O, (i, kv * G + a_, c), v), guard
 
     tail: tuple[Stmt, ...] = ()
     trips = None
     if arrive:  # the partials stored by every thread, one counts the block in; the last block combines the row's
-        combine, trips = combined()
+        combine, trips = combine_partials(part, S, W, E, partials_of)
         tail = (Barrier(),
                 IfThenElse(tir.index(U).cmp("eq", tir.index(0)),
                            Intrin("grid.arrive", (arrived, last), (r, S), writes=(arrived, last))),

@@ -8,6 +8,7 @@
 import { PackageError } from "./errors.js";
 
 const GROUP_CACHE = 4096; // bind groups kept across steps
+const paramsBytes = (ints) => Math.max(16, Math.ceil(ints / 4) * 16); // a launch's Params: i32s padded to 16 bytes
 
 const BINDING = /((?:@\s*\w+\s*\(\s*\d+\s*\)\s*)+)var\s*<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>/g;
 
@@ -136,7 +137,7 @@ export class WebGPU {
     // The Params ring: a slot for each launch of the step function with the most launch instructions, each slot
     // the largest launch's Params (`ints` of them) rounded up to minUniformBufferOffsetAlignment.
     const align = this.device.limits.minUniformBufferOffsetAlignment || 256;
-    this.slot = Math.ceil(Math.max(16, Math.ceil(ints / 4) * 16) / align) * align;
+    this.slot = Math.ceil(paramsBytes(ints) / align) * align;
     const size = Math.max(1, launches) * this.slot;
     this.ring?.destroy();
     this.ring = this.device.createBuffer({ size, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, label: "params" });
@@ -180,7 +181,7 @@ export class WebGPU {
       }
     });
     if (kernel.hasParams) {
-      entries.push({ binding: binding++, resource: { buffer: this.ring, offset: 0, size: Math.max(16, Math.ceil(nInts / 4) * 16) } });
+      entries.push({ binding: binding++, resource: { buffer: this.ring, offset: 0, size: paramsBytes(nInts) } });
     }
     const group = this.device.createBindGroup({ layout: kernel.layout, entries, label: kernel.name });
     this.groups.set(key, group);
