@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 BROWSER_STEP = """async ([gen]) => {
   const e = window.deploycc.engine; const vm = e.vm; const run = vm.run.bind(vm); let enc = 0;
   vm.run = (...a) => { const t = performance.now(); const r = run(...a); enc += performance.now() - t; return r; };
@@ -68,17 +70,17 @@ def python_row(pkg: str, steps: int) -> dict:
 
 
 def browser_row(pkg: str, steps: int) -> dict:
+    from browser import CHROMIUM, FLAGS, _Quiet  # benchmarks/browser.py's Chromium and its quiet file server
     from playwright.sync_api import sync_playwright
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=pkg))
+    exe = next((p for p in CHROMIUM if Path(p).exists()), None)
+    if exe is None:
+        sys.exit("error: Debian's chromium is not installed (apt-get install chromium)")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=pkg))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         with sync_playwright() as p:
-            b = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                  args=["--enable-unsafe-webgpu", "--no-sandbox", "--disable-dev-shm-usage"])
+            b = p.chromium.launch(executable_path=exe, args=FLAGS)
             page = b.new_page()
             page.goto(f"http://127.0.0.1:{httpd.server_address[1]}/index.html")
             page.wait_for_function("window.deploycc && (window.deploycc.engine || window.deploycc.error)", timeout=600_000)
