@@ -28,7 +28,7 @@ from .transform.fuse_tensor import fuse_tensor
 from .transform.inline_prologue import inline_prologues
 from .transform.merge_matmuls import merge_matmuls
 from .transform.plan_memory import plan_memory
-from .vm import lower_vm
+from .vm import kv_attend, lower_vm
 from .vm.kv_fuse import sink_producers
 
 STAGES = ("exported", "legalized", "fused", "scheduled")
@@ -118,7 +118,9 @@ def compile(exported: IRModule, target, prefill_chunk: int | None = None, stop_a
     if target.workgroup_gemv:  # kv.append's producers next to it, to join it in one launch (vm/kv_fuse.py)
         mod = sink_producers(mod, fnames)
     bounds = {f: function_bounds(mod[f], prefill_chunk) for f in fnames}
-    plans = {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}) for f in fnames}
+    # a decode step's attention may read what the rope-and-append before it reads (vm/kv_attend.py)
+    reads = {f: kv_attend.reads(mod[f], mod, target) if target.workgroup_gemv else {} for f in fnames}
+    plans = {f: plan_memory(mod[f], mod, {"seq_len": prefill_chunk}, reads[f]) for f in fnames}
     return Compiled("vm", mod, plans, lower_vm(mod, plans, target, bounds, fnames))
 
 

@@ -14,7 +14,9 @@ only (shape, dtype, where their bytes live, how many bytes that buffer has). At 
   vm.launch       groups and ints agree with the kernel's calling convention (manifest kernels.entries[k].args);
                   each buffer has exactly the elements and dtype the kernel declares, so a kernel, which
                   touches only its declared shapes, stays inside every buffer; kernels write activations and
-                  the KV cache only, and the cache-append kernel writes the rows of this step and no others;
+                  the KV cache only, and the cache-append kernel writes the rows of this step and no others
+                  (its `offset` and `n` scalars, n 1 where it takes none: a decode step's attention that
+                  appends its key and value, deploycc/vm/kv_attend.py);
                   an activation is read only after a kernel wrote it and before its storage is reused
   ret             float32 logits [1, 1 or seq_len or batch, vocab_size]
 
@@ -241,11 +243,13 @@ class _DryRun:
                 if not any(self.views.get(id(x)) == ("meta", KV_META.index("slot")) for x in bufs):
                     fail(w, f"lets {name} write the page pool without the step's slots")
                 self.appended.add(tuple(a["kv"][1:]))
-            elif "kv" in a and decl["written"]:
+            elif "kv" in a and decl["written"]:  # rows offset .. offset + n - 1 (n: 1 where it takes none)
                 rows = dict(zip(sig["scalars"], ints))
-                if (rows["offset"], rows["n"]) != (self.length - self.s, self.s):
-                    fail(w, f"lets {name} write rows {rows['offset']}..{rows['offset'] + rows['n'] - 1} of the KV "
-                            f"cache; this step's rows are {self.length - self.s}..{self.length - 1}")
+                if "offset" not in rows:
+                    fail(w, f"lets {name} write the KV cache without an offset saying which rows")
+                if (rows["offset"], rows.get("n", 1)) != (self.length - self.s, self.s):
+                    fail(w, f"lets {name} write rows {rows['offset']}..{rows['offset'] + rows.get('n', 1) - 1} of "
+                            f"the KV cache; this step's rows are {self.length - self.s}..{self.length - 1}")
                 self.appended.add(tuple(a["kv"][1:]))
             elif id(b) in self.views and self.views[id(b)][0] != "meta" and self.views[id(b)] not in self.appended:
                 which, layer = self.views[id(b)]

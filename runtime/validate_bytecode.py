@@ -144,7 +144,8 @@ class _FunctionCheck:
     def launch(self, w: str, values: list, kinds: list) -> None:
         """kernel, groups, threads, buffers..., "|", int arguments...: as many of each as the kernel takes, the
         ints its buffer sizes depend on growing with seq_len and total_len, and for a kernel that writes the
-        KV cache an affine `offset` and `n` (the rows it writes), so dryrun.py's corners decide them."""
+        KV cache an affine `offset` and `n` (the rows it writes; a kernel without `n` writes one: a decode step's
+        attention that appends, deploycc/vm/kv_attend.py), so dryrun.py's corners decide them."""
         name, threads = values[0], values[2]
         entry = self.m["kernels"]["entries"][name]
         if threads != entry["threads"]:
@@ -172,9 +173,9 @@ class _FunctionCheck:
         slots = [a for a, k in zip(values[3:sep], bufs) if k == "r" and self.meta.get(a) == "slot"]
         if any(k == "kv" and b["written"] for k, b in zip(bufs, sig["buffers"])) and not slots:
             rows = dict(zip(sig["scalars"], ints))
-            if "offset" not in rows or "n" not in rows or not (affine(rows["offset"]) and affine(rows["n"])):
+            if "offset" not in rows or not (affine(rows["offset"]) and affine(rows.get("n", 1))):
                 fail(f"{w}.args", f"lets {name} write the KV cache without affine int arguments offset and n "
-                                  f"(the rows it writes)")
+                                  f"(the rows it writes; n 1 where it takes none)")
 
     # ---- operands ----
     def operand_kind(self, a, w: str, allowed: tuple) -> str:

@@ -11,7 +11,8 @@ them `array<u32>`, two halves per word in memory order, and reads element i as
 A packed kernel that writes f16 (a float16 KV cache's appends) declares the buffer `array<atomic<u32>>` and stores
 element i as two atomics on its word: `atomicAnd` clears its half's 16 bits, `atomicOr` sets them to the value's
 half. Each touches only its own half, so the invocation writing the word's other half at the same time (a plain
-read-modify-write of the word would lose one of the two) leaves it as it finds it.
+read-modify-write of the word would lose one of the two) leaves it as it finds it. Such a kernel reads the buffer
+with `atomicLoad` of the word (a decode step's attention reads back the key it appended).
 
 Every f16 store rounds through `half_bits` (HALF_BITS): to nearest, ties to even, in integer operations on the
 float's bits. WGSL leaves the rounding of f32 -> f16 (`f16()`, `pack2x16float`) to the implementation: SwiftShader's
@@ -213,6 +214,7 @@ class WGSLRenderer(CStyleRenderer):
         return f"var {self.name(buf, buf.name)}: array<{self.ctype(buf.dtype)}, {size}>;"
 
     barrier = "workgroupBarrier();"
+    global_barrier = "storageBarrier(); workgroupBarrier();"  # storage memory, then workgroup memory, ordered
 
     def shared_decl(self, buf: Buffer) -> str:
         return ""  # declared at module scope (WGSL's rule), see kernel()
@@ -226,9 +228,6 @@ class WGSLRenderer(CStyleRenderer):
 
     def load(self, buf, indices) -> str:
         if buf in self.split or (self.packed_f16 and buf.dtype == "float16"):
-            if buf in self.atomic:
-                raise ValueError(f"{self.kernel_name} reads the float16 buffer {buf.name} it writes, which the "
-                                 "variant without shader-f16 writes with atomics; read it in another kernel")
             return f"ld_{self.name(buf, buf.name)}({self.flat_index(buf, indices)})"
         return super().load(buf, indices)
 
@@ -319,10 +318,14 @@ class WGSLRenderer(CStyleRenderer):
 
     @staticmethod
     def store_fn(name: str) -> str:
-        """`st_<name>(i, x)`: x rounded to f16 into element i of a packed buffer (module docstring)."""
+        """`st_<name>(i, x)`: x rounded to f16 into element i of a packed buffer (module docstring); and
+        `ld_<name>(i)`, element i read back as f32 (an atomic load of its word: the kernel may read what it wrote,
+        as a decode step's attention reads the key it appended, schedule/attention_append.py)."""
         return (f"fn st_{name}(i: i32, x: f32) {{\n  let w = u32(i) >> 1u;\n  let sh = (u32(i) & 1u) * 16u;\n"
                 f"  atomicAnd(&{name}[w], ~(0xffffu << sh));\n"
-                f"  atomicOr(&{name}[w], half_bits(x) << sh);\n}}")
+                f"  atomicOr(&{name}[w], half_bits(x) << sh);\n}}\n"
+                f"fn ld_{name}(i: i32) -> f32 {{\n"
+                f"  return unpack2x16float(atomicLoad(&{name}[u32(i) >> 1u]))[u32(i) & 1u];\n}}")
 
     def module(self, kernels) -> str:
         needs_f16 = not self.packed_f16 and any(b.dtype == "float16" for k in kernels for b in k.buffers)

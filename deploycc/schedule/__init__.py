@@ -9,11 +9,11 @@ from __future__ import annotations
 from ..ir.kernel import Kernel, Schedule, scheduled
 from ..ir.module import IRModule
 from ..ir.tir import TensorProgram
-from . import attention, dispatch, dp4a, fallback, gemv, matmul, mma, qgemv, row, row_block
+from . import attention, attention_append, dispatch, dp4a, fallback, gemv, matmul, mma, qgemv, row, row_block
 from .vectorize import vectorize
 
-RULES = (attention.rule, qgemv.rule, dp4a.rule, dp4a.rounding, dispatch.rule, mma.codes_rule, mma.rule, matmul.rule, gemv.rule,
-         row_block.rule, row.rule, fallback.rule)
+RULES = (attention.rule, attention_append.rule, qgemv.rule, dp4a.rule, dp4a.rounding, dispatch.rule, mma.codes_rule,
+         mma.rule, matmul.rule, gemv.rule, row_block.rule, row.rule, fallback.rule)
 
 
 def schedule_program(prog: TensorProgram, target, rules=RULES) -> TensorProgram:

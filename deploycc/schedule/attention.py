@@ -283,14 +283,15 @@ def _blocked(prog: TensorProgram, target) -> Schedule:
 STATIC_SHARED = 48 * 1024  # CUDA's static __shared__ limit (more needs dynamic shared memory and an attribute)
 
 
-def split_threads(target, d: int, group: int = 1) -> int:
+def split_threads(target, d: int, group: int = 1, extra: int = 0) -> int:
     """Threads per query head of the split form's blocks (a block holds the `group` query heads of one kv head): a
     power of two whose block, group x that many threads up to threads_per_block, fits the target's shared memory:
     its tile of keys and values (SPLIT_KEYS_PER_THREAD keys a thread, head_dim + 1 floats a row), which its
-    threads' partial accumulators then take over, and their maxima and sums."""
+    threads' partial accumulators then take over, and their maxima and sums; and `extra` floats more (the queries of
+    a block that makes them itself: schedule/attention_append.py)."""
     budget = min(int(target.max_shared_memory), STATIC_SHARED)
     t = 1
-    while group * t * 2 <= target.threads_per_block and _shared_floats(t * 2, d, group) * 4 <= budget:
+    while group * t * 2 <= target.threads_per_block and (_shared_floats(t * 2, d, group) + extra) * 4 <= budget:
         t *= 2
     return t
 
@@ -357,19 +358,19 @@ def _guarded(k: Kernel, on: sym.Expr) -> Kernel:
     return replace(k, groups=k.groups * on)
 
 
-def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel, ...], tuple[Buffer, ...]]:
+def _split_form(prog: TensorProgram, target, splits: bool, append=None) -> tuple[tuple[Kernel, ...], tuple[Buffer, ...]]:
     """_split's kernels and workspace: with `splits`, the keys over S blocks a (kv head, query) and the combine (for a
-    page pool, its rows bounded by SPLIT_ROWS); else one block a (kv head, query)."""
-    Q, K, Vb = prog.params[:3]
-    O = prog.params[-1]
-    n, h, d = Q.shape
+    page pool, its rows bounded by SPLIT_ROWS); else one block a (kv head, query). `append`: a decode step's
+    attention that makes its queries and its new key and value itself (schedule/attention_append.py's Append)."""
+    Q, K, Vb, O = (*prog.params[:3], prog.params[-1]) if append is None else append.buffers
+    n, h, d = O.shape
     paged = Paged.of(prog)
-    t, row = (paged.t, None) if paged else keys_of(prog)
+    t, row = (paged.t, None) if paged else keys_of(prog) if append is None else (append.t, append.row)
     G = h.value // K.shape[1].value  # the query heads that share a kv head: one block's
     scale = float(prog.attrs["scale"])
     window, cap = window_and_cap(prog.attrs)
     D = d.value
-    Tg = split_threads(target, D, G)  # threads a query head
+    Tg = split_threads(target, D, G, 0 if append is None else G * D)  # threads a query head
     T = G * Tg
     KT = SPLIT_KEYS_PER_THREAD * Tg  # keys a tile: a split block's share
     P = D + 1  # a row of the tile (or a thread's partial accumulator), padded: the threads' rows in different banks
@@ -387,6 +388,8 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
     acc = Buffer("acc", (D,), "float32", "local")
     sm_m, sm_l = Buffer("sm_m", (T,), "float32", "shared"), Buffer("sm_l", (T,), "float32", "shared")
     sm = Buffer("sm_kv", (_shared_floats(Tg, D, G) - 2 * T,), "float32", "shared")  # keys, values; then partials
+    sm_q = Buffer("sm_q", (G * D,), "float32", "shared")  # an appending block's queries (append.prologue)
+    q_of = (lambda e: Q[i, hh, e]) if append is None else (lambda e: sm_q[a * D + e])  # noqa: E731
 
     def over(name, extent, f) -> Stmt:
         v = sym.SymVar(name)
@@ -426,7 +429,7 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
         load = batched_copy("kv", -(-(KT * D) // T), trip, COPY_BATCH)
         y = sym.SymVar("y")
         key = sym.as_expr(y) * Tg + lane
-        step = key_step(lambda e: Q[i, hh, e], lambda e: sm[key * P + e], lambda e: sm[(key + KT) * P + e],
+        step = key_step(q_of, lambda e: sm[key * P + e], lambda e: sm[(key + KT) * P + e],
                         scale, cap, (m, l, sc, corr, pr, acc), over_d, lanes)
         return Seq((load, Barrier(), For(y, sym.as_expr(SPLIT_KEYS_PER_THREAD),
                                          IfThenElse(sees(base + key), step)), Barrier()))
@@ -483,6 +486,10 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
         a_, c, guard = output_of(cc)
         return ((kv * G + a_) * n + i) * S * W, c, lambda v: Store(O, (i, kv * G + a_, c), v), guard
 
+    head: tuple[Stmt, ...] = ()
+    if append is not None:  # the queries into shared memory; the block holding the new key appends it; then both seen
+        holds = tir.index(sym.floordiv(count - 1, KT)).cmp("eq", tir.index(sidx))
+        head = (append.prologue(kv, U, T, G, sm_q, holds),)
     tail: tuple[Stmt, ...] = ()
     trips = None
     if arrive:  # the partials stored by every thread, one counts the block in; the last block combines the row's
@@ -495,6 +502,7 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
     body: Stmt = Seq((
         Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
         over("c", D, lambda c: Store(acc, (c,), tir.const(0.0))),
+        *head,
         keys,  # ends with a barrier: the tile's memory is free for the partials
         Store(sm_m, (U,), m[0]), Store(sm_l, (U,), l[0]),
         over("c", D, lambda c: Store(sm, (U * P + c,), acc[c])),
@@ -503,7 +511,7 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
     ) + tail)
     for buf in (m, l, sc, corr, pr, mx, tot, out, acc):
         body = Alloc(buf, body)
-    for buf in (sm_m, sm_l, sm) + ((last,) if arrive else ()):
+    for buf in (sm_m, sm_l, sm) + ((last,) if arrive else ()) + ((sm_q,) if append is not None else ()):
         body = Alloc(buf, body)
     blocks = K.shape[1] * n * S
     body = For(g, blocks, For(u, sym.as_expr(T), body, "thread", "local"), "thread", "group")
@@ -516,7 +524,7 @@ def _split_form(prog: TensorProgram, target, splits: bool) -> tuple[tuple[Kernel
     if arrive:
         return (k,), (part, arrived)
     name = prog.name + ("_merge" if paged else "")  # a page pool's row kernel keeps the program's name
-    return (k, combine_splits(prog, target, part, S, W, name)), (part,)
+    return (k, combine_splits(O, target, part, S, W, name)), (part,)
 
 
 SPLIT_KEYS_PER_THREAD = 2  # a tile of the split form is 2 T keys, and a split block's share

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..ir import sym, tir
 from ..ir.kernel import Kernel, free_syms, global_buffers
-from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from ..ir.tir import Alloc, Buffer, For, IfThenElse, Seq, Stmt, Store
 from .lowering import thread_grid
 
 NEG = -1e30  # a finite -infinity: exp(NEG - s) == 0, and fast-math builds may assume no infinities
@@ -74,10 +74,9 @@ def combine_partials(part: Buffer, S: sym.Expr, W: int, E: int, output) -> tuple
     return body, trips
 
 
-def combine_splits(prog: TensorProgram, target, part: Buffer, S: sym.Expr, W: int, name: str) -> Kernel:
+def combine_splits(O: Buffer, target, part: Buffer, S: sym.Expr, W: int, name: str) -> Kernel:
     """The second kernel of the split form (where the target's work-groups do not count their arrivals): output
-    element (query, head, c) from its S partials, one thread each (combine_partials)."""
-    O = prog.params[-1]
+    element (query, head, c) of the attention's output O from its S partials, one thread each (combine_partials)."""
     n, h, D = O.shape[0], O.shape[1], O.shape[2].value
 
     def body_of(x):

@@ -152,8 +152,9 @@ class _Liveness:
     `roots` maps each var to the planned tensors its value may be: a set of lifetime indices, or a
     list (one entry per field) for a tuple whose fields are known."""
 
-    def __init__(self, mod: IRModule):
+    def __init__(self, mod: IRModule, reads: dict | None = None):
         self.mod = mod
+        self.reads = reads or {}  # a binding's var -> vars its launch reads beyond its value's (vm/kv_attend.py)
         self.pos = 0
         self.roots: dict[Var, object] = {}
         self.lifetimes: list[Lifetime] = []
@@ -182,6 +183,8 @@ class _Liveness:
         p = self.pos
         self.pos += 1
         self.use(v, p)
+        for x in self.reads.get(b.var, ()):
+            self.use(x, p)
         if isinstance(v, (CallTIR, CallDPSLibrary)):
             out = self.outputs(b.var, v.out_ann, p)
             if isinstance(v, CallTIR):
@@ -279,9 +282,12 @@ def program_sym_map(prog, call: CallTIR) -> dict[sym.SymVar, sym.Expr]:
 
 # ---- the plan ------------------------------------------------------------------------------------
 
-def plan_memory(fn: Function, mod: IRModule, extra_bounds: dict[str, int] | None = None) -> MemoryPlan:
+def plan_memory(fn: Function, mod: IRModule, extra_bounds: dict[str, int] | None = None,
+                reads: dict | None = None) -> MemoryPlan:
+    """`reads`: a binding's var -> the vars its launch reads beyond what its value names (a decode step's attention
+    that makes the rope-and-append's work: vm/kv_attend.py), alive until it."""
     bounds = function_bounds(fn, extra_bounds)
-    lifetimes = _Liveness(mod).function(fn)
+    lifetimes = _Liveness(mod, reads).function(fn)
     tensor_bounds = [bound_of(t.size, bounds, _describe(t)) for t in lifetimes]
     storages: list[Storage] = []
     free: list[Storage] = []

@@ -7,7 +7,8 @@ that write the keys and values write straight into the cache instead (TVM's reve
 each store `k[i, h, c] = ...` becomes `k_cache[row(i), h, c] = ...`, row(i) = offset + i, (offset + i) % rows for a
 ring, or slot[i] in a page pool), and the programs just before them whose results are read only after the append
 (the queries' rope) join them: one program of blocks side by side, which the fallback rule makes one kernel
-(schedule/fallback.py). This is MLC's fused rope-and-append kernel, found rather than written.
+(schedule/fallback.py). This is MLC's fused rope-and-append kernel, found rather than written. In a decode step the
+attention after it may take that program too (vm/kv_attend.py): no launch of its own.
 
 Taken only when it is plainly the same computation. Looking back from the kv.append over call_tir bindings until the
 keys' and values' producers are found, members are the programs of spatial blocks alone (no reduction, no

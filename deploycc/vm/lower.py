@@ -21,7 +21,7 @@ evaluates each launch's groups and int arguments from one shape heap per call.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import DeployError
 from ..ir import annotation as A
@@ -33,7 +33,7 @@ from ..ir.printer import program_text
 from ..ir.tir import Block, Seq, Store, TensorProgram
 from ..transform.dce import used_vars
 from ..transform.plan_memory import program_sym_map
-from . import kv_fuse
+from . import kv_attend, kv_fuse
 
 FORMAT_VERSION = 1
 
@@ -93,6 +93,7 @@ class Lowered:
     kv_copy_paged: TensorProgram | None = None
     kv_pairs: dict = field(default_factory=dict)  # GPU presets: "plain", "ring", "paged" -> kv_pair_program's
     kv_fused: dict = field(default_factory=dict)  # GPU presets: vm/kv_fuse.py's programs, by their text
+    kv_attended: dict = field(default_factory=dict)  # and vm/kv_attend.py's, scheduled, by their text
     kv_rows: dict = field(default_factory=dict)  # layer -> rows of its ring (sliding-window layers that keep one)
     merged_params: dict = field(default_factory=dict)  # parameter -> its parts (transform/merge_matmuls.py)
     # every program launched, and where: its variables in the step function's (deploycc/vm/programs.py)
@@ -158,6 +159,8 @@ class _FnLowering:
         self.names: dict[sym.SymVar, str] = {}
         self.fused: dict = {}  # kv.append binding -> (its kv_fuse.Fused, (the shared program, its n, offset, rows))
         self.absorbed: set = set()  # bindings launched with the kv.append after them
+        self.attended: dict = {}  # attention binding -> (the kv.append it takes, its kv_fuse.Fused, the program)
+        self.deferred: set = set()  # kv.append bindings launched with the attention after them
 
     def name(self, v: sym.SymVar) -> str:
         if v not in self.names:
@@ -275,6 +278,8 @@ class _FnLowering:
             fused = run and kv_fuse.fuse(run, append, self.mod, paged)
             if not fused:
                 continue
+            if self.attend_append(flat, i, run, fused, uses):
+                continue
             text = program_text(fused.prog, name="_")
             if text not in self.out.kv_fused:  # the first of its text: named, scheduled, launched by every layer
                 p = fused.prog
@@ -283,6 +288,39 @@ class _FnLowering:
                 self.out.kv_fused[text] = (schedule_program(p, self.target), fused.n, fused.offset, fused.rows)
             self.fused[b] = (fused, self.out.kv_fused[text])
             self.absorbed.update(run)
+
+    def attend_append(self, flat: list, at: int, run: list, fused, uses: dict) -> bool:
+        """The attention after the kv.append flat[at] takes it and its members (vm/kv_attend.py), if it may and the
+        plan kept what they read out of the attention's output and workspace."""
+        from ..schedule import schedule_program
+
+        attn = kv_attend.attention_after(flat, at, run, self.mod, uses, self.target)
+        prog = attn and kv_attend.program(fused, self.mod[attn.value.program])
+        if not prog or self.storages_of(attn.var) & set().union(*(self.storages_of(x) for x in fused.inputs)):
+            return False
+        text = program_text(prog, name="_")
+        if text not in self.out.kv_attended:  # named as the first of its text
+            self.out.kv_attended[text] = schedule_program(replace(prog, name=f"{prog.name}{len(self.out.kv_attended)}"),
+                                                          self.target)
+        self.attended[attn] = (flat[at], fused, self.out.kv_attended[text])
+        self.deferred.add(flat[at])
+        self.absorbed.update(run)
+        return True
+
+    def attend(self, b: Binding, dst: int) -> None:
+        """An attention that makes its queries and appends its key and value (vm/kv_attend.py): one launch."""
+        append_b, f, prog = self.attended[b]
+        append = append_b.value
+        layer, rows = append.attrs["layer"], append.attrs.get("rows", 0)
+        if rows:
+            self.out.kv_rows[layer] = rows
+        cache, (o, k_cache, v_cache), (offset, total) = self.arg(append.args[0]), prog.outputs, prog.sym_params
+        env = {offset: self.fn_total - 1, total: self.fn_total, k_cache.shape[0].as_var: sym.as_expr(rows or self.ctx)}
+        self.alloc(self.storage(b.var), b.var.ann, dst)
+        regs = {x: self.arg(a) for x, a in zip(prog.inputs, f.inputs)}
+        regs.update({o: {"r": dst}, k_cache: {"kv": [cache["r"], "k", layer]}, v_cache: {"kv": [cache["r"], "v", layer]}})
+        self.workspace(b.var, scheduled(prog), env, regs)
+        self.launch_program(prog, regs, env)
 
     def storages_of(self, var) -> set[int]:
         """The storage ids the plan gave `var` (a parameter or constant: none) and its call's workspace."""
@@ -318,6 +356,12 @@ class _FnLowering:
         v = b.value
         dst = self.reg(b.var)
         if b in self.absorbed:  # launched with the kv.append after it (fused_append)
+            return
+        if b in self.deferred:  # launched with the attention after it (attend)
+            self.emit("vm.move", [self.arg(v.args[0])], dst)
+            return
+        if b in self.attended:
+            self.attend(b, dst)
             return
         if b in self.fused:
             self.fused_append(b, dst)
@@ -428,17 +472,26 @@ class _FnLowering:
         env = program_sym_map(prog, call)  # program variable -> caller expression
         regs = {b: self.arg(a) for b, a in zip(prog.inputs, tensor_args)}
         regs.update({b: {"r": r} for b, r in zip(prog.outputs, out_regs)})
+        self.workspace(var, sched, env, regs)
+        self.launch_program(prog, regs, env)
+
+    def workspace(self, var: Var, sched, env: dict, regs: dict) -> None:
+        """The workspace of `var`'s launch: its planned storages in order (grown where the launched program's is
+        larger than the planned one's: an attention that appends, vm/kv_attend.py), the zeroed counters' own."""
         ws_ids = list(self.plan.workspace.get(var, []))  # the planned ones (not the zeroed), in order
         for i, w in enumerate(sched.workspace):
             wann = A.Tensor(tuple(sym.substitute(d, env) for d in w.shape), w.dtype)
             if w in sched.zeroed:
                 sid = self._zeroed_storage(wann)
+            elif ws_ids:
+                sid = ws_ids.pop(0)
+                st = self.out.storages[sid]
+                st["bytes"] = max(st["bytes"], self._bound_bytes(wann))
             else:
-                sid = ws_ids.pop(0) if ws_ids else self._extra_storage(wann)
+                sid = self._extra_storage(wann)
             r = self.reg((var, "ws", i))
             self.alloc(sid, wann, r)
             regs[w] = {"r": r}
-        self.launch_program(prog, regs, env)
 
 
 def lower_vm(mod: IRModule, plans: dict, target, bounds: dict[str, sym.Bounds],

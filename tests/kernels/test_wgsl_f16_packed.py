@@ -114,19 +114,20 @@ def test_webgpu_f16_stores_round_to_nearest_even(variant, monkeypatch):
     assert same.all(), [(float(a), float(b), float(c)) for a, b, c in zip(x[~same], got[1][~same], want[~same])][:5]
 
 
-def test_packed_variant_refuses_to_read_what_it_writes_with_atomics():
-    """A kernel that wrote and read one f16 buffer would read it through atomicLoad of array<atomic<u32>>: no kernel
-    does (the appends write the cache, the attention kernels read it), so the packed variant refuses it in one
-    line rather than render code no test runs."""
+def test_packed_variant_reads_what_it_writes_with_atomic_loads():
+    """A packed kernel that writes an f16 buffer (array<atomic<u32>>) and reads it (a decode step's attention reads
+    back the key it appended: schedule/attention_append.py) loads the element's word with atomicLoad and unpacks its
+    half; run end to end in tests/kernels/test_attention_append.py."""
     from deploycc.targets.wgsl import WGSLRenderer
 
     target = presets.load("cpu-webgpu").target
     (k,) = kernels_of(halve_program(10), target)
     out = next(b for b in k.buffers if b.name == "out")
     r = WGSLRenderer(packed_f16=True)
-    assert "array<atomic<u32>>" in r.kernel(k)  # the renderer's state is now this kernel's: out is written
-    with pytest.raises(ValueError, match="halve reads the float16 buffer out it writes"):
-        r.load(out, (tir.index(0),))
+    text = r.kernel(k)
+    assert "array<atomic<u32>>" in text  # the renderer's state is now this kernel's: out is written
+    assert r.load(out, (tir.index(3),)).replace("(", "").replace(")", "") == "ld_out3"
+    assert "fn ld_out(i: i32) -> f32 {\n  return unpack2x16float(atomicLoad(&out[u32(i) >> 1u]))[u32(i) & 1u];" in text
 
 
 @pytest.mark.parametrize("max_binding", [1 << 27, 512])
