@@ -83,7 +83,6 @@ class CRenderer(CStyleRenderer):
     float_max, float_min = "dcc_maxf", "dcc_minf"
     kernel_prefix = "static void"
     barrier = ""  # one thread per group: nothing to wait for
-    global_barrier = ""
     shared_qualifier = ""
     preamble = PREAMBLE
 

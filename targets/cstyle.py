@@ -167,8 +167,6 @@ class CStyleRenderer:
         return f"{self.ctype(buf.dtype)} {self.name(buf, buf.name)}[{size}];"
 
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
-    # Barrier("global"): the work-group's stores to global memory seen by its other work-items too
-    global_barrier = "barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);"
     shared_qualifier = "__local"
 
     def shared_decl(self, buf: Buffer) -> str:
@@ -202,7 +200,7 @@ class CStyleRenderer:
         if isinstance(st, Intrin):
             return [ind + line for line in self.intrin(st)]
         if isinstance(st, Barrier):
-            return [ind + (self.global_barrier if st.scope == "global" else self.barrier)]
+            return [ind + self.barrier]
         if isinstance(st, SubgroupReduce):
             return self.subgroup_reduce(st, depth)
         if isinstance(st, IfThenElse):

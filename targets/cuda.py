@@ -22,7 +22,6 @@ class CUDARenderer(CStyleRenderer):
     float_max, float_min = "fmaxf", "fminf"
     kernel_prefix = 'extern "C" __global__ void'
     barrier = "__syncthreads();"
-    global_barrier = "__syncthreads();"  # it orders the block's global memory accesses as well
     unroll_pragma = "#pragma unroll"
     shared_qualifier = "__shared__"
     group_id = "(int)(blockIdx.y * gridDim.x + blockIdx.x)"

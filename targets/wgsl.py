@@ -214,7 +214,6 @@ class WGSLRenderer(CStyleRenderer):
         return f"var {self.name(buf, buf.name)}: array<{self.ctype(buf.dtype)}, {size}>;"
 
     barrier = "workgroupBarrier();"
-    global_barrier = "storageBarrier(); workgroupBarrier();"  # storage memory, then workgroup memory, ordered
 
     def shared_decl(self, buf: Buffer) -> str:
         return ""  # declared at module scope (WGSL's rule), see kernel()

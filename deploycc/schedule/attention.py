@@ -409,10 +409,11 @@ def _split_form(prog: TensorProgram, target, splits: bool, append=None) -> tuple
         row_of = lambda j: row(j + first)  # noqa: E731
         last = count - 1  # a query sees at least one key
 
-    def tile(base) -> Stmt:
+    def tile(base, prologue: tuple[Stmt, ...] = ()) -> Stmt:
         """Keys base .. base + KT - 1: their rows of the kv head loaded by all T threads together (consecutive
         threads, consecutive elements), then each thread's keys (lane, lane + Tg, ...) into its head's online
-        softmax from shared memory; a barrier after each half.
+        softmax from shared memory; a barrier after each half. `prologue` (an appending attention's: its queries,
+        and where the tile holds the new key, that key's row, which the loads leave to it) before the first.
 
         The loads name a key no further than the last one the query may read (`last`), so none is guarded: a key
         past it loads that key's row again, which no thread uses (the keys' loop tests each). They go COPY_BATCH
@@ -425,17 +426,25 @@ def _split_form(prog: TensorProgram, target, splits: bool, append=None) -> tuple
             kk, c = sym.floordiv(at, D), sym.mod(at, D)
             J = row_of(sym.smin(base + kk, last))
             guard = tir.index(at).cmp("lt", tir.index(KT * D)) if (KT * D) % T else None  # the tile's last trip
+            if append is not None:  # the new key's row: the prologue's (loaded here, perhaps before it is stored)
+                fresh = tir.index(base + kk).cmp("ne", tir.index(count - 1))
+                guard = fresh if guard is None else tir.V("and", "bool", (guard, fresh))
             return [(sm, kk * P + c, kv_value(K, J, kv, c)), (sm, (kk + KT) * P + c, kv_value(Vb, J, kv, c))], guard
         load = batched_copy("kv", -(-(KT * D) // T), trip, COPY_BATCH)
         y = sym.SymVar("y")
         key = sym.as_expr(y) * Tg + lane
         step = key_step(q_of, lambda e: sm[key * P + e], lambda e: sm[(key + KT) * P + e],
                         scale, cap, (m, l, sc, corr, pr, acc), over_d, lanes)
-        return Seq((load, Barrier(), For(y, sym.as_expr(SPLIT_KEYS_PER_THREAD),
-                                         IfThenElse(sees(base + key), step)), Barrier()))
+        return Seq((load, *prologue, Barrier(), For(y, sym.as_expr(SPLIT_KEYS_PER_THREAD),
+                                                    IfThenElse(sees(base + key), step)), Barrier()))
 
-    if splits:
-        keys: Stmt = tile(sidx * KT)
+    if splits and append is not None:  # the queries into shared memory; the block holding the new key stores it
+        new = count - 1 - sidx * KT  # in the cache and in its tile (holds: the block's split is the new key's)
+        holds = tir.index(sym.floordiv(count - 1, KT)).cmp("eq", tir.index(sidx))
+        keys: Stmt = tile(sidx * KT, (append.prologue(kv, U, T, G, sm_q, holds, lambda which, c, value: Store(
+            sm, ((new + (KT if which == "v" else 0)) * P + c,), value)),))
+    elif splits:
+        keys = tile(sidx * KT)
     else:
         tt = sym.SymVar("tt")
         keys = For(tt, sym.floordiv(count + (KT - 1), KT), tile(sym.as_expr(tt) * KT))
@@ -486,10 +495,6 @@ def _split_form(prog: TensorProgram, target, splits: bool, append=None) -> tuple
         a_, c, guard = output_of(cc)
         return ((kv * G + a_) * n + i) * S * W, c, lambda v: Store(O, (i, kv * G + a_, c), v), guard
 
-    head: tuple[Stmt, ...] = ()
-    if append is not None:  # the queries into shared memory; the block holding the new key appends it; then both seen
-        holds = tir.index(sym.floordiv(count - 1, KT)).cmp("eq", tir.index(sidx))
-        head = (append.prologue(kv, U, T, G, sm_q, holds),)
     tail: tuple[Stmt, ...] = ()
     trips = None
     if arrive:  # the partials stored by every thread, one counts the block in; the last block combines the row's
@@ -502,7 +507,6 @@ def _split_form(prog: TensorProgram, target, splits: bool, append=None) -> tuple
     body: Stmt = Seq((
         Store(m, z, tir.const(NEG)), Store(l, z, tir.const(0.0)),
         over("c", D, lambda c: Store(acc, (c,), tir.const(0.0))),
-        *head,
         keys,  # ends with a barrier: the tile's memory is free for the partials
         Store(sm_m, (U,), m[0]), Store(sm_l, (U,), l[0]),
         over("c", D, lambda c: Store(sm, (U * P + c,), acc[c])),

@@ -10,9 +10,12 @@ blocks a kv head) with a prologue in every block:
 - the block's G query heads computed from the append's inputs into shared memory (the expression of the queries'
   blocks, element by element over the block's threads: a few hundred multiply-adds, beside a tile of 2 T keys);
 - in the one block whose split holds the new key (the last key the query sees), its key and value computed and
-  stored into the cache, as the append kernel stored them (cast to the cache's type);
-- a barrier that orders global memory as well (`Barrier("global")`: CUDA's __syncthreads does; OpenCL's barrier
-  with CLK_GLOBAL_MEM_FENCE, WGSL's storageBarrier), after which that block's tile loads read the new row back.
+  stored into the cache, as the append kernel stored them (cast to the cache's type), and into the block's tile of
+  keys and values as the tile would have loaded them (each element read back by the thread that stored it: the
+  cache's value, widened to float); the tile's loads leave that row to it (they may run before the store: their
+  copy of the row is not kept);
+- both between the tile's loads and the barrier after them: the barrier the tile had orders them, and the step takes
+  no phase more (a barrier after the prologue, with the cache's row read back, cost the model ~1 us a layer).
 
 No other block reads the new row: a block's keys are its split's, and the new key is only in the one that stores it.
 One launch a layer fewer in a decode step; the server's batched step (several queries, whose new keys other
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 from ..ir import sym, tir
 from ..ir.kernel import Schedule
-from ..ir.tir import Alloc, Barrier, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
+from ..ir.tir import Alloc, Block, Buffer, For, IfThenElse, Seq, Stmt, Store, TensorProgram
 from ..ir.tir_rewrite import Substitute
 from . import attention
 
@@ -62,14 +65,20 @@ class Append:
                    tuple(b for b in blocks if b.body.buffer is not alloc.buffer), sym.as_expr(total),
                    int(prog.attrs.get("ring", 0)))
 
-    def prologue(self, kv, u, threads: int, group: int, sm_q: Buffer, holds: tir.V) -> Stmt:
+    def prologue(self, kv, u, threads: int, group: int, sm_q: Buffer, holds: tir.V, tile) -> Stmt:
         """The block's queries (heads kv * group ...) into sm_q; where `holds`, the new key and value of kv head kv
-        into the cache; a barrier that orders both (shared and global memory) before the tile loads."""
+        into the cache, and into the block's tile: `tile("k" | "v", c, value)` stores element c there (the value as
+        the cache holds it, widened to float: read back from the cache by the thread that stored it, as no backend
+        here rounds to float16 but in a store)."""
         d = self.o.shape[2].value
         qs = tuple(spread(b, group, u, threads, lambda a: kv * group + a,
                           lambda a, st: Store(sm_q, (a * d + st.indices[2],), st.value)) for b in self.queries)
-        kvs = tuple(spread(b, 1, u, threads, lambda a: kv, lambda a, st: st) for b in self.rows)
-        return Seq((*qs, IfThenElse(holds, Seq(kvs)), Barrier("global")))
+
+        def row(a, st: Store) -> Stmt:  # the element read back: as the cache holds it (a thread sees its own store)
+            which = "k" if st.buffer is self.k else "v"
+            return Seq((st, tile(which, st.indices[2], tir.cast("float32", st.buffer[tuple(st.indices)]))))
+        kvs = tuple(spread(b, 1, u, threads, lambda a: kv, row) for b in self.rows)
+        return Seq((*qs, IfThenElse(holds, Seq(kvs))))
 
 
 def spread(blk: Block, heads: int, u, threads: int, head_of, make) -> Stmt:
