@@ -94,7 +94,7 @@ elif [ "$STAGE" != packages ] && [ "$STAGE" != kv ]; then
       tests/kernels/test_subgroup_reduce.py tests/kernels/test_mma_rule.py tests/runtime/test_cuda_graphs.py \
       tests/runtime/test_kv_fuse.py tests/kernels/test_dp4a.py tests/kernels/test_dispatch_rows.py \
       tests/kernels/test_attention_tiles.py tests/runtime/test_half_cache.py tests/kernels/test_wgsl_f16_packed.py \
-      tests/kernels/test_split_arrivals.py -k "cuda or h100 or webgpu or rtx4090 or compile or include or gpu" 2>&1 | tee "$LOGS/tests.log" | grep -v "PASSED\|PytestBenchmarkWarning\|warner(" | tail -60
+      tests/kernels/test_split_arrivals.py tests/kernels/test_attention_append.py -k "cuda or h100 or webgpu or rtx4090 or compile or include or gpu" 2>&1 | tee "$LOGS/tests.log" | grep -v "PASSED\|PytestBenchmarkWarning\|warner(" | tail -60
 fi
 wait $CKPT; tail -3 "$LOGS/checkpoints.log"
 [ "$STAGE" = tests ] && exit 0

@@ -55,6 +55,15 @@ def test_under_the_cuda_emulation(tmp_path, monkeypatch, order):
     assert {s["total"] for r in ours for s in r.sizes} >= {1, 64}  # one key (the new one alone) and a full cache
 
 
+def test_on_a_cuda_gpu(tmp_path, monkeypatch):
+    """The same on a CUDA GPU, its blocks at once (benchmarks/gpu_check.sh's lease runs it); skipped, saying so,
+    where there is none."""
+    require_device("cuda")
+    monkeypatch.delenv("DEPLOYCC_CUDA_EMULATE", raising=False)
+    report, ours = appends(package(tmp_path, "h100"))
+    assert report.passed, report.failure
+
+
 def never(*_):
     return tir.index(0).cmp("eq", tir.index(1))
 
