@@ -426,8 +426,10 @@ def _split_form(prog: TensorProgram, target, splits: bool, append=None) -> tuple
             kk, c = sym.floordiv(at, D), sym.mod(at, D)
             J = row_of(sym.smin(base + kk, last))
             guard = tir.index(at).cmp("lt", tir.index(KT * D)) if (KT * D) % T else None  # the tile's last trip
-            if append is not None:  # the new key's row: the prologue's (loaded here, perhaps before it is stored)
-                fresh = tir.index(base + kk).cmp("ne", tir.index(count - 1))
+            if append is not None:  # the new key's row is the prologue's: the loads that would read it (a race with
+                # its store) read the cache's next row instead, which nothing writes, and store nothing
+                fresh = tir.index(sym.smin(base + kk, last)).cmp("ne", tir.index(last))
+                J = tir.select(fresh, tir.index(J), tir.index(sym.mod(row_of(last) + 1, K.shape[0])))
                 guard = fresh if guard is None else tir.V("and", "bool", (guard, fresh))
             return [(sm, kk * P + c, kv_value(K, J, kv, c)), (sm, (kk + KT) * P + c, kv_value(Vb, J, kv, c))], guard
         load = batched_copy("kv", -(-(KT * D) // T), trip, COPY_BATCH)

@@ -12,8 +12,9 @@ blocks a kv head) with a prologue in every block:
 - in the one block whose split holds the new key (the last key the query sees), its key and value computed and
   stored into the cache, as the append kernel stored them (cast to the cache's type), and into the block's tile of
   keys and values as the tile would have loaded them (each element read back by the thread that stored it: the
-  cache's value, widened to float); the tile's loads leave that row to it (they may run before the store: their
-  copy of the row is not kept);
+  cache's value, widened to float); the tile's loads leave that row to it: the loads that would read it read the
+  cache's next row instead (which nothing writes in the step) and store nothing (a load of the row racing with its
+  store, its value unused, was still a data race: Oclgrind reported it, tests/devices/test_oclgrind.py);
 - both between the tile's loads and the barrier after them: the barrier the tile had orders them, and the step takes
   no phase more (a barrier after the prologue, with the cache's row read back, cost the model ~1 us a layer).
 
