@@ -11,7 +11,7 @@ its cache writes take `offset` as the append's do, so the package's checks (runt
 writes: one, without an `n`.
 
 Taken when it is plainly the same computation: the bindings from the append to the attention are the cache's key and
-value views of that layer (and their shape matches), the attention reads the append's one other output (the queries)
+value views of that layer, the attention reads the append's one other output (the queries)
 as its query and nothing else reads it, the attention's schedule is the split form with one query and room for the
 queries in shared memory (attention_append.takes), and every block of the append has the form the prologue takes
 (the token, then a head, then constant iterators). The append's inputs are now read at the attention: `reads` tells
