@@ -38,7 +38,7 @@ def attention_after(bindings: list, at: int, run: list, mod: IRModule, uses: dic
     outputs = [m for m in run if m.var not in append.args[1:3]]
     if len(append.args) != 3 or len(outputs) != 1 or uses.get(outputs[0].var) != 1:
         return None
-    views = {bindings[at].var: None}  # a var -> "keys" | "values" (the cache itself: None)
+    views = {bindings[at].var: None}  # a var -> "kv.keys" | "kv.values" (the cache itself: None)
     for b in bindings[at + 1:]:
         v = b.value
         if isinstance(v, Call) and v.op in ("kv.keys", "kv.values") and v.args[0] in views \
@@ -113,3 +113,17 @@ def reads(fn, mod: IRModule, target) -> dict:
         if attn:
             out[attn.var] = tuple(x for m in run for x in m.value.args if isinstance(x, Var))
     return out
+
+
+def unread_views(bindings: list, at: int, attn: Binding, uses: dict, params) -> list:
+    """The bindings between the append bindings[at] and `attn` (the cache's views and their match_casts) that only
+    lead to the attention, which takes the cache itself once it appends: nothing to lower, on every step. A
+    match_cast that would bind a shape variable first stays (and so does what it matches)."""
+    between = bindings[at + 1:bindings.index(attn)]
+    bound = {v for p in params for v in p.ann.free_vars()}
+    for b in bindings[:at]:
+        if isinstance(b, MatchCast):
+            bound |= b.ann.free_vars()
+    if any(uses.get(b.var) != 1 or (isinstance(b, MatchCast) and not b.ann.free_vars() <= bound) for b in between):
+        return []
+    return between

@@ -305,22 +305,28 @@ class _FnLowering:
         self.attended[attn] = (flat[at], fused, self.out.kv_attended[text])
         self.deferred.add(flat[at])
         self.absorbed.update(run)
+        self.absorbed.update(kv_attend.unread_views(flat, at, attn, uses, self.fn.params))
         return True
 
     def attend(self, b: Binding, dst: int) -> None:
         """An attention that makes its queries and appends its key and value (vm/kv_attend.py): one launch."""
         append_b, f, prog = self.attended[b]
-        append = append_b.value
+        (o, k_cache, v_cache), (offset, total) = prog.outputs, prog.sym_params
+        rows = append_b.value.attrs.get("rows", 0) or self.ctx
+        env = {offset: self.fn_total - 1, total: self.fn_total, k_cache.shape[0].as_var: sym.as_expr(rows)}
+        self.alloc(self.storage(b.var), b.var.ann, dst)
+        regs = {x: self.arg(a) for x, a in zip(prog.inputs, f.inputs)}
+        regs.update(zip((o, k_cache, v_cache), ({"r": dst}, *self.cache_operands(append_b.value))))
+        self.workspace(b.var, scheduled(prog), env, regs)
+        self.launch_program(prog, regs, env)
+
+    def cache_operands(self, append: Call) -> tuple[dict, dict]:
+        """kv.append's cache as launch operands: its layer's keys and values (a ring's rows recorded)."""
         layer, rows = append.attrs["layer"], append.attrs.get("rows", 0)
         if rows:
             self.out.kv_rows[layer] = rows
-        cache, (o, k_cache, v_cache), (offset, total) = self.arg(append.args[0]), prog.outputs, prog.sym_params
-        env = {offset: self.fn_total - 1, total: self.fn_total, k_cache.shape[0].as_var: sym.as_expr(rows or self.ctx)}
-        self.alloc(self.storage(b.var), b.var.ann, dst)
-        regs = {x: self.arg(a) for x, a in zip(prog.inputs, f.inputs)}
-        regs.update({o: {"r": dst}, k_cache: {"kv": [cache["r"], "k", layer]}, v_cache: {"kv": [cache["r"], "v", layer]}})
-        self.workspace(b.var, scheduled(prog), env, regs)
-        self.launch_program(prog, regs, env)
+        r = self.arg(append.args[0])["r"]
+        return {"kv": [r, "k", layer]}, {"kv": [r, "v", layer]}
 
     def storages_of(self, var) -> set[int]:
         """The storage ids the plan gave `var` (a parameter or constant: none) and its call's workspace."""
@@ -332,9 +338,6 @@ class _FnLowering:
         """kv.append and the programs that make its keys and values, one launch (vm/kv_fuse.py)."""
         f, (prog, n, offset, rows) = self.fused[b]
         append = b.value
-        cache, layer = self.arg(append.args[0]), append.attrs["layer"]
-        if append.attrs.get("rows", 0):
-            self.out.kv_rows[layer] = append.attrs["rows"]
         tokens = sym.as_expr(append.args[1].ann.shape[0])
         paged = offset is None
         env = {n: tokens, rows: sym.as_expr(self.pool_rows if paged else append.attrs.get("rows", 0) or self.ctx)}
@@ -348,9 +351,9 @@ class _FnLowering:
             r = self.regs[m.var]
             self.alloc(self.storage(m.var), m.var.ann, r)
             args.append({"r": r})
-        args += [{"kv": [cache["r"], "k", layer]}, {"kv": [cache["r"], "v", layer]}]
+        args += self.cache_operands(append)
         self.launch_program(prog, dict(zip(prog.params, args)), env)
-        self.emit("vm.move", [cache], dst)
+        self.emit("vm.move", [self.arg(append.args[0])], dst)
 
     def binding(self, b, defined: set) -> None:
         v = b.value
