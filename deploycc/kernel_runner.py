@@ -51,6 +51,7 @@ class KernelRunner:
         self.built: dict[TensorProgram, dict] = {}
         self.sources: dict[str, str] = {}
         self.launches = 0
+        self.launched: list[str] = []  # the kernels launched, by name, in order
 
     def build(self, prog: TensorProgram) -> dict:
         key = prog
@@ -90,6 +91,7 @@ class KernelRunner:
             args += [int(sym.evaluate(sym.as_expr(v), env)) for v in k.scalars]
             dev.launch(handles[entry_name(k.name)], args, launch_grid(groups, self.target.max_grid), (k.threads, 1, 1))
             self.launches += 1
+            self.launched.append(k.name)
         for b, a in zip(prog.outputs, arrays[len(prog.inputs):]):
             a[...] = dev.download(bufs[b], a.shape, a.dtype)
 

@@ -411,7 +411,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     # before they did is read from its CUDA C
     tensor = {k["name"]: k["tensor"] for p in programs for k in p["schedule"]["kernels"] if "tensor" in k} \
         or _tensor_kernels(pkg, m)
-    rules = {k["name"]: p["schedule"].get("rule", "") for p in programs for k in p["schedule"]["kernels"]}
+    rules = {k["name"]: rule for p in programs for k, rule in _kernel_rules(p["schedule"])}
     passed = {k["name"]: k["barriers"] for p in programs for k in p["schedule"]["kernels"] if "barriers" in k}
     flying = {k["name"]: k["in_flight"] for p in programs for k in p["schedule"]["kernels"] if "in_flight" in k}
     tails = {k["name"]: k["tail"] for p in programs for k in p["schedule"]["kernels"] if "tail" in k}
@@ -447,6 +447,15 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
             "model": {"launch_us": LAUNCH_US, "host_us": HOST_US, "latency_us": LATENCY_US, "in_flight": IN_FLIGHT,
                       "phase_us": PHASE_US, "graphs": graphs, "graph_host_us": GRAPH_HOST_US, "graph_int_us": GRAPH_INT_US,
                       "graph_launch_us": GRAPH_LAUNCH_US}}
+
+
+def _kernel_rules(s: dict) -> list:
+    """(kernel, its rule) of a program's schedule: a dispatched schedule's rule names each alternative's, in kernel order
+    ("gemv|gemv-rows|mma-codes": schedule/dispatch.py)."""
+    parts = s.get("rule", "").split("|")
+    if s.get("dispatched") and len(parts) == len(s["kernels"]):
+        return list(zip(s["kernels"], parts))
+    return [(k, s.get("rule", "")) for k in s["kernels"]]
 
 
 def _bound_by_accesses(x: Launch, body, buffers: list, env: dict) -> None:

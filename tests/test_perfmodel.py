@@ -71,7 +71,8 @@ def package(tmp_path_factory):
 
 def launch_sites(package, fname: str, rows: int) -> tuple[int, set]:
     """(the launches a step of `rows` rows makes, the dispatched kernels): its launch instructions, of a dispatched
-    schedule's alternatives the one the rows choose: the few-row GEMV (`_rows`) up to MANY rows, else the tiles; a page
+    schedule's alternatives the one the rows choose: the one-row GEMV (`_one`) at one row, the few-row GEMV (`_rows`)
+    up to MANY rows, else the tiles; a page
     pool's attention split over blocks (`_part`, `_merge`) up to SPLIT_ROWS queries, else one block a row."""
     m = json.loads((package / "manifest.json").read_text())
     doc = json.loads((package / m["kernels"]["programs"]).read_text())
@@ -84,7 +85,11 @@ def launch_sites(package, fname: str, rows: int) -> tuple[int, set]:
             return rows <= SPLIT_ROWS
         if name.startswith("attention"):
             return rows > SPLIT_ROWS
-        return (rows <= MANY) == name.endswith("_rows")
+        if name.endswith("_one"):
+            return rows == 1
+        if name.endswith("_rows"):
+            return 1 < rows <= MANY
+        return rows > MANY
     return sum(n not in paired or runs(n) for n in names), paired
 
 
@@ -197,11 +202,12 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
         assert all(read <= x.bytes < read + 4096 for x in attention), (read, [x.bytes for x in attention])
         assert all(x.flops > 0 for x in attention)  # the blocks do the work
     assert pred["steps"]["step1"].bytes < pred["steps"]["step4"].bytes
-    # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs (past MANY rows the tiles: the
-    # prefill of 40 above)
+    # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs, of one sequence's the decode
+    # GEMV's, timed by its instructions as decode's are (past MANY rows the tiles: the prefill of 40 above)
     for b in (1, 4, 12):
         chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired and not x.kernel.startswith("attention")]
-        assert chosen and all(x.kernel.endswith("_rows") and x.flops > 0 for x in chosen), b
+        assert chosen and all(x.kernel.endswith("_one" if b == 1 else "_rows") and x.flops > 0 for x in chosen), b
+        assert all((x.rule.startswith("gemv") and x.rule != "gemv-rows") == (b == 1) for x in chosen), b
 
 
 def test_the_decode_step_runs_as_a_graph(package):
@@ -282,10 +288,10 @@ def test_a_blocks_barriers_run_one_after_another():
     prog = schedule_program(linear_program(1536, 576), presets.load("h100").target)
     s = prog.attrs["schedule"]
     tiles = s.kernels[-1]
-    assert s.rule == "gemv|mma" and "rows" not in tiles.name
+    assert s.rule.endswith("|gemv-rows|mma") and "rows" not in tiles.name
     passed = barriers(tiles.body)
     assert passed.is_const and passed.value == 2 * (1536 // mma.BK) + 1
-    assert barriers(s.kernels[0].body).value == 0  # the few-row GEMV: warp shuffles only
+    assert barriers(s.kernels[1].body).value == 0  # the few-row GEMV: warp shuffles only
     n = next(iter(prog.params[0].shape[0].free_vars()))
     blocks = int(evaluate(tiles.groups, {n: 40}))  # past MANY rows: the tiles
     bytes_ = 576 * 1536 * 9 // 16 + 40 * (1536 + 576) * 4

@@ -1,22 +1,26 @@
-"""Rule: a matmul whose row count is known only at run time gets two kernels, one chosen per launch by that count.
+"""Rule: a matmul whose row count is known only at run time gets a kernel for each range of it, one chosen per launch.
 
 A linear of the batched step (runtime/batch.py: one row per sequence decoding, a few more when one is prefilling)
 or of a short prompt has M = a handful of rows, yet its shape says only `seq_len`: the prefill tiles (matmul.py,
 mma.py) make 64 x 64 outputs a block, so at M = 4 an 8B Llama's 4,096-wide projection is 64 blocks on an H100's
 132 SMs, each reading 1/64 of the weights at a block's pace (the server's step measured 6.5x slower than the
-one-sequence decode GEMV: docs/gpu.md). This rule schedules both the few-row GEMV (gemv.few_rows, up to MANY rows)
-and the tile kernel, and gives each a work-group count that is zero outside its range: `groups * [M <= MANY]` and
-`groups * [M > MANY]`, written with min and max so the VM's shape arithmetic (runtime/symexpr.py, deploycc.js)
-evaluates them, and a launch of zero work-groups is skipped (runtime/vm.py). Nimble's dispatch of a symbolic kernel
-by its shape, with the choice in the launch's shape function rather than in a branch of the graph.
+one-sequence decode GEMV: docs/gpu.md). This rule schedules the decode GEMV at one row (`one_row`: the server's
+step of one sequence, where the few-row GEMV would make a chunk of FEW rows from one), the few-row GEMV
+(gemv.few_rows, up to MANY rows) and the tile kernel, and gives each a work-group count that is zero outside its
+range: `groups * [M = 1]`, `groups * [1 < M <= MANY]` and `groups * [M > MANY]`, written with min and max so the VM's
+shape arithmetic (runtime/symexpr.py, deploycc.js) evaluates them, and a launch of zero work-groups is skipped
+(runtime/vm.py). Nimble's dispatch of a symbolic kernel by its shape, with the choice in the launch's shape function
+rather than in a branch of the graph. The schedule's rule names each alternative's, in kernel order
+("gemv|gemv-rows|mma-codes"), which the performance model reads.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ..ir import sym
-from ..ir.kernel import Schedule
+from ..ir.kernel import Kernel, Schedule
 from ..ir.tir import TensorProgram
+from ..ir.tir_rewrite import Substitute
 from . import gemv, matmul, mma
 
 
@@ -30,6 +34,22 @@ def above(m: sym.Expr, n: int) -> sym.Expr:
     return sym.smin(1, sym.smax(0, m - n))
 
 
+def one_row(prog: TensorProgram, target, m: sym.Expr) -> Schedule | None:
+    """The decode GEMV (gemv.rule: its K slices, a group's scale taken once) of `prog` where its row count `m`, a
+    variable, is 1: the program with m = 1, its kernel renamed `_one`; the parameters keep their shapes (a kernel
+    indexes row 0 of them alike). None where m is not one variable or the GEMV does not take the program."""
+    var = m.as_var
+    if var is None:
+        return None
+    sub = Substitute(buffers={b: b for b in prog.params}, syms={var: sym.as_expr(1)}, fresh=False)
+    one = gemv.rule(TensorProgram(prog.name, prog.params, sub.stmt(prog.body), prog.sym_params, prog.num_outputs,
+                                  dict(prog.attrs)), target)
+    if one is None or len(one.kernels) != 1 or one.workspace:
+        return None
+    k: Kernel = one.kernels[0]
+    return replace(one, kernels=(replace(k, name=prog.name + "_one"),))
+
+
 def rule(prog: TensorProgram, target) -> Schedule | None:
     p = matmul.prefill_matmul(prog, 2)
     if p is None or p.m_total.is_const:
@@ -39,6 +59,10 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     if few is None:
         return None
     m = p.m_total
-    guarded = (replace(few, groups=few.groups * at_most(m, gemv.MANY)),
-               *(replace(k, groups=k.groups * above(m, gemv.MANY)) for k in tiles.kernels))
-    return Schedule(guarded, tiles.workspace, f"gemv|{tiles.rule}", dispatched=True)
+    one = one_row(prog, target, m)
+    few_groups = few.groups * at_most(m, gemv.MANY) * (above(m, 1) if one is not None else 1)
+    guarded = ((replace(one.kernels[0], groups=one.kernels[0].groups * at_most(m, 1)),) if one is not None else ()) + (
+        replace(few, groups=few_groups),
+        *(replace(k, groups=k.groups * above(m, gemv.MANY)) for k in tiles.kernels))
+    rules = ((one.rule,) if one is not None else ()) + ("gemv-rows", tiles.rule)
+    return Schedule(guarded, tiles.workspace, "|".join(rules), dispatched=True)

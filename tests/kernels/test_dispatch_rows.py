@@ -1,13 +1,14 @@
-"""Matmuls whose row count is known only at run time (schedule/dispatch.py): the few-row GEMV (gemv.few_rows, work-groups
-of FEW rows) for M <= MANY and the prefill tiles above, chosen per launch by work-group counts that are zero outside
-each kernel's range.
+"""Matmuls whose row count is known only at run time (schedule/dispatch.py): the decode GEMV (gemv.rule, the program at
+one row) for M = 1, the few-row GEMV (gemv.few_rows, work-groups of FEW rows) for 1 < M <= MANY and the prefill tiles
+above, chosen per launch by work-group counts that are zero outside each kernel's range.
 
 Checked: which presets take the rule (the GPU ones; CPU presets and a constant row count keep their one kernel); the
 work-group counts at every M up to twice MANY; the kernels against the loop-level interpreter at M = 1..FEW + 1 (one
 and two chunks of rows) and MANY - 1..MANY + 1 on the CUDA emulation (h100: the tiles are tensor-core ones; rtx4090:
-SIMT tiles), lavapipe (cpu-webgpu) and PoCL (adreno), with exactly one kernel launched per run; a tiny Llama's
-q4f16_1 linears (4-bit codes dequantized in registers, residual adds) at M = 1, 3, 8, 13 and MANY; negative
-control: the few-row kernel launched with one chunk's work-groups at M = FEW + 3 leaves the rows past FEW unmade.
+SIMT tiles), lavapipe (cpu-webgpu) and PoCL (adreno), with exactly one kernel launched per run, the one for that M;
+a tiny Llama's q4f16_1 linears (4-bit codes dequantized in registers, residual adds) at M = 1, 3, 8, 13 and MANY;
+negative controls: the few-row kernel launched with one chunk's work-groups at M = FEW + 3 leaves the rows past FEW
+unmade, and the one-row kernel launched at M = 2 makes row 0 and not row 1.
 Tolerance: atol 1e-4 + rtol 1e-5 (float32 sums of up to 130 products in another order). Whole models:
 tests/kernels/test_model_kernels.py's prefill of 1 and 5 tokens takes the few-row kernels, of 64 the tiles;
 tests/runtime/test_batch.py's batched steps take them on lavapipe and the emulation.
@@ -68,7 +69,8 @@ def test_gpu_presets_take_it_and_cpu_presets_do_not():
     tiles = {"h100": "mma", "rtx4090": "matmul", "adreno": "matmul", "chrome-webgpu": "matmul", "cpu-webgpu": "matmul"}
     for preset, tile in tiles.items():
         s = schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"]
-        assert s.rule == f"gemv|{tile}" and s.dispatched and [k.name for k in s.kernels] == ["linear_rows", "linear"]
+        assert s.rule == f"gemv|gemv-rows|{tile}" and s.dispatched, preset
+        assert [k.name for k in s.kernels] == ["linear_one", "linear_rows", "linear"]
     for preset in ("cpu", "cpu-avx2", "cpu-opencl"):
         s = schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"]
         assert not s.dispatched and len(s.kernels) == 1, preset
@@ -79,12 +81,13 @@ def test_gpu_presets_take_it_and_cpu_presets_do_not():
 
 def test_work_groups_are_zero_outside_each_kernels_range():
     s = schedule_program(linear(64, 130), presets.load("h100").target).attrs["schedule"]
-    few, tiles = s.kernels
+    one, few, tiles = s.kernels
     n = next(iter(sym.as_expr(few.groups).free_vars()))
     for m in range(1, 2 * MANY):
-        g_few, g_tiles = (int(sym.evaluate(k.groups, {n: m})) for k in (few, tiles))
-        assert (g_few > 0) == (m <= MANY) and (g_tiles > 0) == (m > MANY), m
-        assert g_few in (0, -(-130 // 8) * -(-m // FEW)) and g_tiles in (0, -(-m // 64) * -(-130 // 64))
+        g_one, g_few, g_tiles = (int(sym.evaluate(k.groups, {n: m})) for k in (one, few, tiles))
+        assert (g_one > 0) == (m == 1) and (g_few > 0) == (1 < m <= MANY) and (g_tiles > 0) == (m > MANY), m
+        assert g_one in (0, -(-130 // 8)) and g_few in (0, -(-130 // 8) * -(-m // FEW))
+        assert g_tiles in (0, -(-m // 64) * -(-130 // 64))
     assert dispatch.at_most(sym.as_expr(n), MANY) != dispatch.above(sym.as_expr(n), MANY)
 
 
@@ -96,8 +99,9 @@ def test_every_row_count_around_the_threshold(runner, k, n):
         x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
         prog, got, want, launched = run(runner, prog, [x, w], (m, n))
         assert launched == 1, (m, launched)
+        assert runner.launched[-1] == "linear_one" if m == 1 else "linear_rows" if m <= MANY else "linear", m
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"M={m}")
-    assert "linear_rows" in runner.sources[prog.name]
+    assert "linear_one" in runner.sources[prog.name] and "linear_rows" in runner.sources[prog.name]
 
 
 def test_dequantized_weights_and_epilogues(runner, quantized_programs):
@@ -114,6 +118,7 @@ def test_dequantized_weights_and_epilogues(runner, quantized_programs):
                       rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
             scheduled, got, want, launched = run(runner, prog, inputs, shape(prog.outputs[0]))
             assert scheduled.attrs["schedule"].dispatched and launched == 1, prog.name
+            assert runner.launched[-1].endswith("_one" if m == 1 else "_rows" if m <= MANY else ""), (prog.name, m)
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"{prog.name} M={m}")
 
 
@@ -131,12 +136,37 @@ def test_the_few_row_kernel_needs_its_chunks_of_rows():
     x, w = rng.standard_normal((m, 64), np.float32), rng.standard_normal((16, 64), np.float32)
     prog = schedule_program(linear(64, 16), runner.target)
     s = prog.attrs["schedule"]
-    few = s.kernels[0]
+    few = s.kernels[1]
     n = next(iter(sym.as_expr(few.groups).free_vars()))
     assert int(sym.evaluate(few.groups, {n: m})) == 2 * -(-16 // 8)  # two chunks of rows
     one_chunk = replace(few, groups=sym.as_expr(-(-16 // 8)))
-    prog.attrs["schedule"] = replace(s, kernels=(one_chunk, *s.kernels[1:]))
+    prog.attrs["schedule"] = replace(s, kernels=(s.kernels[0], one_chunk, *s.kernels[2:]))
     _, got, want, launched = run(runner, prog, [x, w], (m, 16))
     assert launched == 1
     np.testing.assert_allclose(got[:FEW], want[:FEW], atol=1e-4, rtol=1e-5)
     assert np.all(got[FEW:] == 0) and np.abs(want[FEW:]).max() > 1
+
+
+def test_the_one_row_kernel_makes_row_zero_only():
+    """The negative control of the one-row kernel's range: launched alone at M = 2 (its work-groups as at M = 1, the
+    others' none), it makes row 0 as the interpreter does and leaves row 1 unmade, so the dispatch to the few-row
+    kernel is what makes M = 2 right."""
+    require_cxx()
+    from dataclasses import replace
+
+    from deploycc.runtime.devices import open_device
+
+    runner = KernelRunner(open_device("cuda", emulate="forward"), presets.load("h100").target)
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 64), np.float32), rng.standard_normal((16, 64), np.float32)
+    prog = schedule_program(linear(64, 16), runner.target)
+    s = prog.attrs["schedule"]
+    one = s.kernels[0]
+    n = next(iter(sym.as_expr(one.groups).free_vars()))
+    alone = (replace(one, groups=sym.as_expr(int(sym.evaluate(one.groups, {n: 1})))),
+             *(replace(k, groups=sym.as_expr(0)) for k in s.kernels[1:]))
+    prog.attrs["schedule"] = replace(s, kernels=alone)
+    _, got, want, launched = run(runner, prog, [x, w], (2, 16))
+    assert launched == 1 and runner.launched == ["linear_one"]
+    np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=1e-5)
+    assert np.all(got[1] == 0) and np.abs(want[1]).max() > 1
