@@ -42,6 +42,7 @@ from deploycc.perfmodel import (
 )
 from deploycc.runtime.validate import nbytes
 from deploycc.schedule.attention import SPLIT_ROWS
+from deploycc.schedule.dispatch import SMALL
 from deploycc.schedule.gemv import MANY
 from fixtures import make_tiny
 
@@ -71,8 +72,8 @@ def package(tmp_path_factory):
 
 def launch_sites(package, fname: str, rows: int) -> tuple[int, set]:
     """(the launches a step of `rows` rows makes, the dispatched kernels): its launch instructions, of a dispatched
-    schedule's alternatives the one the rows choose: the one-row GEMV (`_one`) at one row, the few-row GEMV (`_rows`)
-    up to MANY rows, else the tiles; a page
+    schedule's alternatives the one the rows choose: the one-row GEMV (`_one`) at one row, the few-row GEMV in chunks
+    of SMALL rows (`_rows4`) up to SMALL, in chunks of FEW (`_rows`) up to MANY rows, else the tiles; a page
     pool's attention split over blocks (`_part`, `_merge`) up to SPLIT_ROWS queries, else one block a row."""
     m = json.loads((package / "manifest.json").read_text())
     doc = json.loads((package / m["kernels"]["programs"]).read_text())
@@ -87,8 +88,10 @@ def launch_sites(package, fname: str, rows: int) -> tuple[int, set]:
             return rows > SPLIT_ROWS
         if name.endswith("_one"):
             return rows == 1
+        if name.endswith(f"_rows{SMALL}"):
+            return 1 < rows <= SMALL
         if name.endswith("_rows"):
-            return 1 < rows <= MANY
+            return SMALL < rows <= MANY
         return rows > MANY
     return sum(n not in paired or runs(n) for n in names), paired
 
@@ -206,7 +209,8 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
     # GEMV's, timed by its instructions as decode's are (past MANY rows the tiles: the prefill of 40 above)
     for b in (1, 4, 12):
         chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired and not x.kernel.startswith("attention")]
-        assert chosen and all(x.kernel.endswith("_one" if b == 1 else "_rows") and x.flops > 0 for x in chosen), b
+        assert chosen and all(x.kernel.endswith("_one" if b == 1 else f"_rows{SMALL}" if b <= SMALL else "_rows")
+                              and x.flops > 0 for x in chosen), b
         assert all((x.rule.startswith("gemv") and x.rule != "gemv-rows") == (b == 1) for x in chosen), b
 
 

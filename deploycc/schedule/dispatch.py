@@ -50,6 +50,11 @@ def one_row(prog: TensorProgram, target, m: sym.Expr) -> Schedule | None:
     return replace(one, kernels=(replace(k, name=prog.name + "_one"),))
 
 
+# The few-row GEMV's chunks of rows by the row counts they take: a step of up to SMALL rows (a few sequences) in
+# chunks of SMALL, whose lanes hold half the sums and make half the products of a chunk of gemv.FEW; past it FEW.
+SMALL = 4
+
+
 def rule(prog: TensorProgram, target) -> Schedule | None:
     p = matmul.prefill_matmul(prog, 2)
     if p is None or p.m_total.is_const:
@@ -60,9 +65,14 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return None
     m = p.m_total
     one = one_row(prog, target, m)
-    few_groups = few.groups * at_most(m, gemv.MANY) * (above(m, 1) if one is not None else 1)
-    guarded = ((replace(one.kernels[0], groups=one.kernels[0].groups * at_most(m, 1)),) if one is not None else ()) + (
-        replace(few, groups=few_groups),
-        *(replace(k, groups=k.groups * above(m, gemv.MANY)) for k in tiles.kernels))
-    rules = ((one.rule,) if one is not None else ()) + ("gemv-rows", tiles.rule)
-    return Schedule(guarded, tiles.workspace, "|".join(rules), dispatched=True)
+    small = gemv.few_rows(prog, target, p, SMALL) if one is not None else None
+    kernels, rules = [], []
+    if one is not None:  # M = 1, then M <= SMALL in chunks of SMALL
+        kernels += [replace(one.kernels[0], groups=one.kernels[0].groups * at_most(m, 1)),
+                    replace(small, groups=small.groups * at_most(m, SMALL) * above(m, 1))]
+        rules += [one.rule, "gemv-rows"]
+    least = SMALL if one is not None else 0  # the rows below the FEW chunks' range
+    kernels.append(replace(few, groups=few.groups * at_most(m, gemv.MANY) * (above(m, least) if least else 1)))
+    kernels += [replace(k, groups=k.groups * above(m, gemv.MANY)) for k in tiles.kernels]
+    rules += ["gemv-rows", tiles.rule]
+    return Schedule(tuple(kernels), tiles.workspace, "|".join(rules), dispatched=True)

@@ -212,12 +212,13 @@ FEW = 8  # rows of activations a work-group of the few-row GEMV makes (llama.cpp
 MANY = 32
 
 
-def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
+def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
     """The GEMV for a matmul of a few rows (a batched step of a few sequences, a short prompt): laid out as the
     decode GEMV, each lane loading its V weights of W output columns once (dequantized into registers) and
     multiplying them with the V activations of each of its work-group's FEW rows, FEW x W accumulators a lane, one
     SubgroupReduce for all. The work-groups are the columns' times ceil(M / FEW) chunks of rows, so any M is made;
-    dispatch.py launches it where M <= MANY, the tiles past that.
+    dispatch.py launches it where M <= MANY, the tiles past that; with `few` rows a work-group (FEW: `_rows`; fewer:
+    `_rows{few}`, for the steps of a few sequences, whose registers and products a chunk of FEW rows would waste).
     `p` is matmul.prefill_matmul's reading of the program."""
     if not target.workgroup_gemv:
         return None
@@ -233,11 +234,11 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
     lane = sym.mod(Tt, L)
     col_groups = sym.floordiv(n_ext + (R - 1), R)
-    first_row = sym.floordiv(G, col_groups) * FEW  # the work-group's chunk of FEW rows
+    first_row = sym.floordiv(G, col_groups) * few  # the work-group's chunk of few rows
     cols = [sym.mod(G, col_groups) * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
     trips = sym.floordiv(k_ext + (L * V - 1), L * V)
     first = (KK * L + lane) * V
-    acc = Buffer("acc", (FEW * W,), "float32", "local")
+    acc = Buffer("acc", (few * W,), "float32", "local")
     wts = Buffer("wts", (W * V,), "float32", "local")
 
     def below(a, b) -> tir.V:
@@ -252,24 +253,24 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
         zero = Seq(tuple(Store(wts, (sym.as_expr(w * V + v),), tir.const(0.0)) for v in range(V)))
         return IfThenElse(below(cols[w], n_ext), load, zero)
 
-    # the rows as a loop of FEW trips (a compiler unrolls it; written out, the kernel's text was 8 times longer and
+    # the rows as a loop of few trips (a compiler unrolls it; written out, the kernel's text was 8 times longer and
     # took software drivers, lavapipe and SwiftShader, minutes to compile in a whole package)
     rv = sym.SymVar("r")
     R_ = sym.as_expr(rv)
 
-    # A row past the last (the last chunk's, M not a multiple of FEW) reads the last row again, unguarded, and its sums
+    # A row past the last (the last chunk's, M not a multiple of few) reads the last row again, unguarded, and its sums
     # are never stored: guarded, each row's loads waited behind its test, a round trip to memory a row and step in
     # nvcc's SASS for sm_90 (8 LDGs, then the row's 32 FFMAs, then the next row's); unguarded, the step's loads of
-    # all FEW rows can be in flight together.
+    # all few rows can be in flight together.
     def row_terms(r) -> Stmt:
         a = [p.a_at(sym.smin(first_row + r, m_total - 1), first + v) for v in range(V)]
         return Seq(tuple(Store(acc, (r * W + w,), acc[r * W + w] + a[v] * wts[w * V + v])
                          for v in range(V) for w in range(W)))
-    step = Seq((*[weights(w) for w in range(W)], For(rv, sym.as_expr(FEW), row_terms(R_))))
+    step = Seq((*[weights(w) for w in range(W)], For(rv, sym.as_expr(few), row_terms(R_))))
     zi = sym.SymVar("z")
-    steps: list[Stmt] = [For(zi, sym.as_expr(FEW * W), Store(acc, (sym.as_expr(zi),), tir.const(0.0)))]
+    steps: list[Stmt] = [For(zi, sym.as_expr(few * W), Store(acc, (sym.as_expr(zi),), tir.const(0.0)))]
     steps.append(IfThenElse(below(cols[0], n_ext), For(kk, trips, IfThenElse(below(first, k_ext), step))))
-    steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(i),), acc[i]) for i in range(FEW * W)), "add", L))
+    steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(i),), acc[i]) for i in range(few * W)), "add", L))
     ro = sym.SymVar("ro")
     RO = sym.as_expr(ro)
     tails = []
@@ -277,9 +278,10 @@ def few_rows(prog: TensorProgram, target, p) -> Kernel | None:
         ok = tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), below(cols[w], n_ext)))
         tails.append(IfThenElse(tir.V("and", "bool", (ok, below(first_row + RO, m_total))),
                                 p.tail(first_row + RO, cols[w], acc[RO * W + w])))
-    steps.append(For(ro, sym.as_expr(FEW), Seq(tuple(tails))))
+    steps.append(For(ro, sym.as_expr(few), Seq(tuple(tails))))
     body: Stmt = Alloc(acc, Alloc(wts, Seq(tuple(steps))))
-    groups = col_groups * sym.floordiv(m_total + (FEW - 1), FEW)
+    groups = col_groups * sym.floordiv(m_total + (few - 1), few)
     body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
-    return Kernel(prog.name + "_rows", bufs, tuple(free_syms(body)), body, groups, T, written)
+    name = prog.name + ("_rows" if few == FEW else f"_rows{few}")
+    return Kernel(name, bufs, tuple(free_syms(body)), body, groups, T, written)

@@ -1,6 +1,7 @@
 """Matmuls whose row count is known only at run time (schedule/dispatch.py): the decode GEMV (gemv.rule, the program at
-one row) for M = 1, the few-row GEMV (gemv.few_rows, work-groups of FEW rows) for 1 < M <= MANY and the prefill tiles
-above, chosen per launch by work-group counts that are zero outside each kernel's range.
+one row) for M = 1, the few-row GEMV (gemv.few_rows) in work-groups of SMALL rows for 1 < M <= SMALL and of FEW rows
+for SMALL < M <= MANY, and the prefill tiles above, chosen per launch by work-group counts that are zero outside each
+kernel's range.
 
 Checked: which presets take the rule (the GPU ones; CPU presets and a constant row count keep their one kernel); the
 work-group counts at every M up to twice MANY; the kernels against the loop-level interpreter at M = 1..FEW + 1 (one
@@ -24,7 +25,13 @@ from deploycc.kernel_runner import KernelRunner
 from deploycc.schedule import dispatch, gemv, schedule_program
 from deploycc.transform import legalize
 
-FEW, MANY = gemv.FEW, gemv.MANY
+FEW, MANY, SMALL = gemv.FEW, gemv.MANY, dispatch.SMALL
+NAMES = ["linear_one", f"linear_rows{SMALL}", "linear_rows", "linear"]
+
+
+def chosen(m: int) -> str:
+    """The kernel of M rows' range (NAMES' order)."""
+    return NAMES[0 if m == 1 else 1 if m <= SMALL else 2 if m <= MANY else 3]
 BACKENDS = {"cuda-h100": "h100", "cuda-rtx4090": "rtx4090", "webgpu": "cpu-webgpu", "opencl": "adreno",
             "cuda-gpu": "h100"}  # the last on an NVIDIA GPU where there is one (benchmarks/gpu_check.sh)
 
@@ -69,8 +76,8 @@ def test_gpu_presets_take_it_and_cpu_presets_do_not():
     tiles = {"h100": "mma", "rtx4090": "matmul", "adreno": "matmul", "chrome-webgpu": "matmul", "cpu-webgpu": "matmul"}
     for preset, tile in tiles.items():
         s = schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"]
-        assert s.rule == f"gemv|gemv-rows|{tile}" and s.dispatched, preset
-        assert [k.name for k in s.kernels] == ["linear_one", "linear_rows", "linear"]
+        assert s.rule == f"gemv|gemv-rows|gemv-rows|{tile}" and s.dispatched, preset
+        assert [k.name for k in s.kernels] == NAMES
     for preset in ("cpu", "cpu-avx2", "cpu-opencl"):
         s = schedule_program(linear(64, 32), presets.load(preset).target).attrs["schedule"]
         assert not s.dispatched and len(s.kernels) == 1, preset
@@ -81,13 +88,13 @@ def test_gpu_presets_take_it_and_cpu_presets_do_not():
 
 def test_work_groups_are_zero_outside_each_kernels_range():
     s = schedule_program(linear(64, 130), presets.load("h100").target).attrs["schedule"]
-    one, few, tiles = s.kernels
+    one, small, few, tiles = s.kernels
     n = next(iter(sym.as_expr(few.groups).free_vars()))
     for m in range(1, 2 * MANY):
-        g_one, g_few, g_tiles = (int(sym.evaluate(k.groups, {n: m})) for k in (one, few, tiles))
-        assert (g_one > 0) == (m == 1) and (g_few > 0) == (1 < m <= MANY) and (g_tiles > 0) == (m > MANY), m
-        assert g_one in (0, -(-130 // 8)) and g_few in (0, -(-130 // 8) * -(-m // FEW))
-        assert g_tiles in (0, -(-m // 64) * -(-130 // 64))
+        g_one, g_small, g_few, g_tiles = (int(sym.evaluate(k.groups, {n: m})) for k in (one, small, few, tiles))
+        assert [g > 0 for g in (g_one, g_small, g_few, g_tiles)] == [k.name == chosen(m) for k in s.kernels], m
+        assert g_one in (0, -(-130 // 8)) and g_small in (0, -(-130 // 8) * -(-m // SMALL))
+        assert g_few in (0, -(-130 // 8) * -(-m // FEW)) and g_tiles in (0, -(-m // 64) * -(-130 // 64))
     assert dispatch.at_most(sym.as_expr(n), MANY) != dispatch.above(sym.as_expr(n), MANY)
 
 
@@ -99,9 +106,9 @@ def test_every_row_count_around_the_threshold(runner, k, n):
         x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
         prog, got, want, launched = run(runner, prog, [x, w], (m, n))
         assert launched == 1, (m, launched)
-        assert runner.launched[-1] == "linear_one" if m == 1 else "linear_rows" if m <= MANY else "linear", m
+        assert runner.launched[-1] == chosen(m), m
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"M={m}")
-    assert "linear_one" in runner.sources[prog.name] and "linear_rows" in runner.sources[prog.name]
+    assert all(name in runner.sources[prog.name] for name in NAMES)
 
 
 def test_dequantized_weights_and_epilogues(runner, quantized_programs):
@@ -109,7 +116,7 @@ def test_dequantized_weights_and_epilogues(runner, quantized_programs):
     assert len(quantized_programs) >= 4 and any("add" in p.name for p in quantized_programs)
     for prog in quantized_programs:
         prog = schedule_program(prog, runner.target)
-        for m in (1, 3, FEW, FEW + 5, MANY):
+        for m in (1, 3, SMALL + 1, FEW, FEW + 5, MANY):
             def shape(b):
                 return tuple(int(sym.evaluate(sym.as_expr(d), {v: m for v in sym.as_expr(d).free_vars()}))
                              for d in b.shape)
@@ -118,7 +125,7 @@ def test_dequantized_weights_and_epilogues(runner, quantized_programs):
                       rng.standard_normal(shape(b)).astype(np.float32) for b in prog.inputs]
             scheduled, got, want, launched = run(runner, prog, inputs, shape(prog.outputs[0]))
             assert scheduled.attrs["schedule"].dispatched and launched == 1, prog.name
-            assert runner.launched[-1].endswith("_one" if m == 1 else "_rows" if m <= MANY else ""), (prog.name, m)
+            assert runner.launched[-1] == chosen(m).replace("linear", prog.name), (prog.name, m)
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5, err_msg=f"{prog.name} M={m}")
 
 
@@ -136,11 +143,11 @@ def test_the_few_row_kernel_needs_its_chunks_of_rows():
     x, w = rng.standard_normal((m, 64), np.float32), rng.standard_normal((16, 64), np.float32)
     prog = schedule_program(linear(64, 16), runner.target)
     s = prog.attrs["schedule"]
-    few = s.kernels[1]
+    few = s.kernels[2]
     n = next(iter(sym.as_expr(few.groups).free_vars()))
     assert int(sym.evaluate(few.groups, {n: m})) == 2 * -(-16 // 8)  # two chunks of rows
     one_chunk = replace(few, groups=sym.as_expr(-(-16 // 8)))
-    prog.attrs["schedule"] = replace(s, kernels=(s.kernels[0], one_chunk, *s.kernels[2:]))
+    prog.attrs["schedule"] = replace(s, kernels=(*s.kernels[:2], one_chunk, *s.kernels[3:]))
     _, got, want, launched = run(runner, prog, [x, w], (m, 16))
     assert launched == 1
     np.testing.assert_allclose(got[:FEW], want[:FEW], atol=1e-4, rtol=1e-5)

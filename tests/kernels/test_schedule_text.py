@@ -69,8 +69,9 @@ def test_matmul_rule_tiles_with_the_prologue_in_the_tile_load_and_the_epilogue_a
 
 
 def test_a_row_count_known_at_run_time_dispatches_between_the_few_row_gemv_and_the_tiles():
-    """The same program with every rule: three kernels (the decode GEMV at one row, the few-row GEMV, the tiles), each with a work-group count that is zero outside its range
-    (schedule/dispatch.py); what each does is checked by running them (test_dispatch_rows.py)."""
+    """The same program with every rule: four kernels (the decode GEMV at one row, the few-row GEMV in chunks of 4 rows
+    and of 8, the tiles), each with a work-group count that is zero outside its range (schedule/dispatch.py); what
+    each does is checked by running them (test_dispatch_rows.py)."""
     heads = [ln for ln in scheduled("fused_dequantize_linear_add").splitlines() if ln.startswith(("    #", "    kernel"))]
     assert heads == DISPATCH_HEADS
 
@@ -128,9 +129,10 @@ GEMV_OPENCL = """    # scheduled (row): 1 kernel(s)
 """
 
 DISPATCH_HEADS = [
-    "    # scheduled (gemv|gemv-rows|matmul): 3 kernel(s)",
+    "    # scheduled (gemv|gemv-rows|gemv-rows|matmul): 4 kernel(s)",
     "    kernel fused_dequantize_linear_add_one(a0, a1, a2, a3, out, n: int), groups=2 * max(0, min(1, -n + 2)), threads=64:  # writes out",
-    "    kernel fused_dequantize_linear_add_rows(a0, a1, a2, a3, out, n: int), groups=2 * ((n + 7) // 8) * max(0, min(1, -n + 33)) * min(1, max(0, n - 1)), threads=64:  # writes out",
+    "    kernel fused_dequantize_linear_add_rows4(a0, a1, a2, a3, out, n: int), groups=2 * ((n + 3) // 4) * max(0, min(1, -n + 5)) * min(1, max(0, n - 1)), threads=64:  # writes out",
+    "    kernel fused_dequantize_linear_add_rows(a0, a1, a2, a3, out, n: int), groups=2 * ((n + 7) // 8) * max(0, min(1, -n + 33)) * min(1, max(0, n - 4)), threads=64:  # writes out",
     "    kernel fused_dequantize_linear_add(a0, a1, a2, a3, out, n: int), groups=((n + 63) // 64) * min(1, max(0, n - 32)), threads=256:  # writes out",
 ]
 
