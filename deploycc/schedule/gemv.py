@@ -216,7 +216,8 @@ def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
     """The GEMV for a matmul of a few rows (a batched step of a few sequences, a short prompt): laid out as the
     decode GEMV, each lane loading its V weights of W output columns once (dequantized into registers) and
     multiplying them with the V activations of each of its work-group's FEW rows, FEW x W accumulators a lane, one
-    SubgroupReduce for all. The work-groups are the columns' times ceil(M / FEW) chunks of rows, so any M is made;
+    SubgroupReduce for all, K in slices where the columns are few (as the decode GEMV's: `slices`, `meet_slices`). The
+    work-groups are the columns' times ceil(M / FEW) chunks of rows, so any M is made;
     dispatch.py launches it where M <= MANY, the tiles past that; with `few` rows a work-group (FEW: `_rows`; fewer:
     `_rows{few}`, for the steps of a few sequences, whose registers and products a chunk of FEW rows would waste).
     `p` is matmul.prefill_matmul's reading of the program."""
@@ -233,11 +234,15 @@ def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
     g, t, kk = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("kk")
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
     lane = sym.mod(Tt, L)
+    # K in slices where the columns make few lane groups, as the decode GEMV's (a work-group of T x S threads)
+    S = slices(n_ext, -(-k_ext.value // (L * V)), W, T, target.max_threads_per_block) if k_ext.is_const else 1
+    within = sym.mod(Tt, T) if S > 1 else Tt  # the thread within its slice
     col_groups = sym.floordiv(n_ext + (R - 1), R)
     first_row = sym.floordiv(G, col_groups) * few  # the work-group's chunk of few rows
-    cols = [sym.mod(G, col_groups) * R + sym.floordiv(Tt, L) * W + w for w in range(W)]
+    cols = [sym.mod(G, col_groups) * R + sym.floordiv(within, L) * W + w for w in range(W)]
     trips = sym.floordiv(k_ext + (L * V - 1), L * V)
-    first = (KK * L + lane) * V
+    per = sym.floordiv(trips + (S - 1), S)  # a slice's steps
+    first = ((sym.floordiv(Tt, T) * per + KK if S > 1 else KK) * L + lane) * V
     acc = Buffer("acc", (few * W,), "float32", "local")
     wts = Buffer("wts", (W * V,), "float32", "local")
 
@@ -269,19 +274,25 @@ def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
     step = Seq((*[weights(w) for w in range(W)], For(rv, sym.as_expr(few), row_terms(R_))))
     zi = sym.SymVar("z")
     steps: list[Stmt] = [For(zi, sym.as_expr(few * W), Store(acc, (sym.as_expr(zi),), tir.const(0.0)))]
-    steps.append(IfThenElse(below(cols[0], n_ext), For(kk, trips, IfThenElse(below(first, k_ext), step))))
+    steps.append(IfThenElse(below(cols[0], n_ext), For(kk, per, IfThenElse(below(first, k_ext), step))))
     steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(i),), acc[i]) for i in range(few * W)), "add", L))
+    lead = tir.index(lane).cmp("eq", tir.index(0))
+    parts = None
+    if S > 1:  # the slices' sums meet in shared memory: slice 0's lane 0 of each lane group stores
+        parts, lead = meet_slices(steps, acc, few * W, L, T // L * few * W, S, T, Tt, within, lead)
     ro = sym.SymVar("ro")
     RO = sym.as_expr(ro)
     tails = []
     for w in range(W):
-        ok = tir.V("and", "bool", (tir.index(lane).cmp("eq", tir.index(0)), below(cols[w], n_ext)))
+        ok = tir.V("and", "bool", (lead, below(cols[w], n_ext)))
         tails.append(IfThenElse(tir.V("and", "bool", (ok, below(first_row + RO, m_total))),
                                 p.tail(first_row + RO, cols[w], acc[RO * W + w])))
     steps.append(For(ro, sym.as_expr(few), Seq(tuple(tails))))
     body: Stmt = Alloc(acc, Alloc(wts, Seq(tuple(steps))))
+    if parts is not None:
+        body = Alloc(parts, body)
     groups = col_groups * sym.floordiv(m_total + (few - 1), few)
-    body = For(g, groups, For(t, sym.as_expr(T), body, "thread", "local"), "thread", "group")
+    body = For(g, groups, For(t, sym.as_expr(T * S), body, "thread", "local"), "thread", "group")
     bufs, written = global_buffers(body, list(prog.params))
     name = prog.name + ("_rows" if few == FEW else f"_rows{few}")
-    return Kernel(name, bufs, tuple(free_syms(body)), body, groups, T, written)
+    return Kernel(name, bufs, tuple(free_syms(body)), body, groups, T * S, written)

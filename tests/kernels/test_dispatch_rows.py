@@ -6,7 +6,8 @@ kernel's range.
 Checked: which presets take the rule (the GPU ones; CPU presets and a constant row count keep their one kernel); the
 work-group counts at every M up to twice MANY; the kernels against the loop-level interpreter at M = 1..FEW + 1 (one
 and two chunks of rows) and MANY - 1..MANY + 1 on the CUDA emulation (h100: the tiles are tensor-core ones; rtx4090:
-SIMT tiles), lavapipe (cpu-webgpu) and PoCL (adreno), with exactly one kernel launched per run, the one for that M;
+SIMT tiles), lavapipe (cpu-webgpu) and PoCL (adreno), with exactly one kernel launched per run, the one for that M,
+a long K taken in slices by all three GEMVs among the shapes;
 a tiny Llama's q4f16_1 linears (4-bit codes dequantized in registers, residual adds) at M = 1, 3, 8, 13 and MANY;
 negative controls: the few-row kernel launched with one chunk's work-groups at M = FEW + 3 leaves the rows past FEW
 unmade, and the one-row kernel launched at M = 2 makes row 0 and not row 1.
@@ -98,10 +99,13 @@ def test_work_groups_are_zero_outside_each_kernels_range():
     assert dispatch.at_most(sym.as_expr(n), MANY) != dispatch.above(sym.as_expr(n), MANY)
 
 
-@pytest.mark.parametrize("k,n", [(64, 16), (96, 130), (40, 65)])
+@pytest.mark.parametrize("k,n", [(64, 16), (96, 130), (40, 65), (2048, 24)])
 def test_every_row_count_around_the_threshold(runner, k, n):
+    """(2048, 24): few columns and a long K, which the GEMVs take in slices of K (work-groups of T x S threads)."""
     rng = np.random.default_rng(k + n)
     prog = schedule_program(linear(k, n), runner.target)
+    sliced = [kern.threads > 64 for kern in prog.attrs["schedule"].kernels[:3]]
+    assert sliced == [k == 2048] * 3, sliced
     for m in (*range(1, FEW + 2), MANY - 1, MANY, MANY + 1):
         x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
         prog, got, want, launched = run(runner, prog, [x, w], (m, n))
@@ -177,3 +181,25 @@ def test_the_one_row_kernel_makes_row_zero_only():
     assert launched == 1 and runner.launched == ["linear_one"]
     np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=1e-5)
     assert np.all(got[1] == 0) and np.abs(want[1]).max() > 1
+
+
+def test_the_few_row_slices_meet_after_their_barrier(monkeypatch):
+    """Negative control of the few-row GEMV's slices of K (a long K, few columns): without the barrier between the
+    slices' stores of their sums and slice 0's reads of them, the emulation's shuffled order and poisoned shared
+    memory make the rows wrong; with it they are right (M = 3: chunks of SMALL; M = 6: of FEW)."""
+    require_cxx()
+    from deploycc.runtime.devices import open_device
+    from deploycc.targets.cuda import CUDARenderer
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((24, 2048), np.float32)
+    for barrier in (True, False):
+        if not barrier:
+            monkeypatch.setattr(CUDARenderer, "barrier", "")
+        runner = KernelRunner(open_device("cuda", emulate="shuffle"), presets.load("h100").target)
+        prog = schedule_program(linear(2048, 24), runner.target)
+        for m in (3, 6):
+            x = rng.standard_normal((m, 2048), np.float32)
+            _, got, want, launched = run(runner, prog, [x, w], (m, 24))
+            assert runner.launched[-1] == chosen(m) and launched == 1
+            assert np.allclose(got, want, atol=1e-3) == barrier, (m, barrier)
