@@ -451,7 +451,7 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
 
 def _kernel_rules(s: dict) -> list:
     """(kernel, its rule) of a program's schedule: a dispatched schedule's rule names each alternative's, in kernel order
-    ("gemv|gemv-rows|mma-codes": schedule/dispatch.py)."""
+    ("gemv|gemv-rows|gemv-rows|mma-codes": schedule/dispatch.py)."""
     parts = s.get("rule", "").split("|")
     if s.get("dispatched") and len(parts) == len(s["kernels"]):
         return list(zip(s["kernels"], parts))

@@ -6,12 +6,13 @@ mma.py) make 64 x 64 outputs a block, so at M = 4 an 8B Llama's 4,096-wide proje
 132 SMs, each reading 1/64 of the weights at a block's pace (the server's step measured 6.5x slower than the
 one-sequence decode GEMV: docs/gpu.md). This rule schedules the decode GEMV at one row (`one_row`: the server's
 step of one sequence, where the few-row GEMV would make a chunk of FEW rows from one), the few-row GEMV
-(gemv.few_rows, up to MANY rows) and the tile kernel, and gives each a work-group count that is zero outside its
-range: `groups * [M = 1]`, `groups * [1 < M <= MANY]` and `groups * [M > MANY]`, written with min and max so the VM's
-shape arithmetic (runtime/symexpr.py, deploycc.js) evaluates them, and a launch of zero work-groups is skipped
-(runtime/vm.py). Nimble's dispatch of a symbolic kernel by its shape, with the choice in the launch's shape function
-rather than in a branch of the graph. The schedule's rule names each alternative's, in kernel order
-("gemv|gemv-rows|mma-codes"), which the performance model reads.
+(gemv.few_rows) in chunks of SMALL rows and of FEW, up to MANY rows, and the tile kernel, and gives each a
+work-group count that is zero outside its range: `groups * [M = 1]`, `[1 < M <= SMALL]`, `[SMALL < M <= MANY]` and
+`[M > MANY]`, written with min and max so the VM's shape arithmetic (runtime/symexpr.py, deploycc.js) evaluates
+them, and a launch of zero work-groups is skipped (runtime/vm.py). Nimble's dispatch of a symbolic kernel by its
+shape, with the choice in the launch's shape function rather than in a branch of the graph; llama.cpp's MMVQ has a
+kernel for each column count up to 8 alike. The schedule's rule names each alternative's, in kernel order
+("gemv-split2|gemv-rows|gemv-rows|mma-codes"), which the performance model reads.
 """
 from __future__ import annotations
 

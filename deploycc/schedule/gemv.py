@@ -238,7 +238,7 @@ def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
     S = slices(n_ext, -(-k_ext.value // (L * V)), W, T, target.max_threads_per_block) if k_ext.is_const else 1
     within = sym.mod(Tt, T) if S > 1 else Tt  # the thread within its slice
     col_groups = sym.floordiv(n_ext + (R - 1), R)
-    first_row = sym.floordiv(G, col_groups) * few  # the work-group's chunk of few rows
+    first_row = sym.floordiv(G, col_groups) * few  # the work-group's chunk of `few` rows
     cols = [sym.mod(G, col_groups) * R + sym.floordiv(within, L) * W + w for w in range(W)]
     trips = sym.floordiv(k_ext + (L * V - 1), L * V)
     per = sym.floordiv(trips + (S - 1), S)  # a slice's steps
@@ -258,15 +258,15 @@ def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
         zero = Seq(tuple(Store(wts, (sym.as_expr(w * V + v),), tir.const(0.0)) for v in range(V)))
         return IfThenElse(below(cols[w], n_ext), load, zero)
 
-    # the rows as a loop of few trips (a compiler unrolls it; written out, the kernel's text was 8 times longer and
+    # the rows as a loop of `few` trips (a compiler unrolls it; written out, the kernel's text was 8 times longer and
     # took software drivers, lavapipe and SwiftShader, minutes to compile in a whole package)
     rv = sym.SymVar("r")
     R_ = sym.as_expr(rv)
 
-    # A row past the last (the last chunk's, M not a multiple of few) reads the last row again, unguarded, and its sums
+    # A row past the last (the last chunk's, M not a multiple of `few`) reads the last row again, unguarded, and its sums
     # are never stored: guarded, each row's loads waited behind its test, a round trip to memory a row and step in
     # nvcc's SASS for sm_90 (8 LDGs, then the row's 32 FFMAs, then the next row's); unguarded, the step's loads of
-    # all few rows can be in flight together.
+    # all `few` rows can be in flight together.
     def row_terms(r) -> Stmt:
         a = [p.a_at(sym.smin(first_row + r, m_total - 1), first + v) for v in range(V)]
         return Seq(tuple(Store(acc, (r * W + w,), acc[r * W + w] + a[v] * wts[w * V + v])

@@ -8,11 +8,13 @@ work-group counts at every M up to twice MANY; the kernels against the loop-leve
 and two chunks of rows) and MANY - 1..MANY + 1 on the CUDA emulation (h100: the tiles are tensor-core ones; rtx4090:
 SIMT tiles), lavapipe (cpu-webgpu) and PoCL (adreno), with exactly one kernel launched per run, the one for that M,
 a long K taken in slices by all three GEMVs among the shapes;
-a tiny Llama's q4f16_1 linears (4-bit codes dequantized in registers, residual adds) at M = 1, 3, 8, 13 and MANY;
+a tiny Llama's q4f16_1 linears (4-bit codes dequantized in registers, residual adds) at M = 1, 3, 5, 8, 13 and MANY;
 negative controls: the few-row kernel launched with one chunk's work-groups at M = FEW + 3 leaves the rows past FEW
-unmade, and the one-row kernel launched at M = 2 makes row 0 and not row 1.
+unmade, the one-row kernel launched at M = 2 makes row 0 and not row 1, and the few-row GEMVs' slices of K without
+their barrier make wrong rows.
 Tolerance: atol 1e-4 + rtol 1e-5 (float32 sums of up to 130 products in another order). Whole models:
-tests/kernels/test_model_kernels.py's prefill of 1 and 5 tokens takes the few-row kernels, of 64 the tiles;
+tests/kernels/test_model_kernels.py's prefill of 1 token takes the one-row kernels, of 5 the few-row ones, of 64 the
+tiles;
 tests/runtime/test_batch.py's batched steps take them on lavapipe and the emulation.
 """
 import numpy as np
@@ -33,6 +35,8 @@ NAMES = ["linear_one", f"linear_rows{SMALL}", "linear_rows", "linear"]
 def chosen(m: int) -> str:
     """The kernel of M rows' range (NAMES' order)."""
     return NAMES[0 if m == 1 else 1 if m <= SMALL else 2 if m <= MANY else 3]
+
+
 BACKENDS = {"cuda-h100": "h100", "cuda-rtx4090": "rtx4090", "webgpu": "cpu-webgpu", "opencl": "adreno",
             "cuda-gpu": "h100"}  # the last on an NVIDIA GPU where there is one (benchmarks/gpu_check.sh)
 
