@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import sym
-from ..ir.kernel import Kernel, Schedule
+from ..ir.kernel import Schedule
 from ..ir.tir import TensorProgram
 from ..ir.tir_rewrite import Substitute
 from . import gemv, matmul, mma
@@ -47,8 +47,7 @@ def one_row(prog: TensorProgram, target, m: sym.Expr) -> Schedule | None:
                                   dict(prog.attrs)), target)
     if one is None or len(one.kernels) != 1 or one.workspace:
         return None
-    k: Kernel = one.kernels[0]
-    return replace(one, kernels=(replace(k, name=prog.name + "_one"),))
+    return replace(one, kernels=(replace(one.kernels[0], name=prog.name + "_one"),))
 
 
 # The few-row GEMV's chunks of rows by the row counts they take: a step of up to SMALL rows (a few sequences) in
@@ -66,14 +65,14 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
         return None
     m = p.m_total
     one = one_row(prog, target, m)
-    small = gemv.few_rows(prog, target, p, SMALL) if one is not None else None
-    kernels, rules = [], []
-    if one is not None:  # M = 1, then M <= SMALL in chunks of SMALL
-        kernels += [replace(one.kernels[0], groups=one.kernels[0].groups * at_most(m, 1)),
-                    replace(small, groups=small.groups * at_most(m, SMALL) * above(m, 1))]
-        rules += [one.rule, "gemv-rows"]
-    least = SMALL if one is not None else 0  # the rows below the FEW chunks' range
-    kernels.append(replace(few, groups=few.groups * at_most(m, gemv.MANY) * (above(m, least) if least else 1)))
+    # (kernel, its rule, the most rows it takes), each taking the rows past the one before's
+    bands = ([(one.kernels[0], one.rule, 1)] if one is not None else []) + [
+        (gemv.few_rows(prog, target, p, SMALL), "gemv-rows", SMALL), (few, "gemv-rows", gemv.MANY)]
+    kernels, low = [], 0
+    for k, _, high in bands:
+        groups = k.groups * at_most(m, high)
+        kernels.append(replace(k, groups=groups * above(m, low) if low else groups))
+        low = high
     kernels += [replace(k, groups=k.groups * above(m, gemv.MANY)) for k in tiles.kernels]
-    rules += ["gemv-rows", tiles.rule]
-    return Schedule(tuple(kernels), tiles.workspace, "|".join(rules), dispatched=True)
+    return Schedule(tuple(kernels), tiles.workspace, "|".join([r for _, r, _ in bands] + [tiles.rule]),
+                    dispatched=True)

@@ -66,6 +66,15 @@ def slices(outputs: sym.Expr, trips: int, rows_per_group: int, threads: int, max
     return S
 
 
+def slice_steps(Tt, T: int, S: int, trips: sym.Expr, KK) -> tuple:
+    """(thread Tt's index within its slice, a slice's steps, the step thread Tt takes at trip KK) of `trips` steps
+    over S slices of T threads (a thread's slice: Tt // T)."""
+    if S == 1:
+        return Tt, trips, KK
+    per = sym.floordiv(trips + (S - 1), S)
+    return sym.mod(Tt, T), per, sym.floordiv(Tt, T) * per + KK
+
+
 def rule(prog: TensorProgram, target) -> Schedule | None:
     if not target.workgroup_gemv:
         return None
@@ -105,12 +114,10 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     g, t, kk = sym.SymVar("g"), sym.SymVar("t"), sym.SymVar("kk")
     G, Tt, KK = (sym.as_expr(x) for x in (g, t, kk))
     lane = sym.mod(Tt, L)
-    within = sym.mod(Tt, T) if S > 1 else Tt  # the thread within its slice
+    trips = sym.floordiv(k_ext + (L * V * unroll - 1), L * V * unroll)
+    within, per, step_of = slice_steps(Tt, T, S, trips, KK)
     rows_of = [G * R + sym.floordiv(within, L) * W + w for w in range(W)]
     fixed = [{it.var: v for it, v in zip(spatial, unravel(row, [it.extent for it in spatial]))} for row in rows_of]
-    trips = sym.floordiv(k_ext + (L * V * unroll - 1), L * V * unroll)
-    per = sym.floordiv(trips + (S - 1), S)  # a slice's steps
-    step_of = sym.floordiv(Tt, T) * per + KK if S > 1 else KK
     firsts = [((step_of * unroll + u) * L + lane) * V for u in range(unroll)]
     acc = Buffer("acc", (slots,), "float32", "local")
 
@@ -156,7 +163,7 @@ def rule(prog: TensorProgram, target) -> Schedule | None:
     step = Seq(tuple(IfThenElse(below(first, k_ext), Seq(
         products(first) + tuple(s for v in range(V) for s in stat_terms(first + v)))) for first in firsts))
     steps = [Store(acc, (sym.as_expr(w),), tir.const(0.0)) for w in range(slots)]
-    steps += [IfThenElse(in_row[0], For(kk, per if S > 1 else trips, step))]
+    steps += [IfThenElse(in_row[0], For(kk, per, step))]
     steps.append(SubgroupReduce(tuple(Store(acc, (sym.as_expr(w),), acc[w]) for w in range(slots)), "add", L))
     lead = tir.index(lane).cmp("eq", tir.index(0))
     parts = None
@@ -236,13 +243,11 @@ def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
     lane = sym.mod(Tt, L)
     # K in slices where the columns make few lane groups, as the decode GEMV's (a work-group of T x S threads)
     S = slices(n_ext, -(-k_ext.value // (L * V)), W, T, target.max_threads_per_block) if k_ext.is_const else 1
-    within = sym.mod(Tt, T) if S > 1 else Tt  # the thread within its slice
+    within, per, step_of = slice_steps(Tt, T, S, sym.floordiv(k_ext + (L * V - 1), L * V), KK)
     col_groups = sym.floordiv(n_ext + (R - 1), R)
     first_row = sym.floordiv(G, col_groups) * few  # the work-group's chunk of `few` rows
     cols = [sym.mod(G, col_groups) * R + sym.floordiv(within, L) * W + w for w in range(W)]
-    trips = sym.floordiv(k_ext + (L * V - 1), L * V)
-    per = sym.floordiv(trips + (S - 1), S)  # a slice's steps
-    first = ((sym.floordiv(Tt, T) * per + KK if S > 1 else KK) * L + lane) * V
+    first = (step_of * L + lane) * V
     acc = Buffer("acc", (few * W,), "float32", "local")
     wts = Buffer("wts", (W * V,), "float32", "local")
 
@@ -263,8 +268,8 @@ def few_rows(prog: TensorProgram, target, p, few: int = FEW) -> Kernel | None:
     rv = sym.SymVar("r")
     R_ = sym.as_expr(rv)
 
-    # A row past the last (the last chunk's, M not a multiple of `few`) reads the last row again, unguarded, and its sums
-    # are never stored: guarded, each row's loads waited behind its test, a round trip to memory a row and step in
+    # A row past the last (the last chunk's, M not a multiple of `few`) reads the last row again, unguarded, and its
+    # sums are never stored: guarded, each row's loads waited behind its test, a round trip to memory a row and step in
     # nvcc's SASS for sm_90 (8 LDGs, then the row's 32 FFMAs, then the next row's); unguarded, the step's loads of
     # all `few` rows can be in flight together.
     def row_terms(r) -> Stmt:
