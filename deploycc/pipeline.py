@@ -60,8 +60,11 @@ def passes(target, fuse: bool = True) -> list[tuple[str, Callable[[IRModule], IR
             m = p(m)
         return legalize(m)
     def fused(m: IRModule) -> IRModule:
-        m = fuse_tensor(fuse_ops(annotate_patterns(m)))
-        if target is None or not target.workgroup_gemv:
+        gpu = target is not None and target.workgroup_gemv
+        # on the GPU presets a gather's relabeled input is inlined too: the server's step took its last tokens' hidden
+        # states through a copy of every token's and normed them one thread a row (the CPU presets' kernels unchanged)
+        m = fuse_tensor(fuse_ops(annotate_patterns(m)), gathers=gpu)
+        if not gpu:
             return m
         return inline_prologues(m, lambda prog: _folds_norm(prog, target))
 

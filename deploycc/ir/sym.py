@@ -407,6 +407,17 @@ class Bounds:
         return None if math.isinf(hi) else int(hi)
 
 
+def simplify(e: IntLike, bounds: Bounds) -> Expr:
+    """`e` with each floor division and modulo whose dividend provably lies in [0, divisor) under `bounds` taken
+    away: a // b -> 0, a % b -> a. A reshape that only adds or drops axes of extent 1 indexes its input at
+    (i0 + i1 // 4096) % seq_len, which is i0 where i0 < seq_len and i1 < 4096."""
+    def node(op: str, args: list) -> Expr:
+        if op in ("floordiv", "mod") and bounds.range_of(args[0])[0] >= 0 and bounds.prove_lt(args[0], args[1]):
+            return as_expr(0) if op == "floordiv" else args[0]
+        return _OPS[op](*args)
+    return _fold(as_expr(e), as_expr, node)
+
+
 def _coeff_sign(e: Expr, v: SymVar) -> int:
     """Sign of the coefficients of the linear monomials of `v` in `e` (0 if mixed or nonlinear)."""
     signs = set()

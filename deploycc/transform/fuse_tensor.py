@@ -14,8 +14,8 @@ from ..ir import annotation as A
 from ..ir import sym
 from ..ir.expr import Binding, BindingBlock, CallFunc, CallTIR, Function, SeqExpr, ShapeExpr, with_body
 from ..ir.module import IRModule
-from ..ir.tir import Alloc, Block, Buffer, Seq, Stmt, Store, TensorProgram, loads, walk
-from ..ir.tir_rewrite import Substitute, inline_value, replace_loads
+from ..ir.tir import Alloc, Block, Buffer, Seq, Stmt, Store, TensorProgram, V, loads, walk
+from ..ir.tir_rewrite import Substitute, inline_value, map_value, replace_loads
 from .annotate_patterns import analyze
 from .dce import dead_code_elimination
 from .plan_memory import program_sym_map
@@ -24,14 +24,16 @@ from .plan_memory import program_sym_map
 KEPT_ATTRS = ("activations",)
 
 
-def fuse_tensor(mod: IRModule) -> IRModule:
+def fuse_tensor(mod: IRModule, gathers: bool = False) -> IRModule:
+    """gathers (GPU presets): an intermediate that a gather reads (indices that are values) is inlined too where its
+    producer only relabels its input (_gathered_value)."""
     primitive = {n for n, f in mod.graph_functions().items() if f.attrs.get("primitive")}
     out = mod.with_functions({n: f for n, f in mod.functions.items() if n not in primitive})
     out.attrs.pop("_program_text", None)
     merged: dict[str, str] = {}
     for name, fn in mod.graph_functions().items():
         if fn.attrs.get("primitive"):
-            prog = merge_function(fn, mod)
+            prog = merge_function(fn, mod, gathers)
             merged[name] = out.add_program(prog)
     for name, fn in mod.graph_functions().items():
         if not fn.attrs.get("primitive"):
@@ -56,7 +58,7 @@ def _replace_calls(fn: Function, mod: IRModule, merged: dict[str, str]) -> Funct
     return with_body(fn, SeqExpr(tuple(blocks), fn.body.result))
 
 
-def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
+def merge_function(fn: Function, mod: IRModule, gathers: bool = False) -> TensorProgram:
     tensor_params = [p for p in fn.params if isinstance(p.ann, A.TensorAnn)]
     shape_param = next((p for p in fn.params if isinstance(p.ann, A.ShapeAnn)), None)
     # Positional names, so that the same group in every layer prints alike and is shared.
@@ -86,7 +88,7 @@ def merge_function(fn: Function, mod: IRModule) -> TensorProgram:
             raise ValueError(f"fuse_tensor: {prog.name} has {prog.num_outputs} outputs; fuse_ops groups single-output programs")
         sub = Substitute(dict(zip(prog.params, arg_bufs + [dst])), program_sym_map(prog, call))
         stmts.append(sub.stmt(prog.body))
-    body = _inline(Seq(tuple(stmts)), intermediates)
+    body = _inline(Seq(tuple(stmts)), intermediates, gathers)
     for buf in intermediates:
         if any(_touches(s, buf) for s in walk(body)):
             body = Alloc(buf, body)
@@ -104,9 +106,10 @@ def _touches(st, buf: Buffer) -> bool:
     return False
 
 
-def _inline(body: Stmt, intermediates: list[Buffer]) -> Stmt:
+def _inline(body: Stmt, intermediates: list[Buffer], gathers: bool = False) -> Stmt:
     """compute_inline every intermediate written once, by a spatial block at its own iterators,
-    and read only through symbolic indices."""
+    and read only through symbolic indices; with `gathers`, also through a gather's where its producer only
+    relabels its input (_gathered_value)."""
     changed = True
     while changed:
         changed = False
@@ -118,16 +121,51 @@ def _inline(body: Stmt, intermediates: list[Buffer]) -> Stmt:
                 continue
             if any(isinstance(s, Store) and s.buffer is buf for st in flat for s in walk(st) if s is not writers[0].body):
                 continue
-            if not all(all(isinstance(i, sym.Expr) for i in ld.arg[1])
-                       for st in flat for s in walk(st) if isinstance(s, Store) for ld in loads(s.value)
-                       if ld.arg[0] is buf):
-                continue
             producer = writers[0]
+            reads = [ld.arg[1] for st in flat for s in walk(st) if isinstance(s, Store) for ld in loads(s.value)
+                     if ld.arg[0] is buf]
+            gathered = [idx for idx in reads if not all(isinstance(i, sym.Expr) for i in idx)]
+            if gathered and not (gathers and all(_gathered_value(producer, idx) is not None for idx in gathered)):
+                continue
             rest = [s for s in flat if s is not producer]
-            body = Seq(tuple(replace_loads(s, buf, lambda idx: inline_value(producer, idx)) for s in rest))
+            body = Seq(tuple(replace_loads(s, buf, lambda idx: inline_value(producer, idx)
+                                           if all(isinstance(i, sym.Expr) for i in idx) else _gathered_value(producer, idx))
+                             for s in rest))
             changed = True
             break
     return body
+
+
+def _gathered_value(producer: Block, idx: tuple) -> V | None:
+    """The producer's value at indices some of which are values (a gather's: `take` reading the hidden states at each
+    sequence's last token), where each of its loads reads at constants, its own iterators or neither (under its
+    iterators' ranges: sym.simplify), as a reshape that only adds or drops axes of extent 1 does: those loads at the
+    reader's indices, None otherwise (an index computed from an iterator cannot take a value)."""
+    bounds = sym.Bounds()
+    for it in producer.iters:
+        bounds.declare(it.var, 0, sym.as_expr(it.extent) - 1)
+    at = {it.var: i for it, i in zip(producer.iters, idx)}
+    refused = []
+
+    def relabel(x: V) -> V | None:
+        if x.op == "index" and x.arg.free_vars() & at.keys():
+            refused.append(x)
+        if x.op != "load":
+            return None
+        out = []
+        for e in x.arg[1]:
+            e = e if isinstance(e, V) else sym.simplify(e, bounds)
+            if isinstance(e, V) or not e.free_vars() & at.keys():
+                out.append(e)
+            elif e.as_var in at:
+                out.append(at[e.as_var])
+            else:
+                refused.append(x)
+                return None
+        return V("load", x.dtype, (), (x.arg[0], tuple(out)))
+
+    value = map_value(producer.body.value, relabel)
+    return None if refused else value
 
 
 def _flatten(stmts: list[Stmt]) -> list[Stmt]:

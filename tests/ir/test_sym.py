@@ -276,3 +276,15 @@ def test_canonical_form_preserves_value(tree, values):
     assert sym.evaluate(e, env) == _eval_tree(tree, env)
     text = sym.to_python(e)
     assert eval(text, {"min": min, "max": max, **{v.name: x for v, x in env.items()}}) == _eval_tree(tree, env)
+
+
+def test_simplify_takes_away_divisions_and_moduli_within_range():
+    """sym.simplify: a // b -> 0 and a % b -> a where 0 <= a < b under the bounds (a reshape's input index that adds
+    an axis of one, fuse_tensor's gathers); a dividend that may reach the divisor, or be negative, stays."""
+    i0, i1, n = sym.SymVar("i0"), sym.SymVar("i1"), sym.SymVar("n")
+    b = sym.Bounds().declare(i0, 0, sym.as_expr(n) - 1).declare(i1, 0, 63)
+    assert sym.simplify(sym.mod(sym.as_expr(i0) + sym.floordiv(i1, 64), n), b) == sym.as_expr(i0)
+    assert sym.simplify(sym.mod(i1, 64), b) == sym.as_expr(i1)
+    assert sym.simplify(sym.mod(sym.as_expr(i0) + 1, n), b) == sym.mod(sym.as_expr(i0) + 1, n)
+    assert sym.simplify(sym.floordiv(i1, 32), b) == sym.floordiv(i1, 32)
+    assert sym.simplify(sym.mod(sym.as_expr(i1) - 1, 64), b) == sym.mod(sym.as_expr(i1) - 1, 64)

@@ -151,6 +151,8 @@ def test_batched_steps_match_the_single_sequence_engine(tmp_path_factory, monkey
         # the split form up to SPLIT_ROWS rows, one launch (its last block to arrive combines: no _merge on CUDA)
         assert {k for k in attention if k.endswith("_part")} and not {k for k in attention if k.endswith("_merge")}
         assert {k for k in attention if not k.endswith(("_part", "_merge"))}, attention
+        # the final norm of the sequences' last tokens: one kernel, a block a row (tests/transform/test_fuse_gathers.py)
+        assert [k for k in launched if "take_rms_norm" in k] == ["fused_reshape_reshape_take_rms_norm"], launched
     single = Engine.load(pkg)
     # the GPU presets' float16 cache: a key or value within the two engines' float32 difference (the batched step's
     # tiles against the single engine's GEMVs) of a tie between two halves rounds to either in each, which moves the
