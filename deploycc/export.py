@@ -24,12 +24,15 @@ class Pool:
 
 
 def export(model: LoadedModel, context_window: int | None = None, step: int = 0, pool: Pool | None = None,
-           kv_cache: str = "float32") -> IRModule:
+           kv_cache: str = "float32", one_token_step: bool = False) -> IRModule:
     """The graph-level module: `prefill` (input ids [1, seq_len]) and `decode` (one token). With `step` (the
     most tokens a prefill step holds, the package's prefill chunk), sliding-window layers keep a ring of
     window + step - 1 rows instead of the whole context window (nn.Cache.rows). With a `pool`, also `step`:
     a batched step of several sequences over a page pool (continuous batching, runtime/batch.py). `kv_cache`: the
-    cache's element type (float16: the keys and values rounded as they are stored, the module's attr says so)."""
+    cache's element type (float16: the keys and values rounded as they are stored, the module's attr says so).
+    `one_token_step` (the GPU presets): also `step_one`, the batched step of one token, which is one sequence's
+    decoding (a server with one client): its shapes are constants, so its linears take the decode GEMVs with the
+    norms and the gated product folded in, as `decode` does, where `step`'s rows are known only at run time."""
     cfg = model.config
     ctx = context_window or cfg.context_window
     limit = getattr(cfg, "max_context_window", None)
@@ -45,8 +48,9 @@ def export(model: LoadedModel, context_window: int | None = None, step: int = 0,
     }
     bounds = {"total_len": ctx, "seq_len": step or ctx}
     if pool is not None:
-        for fname in ("step", "step_all"):  # the last tokens' logits, every token's
-            spec[fname] = {"input_ids": nn.spec((1, "seq_len"), "int32"),
+        for fname in ("step", "step_all") + (("step_one",) if one_token_step else ()):
+            # the last tokens' logits, every token's, one token's
+            spec[fname] = {"input_ids": nn.spec((1, 1 if fname == "step_one" else "seq_len"), "int32"),
                            "cache": nn.kv_cache_spec(ctx, step, pool.page_size, pool.pages, kv_cache)}
         bounds.update(batch=pool.sequences, pages_len=-(-ctx // pool.page_size))
     mod, _ = model.build().export(spec, bounds=bounds)

@@ -190,7 +190,8 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
             raise DeployError(str(e)) from None
     step("export")
     # Sliding-window layers keep rings sized for chunk-token steps; batched steps share a page pool.
-    exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk), preset.kv_cache)
+    exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk), preset.kv_cache,
+                      one_token_step=preset.target.workgroup_gemv)
     return Prepared(model, ctx, chunk, exported, by_type)
 
 

@@ -419,7 +419,9 @@ def predict(pkg: str | Path, context: int | None = None, prefill: int | None = N
     runs = [("decode", "decode", 1, context - 1, None), ("prefill", "prefill", prefill, 0, None)]
     if sequences and "step" in bc["functions"]:
         width = -(-context // m["kv_cache"]["pool"]["page_size"])  # each sequence's pages
-        runs += [(f"step{b}", "step", b, 0, (b, width)) for b in sequences]
+        # a step of one sequence runs step_one where the package has it (runtime/engine.py: step_function)
+        one = "step_one" if "step_one" in bc["functions"] else "step"
+        runs += [(f"step{b}", one if b == 1 else "step", b, 0, (b, width)) for b in sequences]
     for key, fname, s, cached, batch in runs:
         rec = _Recorder(fname, bc["functions"][fname], m, s, cached, {}, batch)
         rec.run()

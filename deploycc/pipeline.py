@@ -117,7 +117,8 @@ def compile(exported: IRModule, target, prefill_chunk: int | None = None, stop_a
     if target is None or prefill_chunk is None:
         raise DeployError("the vm stage needs a device preset (--device)")
     mod = run(exported, target, "scheduled")
-    fnames = ("prefill", "prefill_all", "decode") + tuple(f for f in ("step", "step_all") if f in exported.functions)
+    fnames = ("prefill", "prefill_all", "decode") + tuple(f for f in ("step", "step_all", "step_one")
+                                                          if f in exported.functions)
     if target.workgroup_gemv:  # kv.append's producers next to it, to join it in one launch (vm/kv_fuse.py)
         mod = sink_producers(mod, fnames)
     bounds = {f: function_bounds(mod[f], prefill_chunk) for f in fnames}

@@ -20,6 +20,11 @@ class CausalLM(nn.Module):
         sequences, each sequence's last token's logits [1, batch, vocab]."""
         return self.forward(input_ids, cache, last_only=True)
 
+    def step_one(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
+        """A batched step of one token [1, 1], so of one sequence (its logits [1, 1, vocab]), traced apart so that its
+        shapes are constants (deploycc/export.py: one_token_step)."""
+        return self.forward(input_ids, cache, last_only=True)
+
     def step_all(self, input_ids: nn.Tensor, cache: nn.Cache) -> nn.Tensor:
         """A batched step with every token's logits [1, seq_len, vocab] (a prompt's log probabilities: the
         server's echo)."""

@@ -237,15 +237,16 @@ def profile_steps(engine, sequences: list[int], prompt_len: int = 128, steps: in
             wall = (time.perf_counter() - t0) / steps
             host = [_host_seconds(engine, tokens, tables, at + k, n) for k in range(steps)]
             at += steps
-            native = engine.vm.functions["step"].native
-            engine.vm.functions["step"].native = None  # kernels one launch at a time, from the same bytecode
+            fn = engine.vm.functions[engine.step_function(n)]  # step_one for one sequence where the package has it
+            native = fn.native
+            fn.native = None  # kernels one launch at a time, from the same bytecode
             dev.start_profile()
             try:
                 for _ in range(steps):
                     tokens = step(tokens)
             finally:
                 timed = dev.take_profile()
-                engine.vm.functions["step"].native = native
+                fn.native = native
         finally:
             for table in tables:
                 cache.give(table)
@@ -257,7 +258,8 @@ def _host_seconds(engine, tokens: list[int], tables: list, at: int, n: int) -> f
     """The host's time of one batched step: the VM running its bytecode with the device held idle (the launches only
     enqueued), or on cpu the step outside its native call; a step at position `at` of each sequence, its tokens
     those of the last timed step (their logits are not needed)."""
-    dev, fn = engine.device, engine.vm.functions["step"]
+    name = engine.step_function(n)
+    dev, fn = engine.device, engine.vm.functions[name]
     engine.cache.plan(tables, [at] * n, [1] * n)
     ids = np.asarray(tokens, np.int32).reshape(1, -1)
     if fn.native is not None:
@@ -271,14 +273,14 @@ def _host_seconds(engine, tokens: list[int], tables: list, at: int, n: int) -> f
         fn.native = (prologue, epilogue, timed_call, slots, values)
         try:
             t = time.perf_counter()
-            engine._download(engine._step("step", ids))
+            engine._download(engine._step(name, ids))
             return time.perf_counter() - t - inside[0]
         finally:
             fn.native = (prologue, epilogue, call, slots, values)
     dev.write(engine.ids_buf, ids)
     release = dev.gate() if hasattr(dev, "gate") else (lambda: None)
     t = time.perf_counter()
-    res = engine.vm.run("step", DTensor(engine.ids_buf, (1, ids.shape[1]), "int32"), engine.cache)
+    res = engine.vm.run(name, DTensor(engine.ids_buf, (1, ids.shape[1]), "int32"), engine.cache)
     seconds = time.perf_counter() - t
     release()
     engine._download(res)

@@ -68,19 +68,20 @@ def corners(fname: str, chunk: int, ctx: int) -> list[tuple[int, int]]:
     return list(dict.fromkeys((s, cached) for s in sizes for cached in (0, ctx - s)))
 
 
-def step_corners(m: dict) -> list[tuple[int, int, int]]:
-    """(tokens, sequences, page-table width) at the corners of a batched step's bounds."""
+def step_corners(m: dict, fname: str = "step") -> list[tuple[int, int, int]]:
+    """(tokens, sequences, page-table width) at the corners of a batched step's bounds (step_one's: one token)."""
     chunk, pool = m["bounds"]["prefill_chunk"], m["kv_cache"]["pool"]
     widths = sorted({1, -(-m["bounds"]["context_window"] // pool["page_size"])})
-    return list(dict.fromkeys((s, b, p) for s in sorted({1, chunk}) for b in sorted({1, min(s, pool["sequences"])})
+    sizes = [1] if fname == "step_one" else sorted({1, chunk})
+    return list(dict.fromkeys((s, b, p) for s in sizes for b in sorted({1, min(s, pool["sequences"])})
                               for p in widths))
 
 
 def check_plan(m: dict, bc: dict) -> None:
     compiled: dict = {}  # id(expression) -> its closure, shared by the corners (the documents outlive the check)
     for fname, spec in bc["functions"].items():
-        if fname in ("step", "step_all"):
-            for s, batch, width in step_corners(m):
+        if fname in ("step", "step_all", "step_one"):
+            for s, batch, width in step_corners(m, fname):
                 _DryRun(fname, spec, m, s, 0, compiled, (batch, width)).run()
             continue
         for s, cached in corners(fname, m["bounds"]["prefill_chunk"], m["bounds"]["context_window"]):
@@ -298,7 +299,7 @@ class _DryRun:
 
     def ret(self, v) -> None:
         rows = {"decode": (1,), "prefill": (1, self.s), "prefill_all": (self.s,),
-                "step": (self.batch[0] if self.batch else 0,), "step_all": (self.s,)}[self.fname]
+                "step": (self.batch[0] if self.batch else 0,), "step_all": (self.s,), "step_one": (1,)}[self.fname]
         vocab = self.m["vocab_size"]
         w = f"bytecode.json: functions.{self.fname} ({self.at})"
         if not (isinstance(v, Tensor) and v.dtype == "float32" and len(v.shape) == 3 and v.shape[0] == 1

@@ -22,7 +22,7 @@ from .safetensors_io import SafetensorsError
 from .validate import PAGED_FUNCTIONS
 from .vm import NP, VM, DTensor, VMError
 
-GRAPH_FUNCTIONS = ("decode", "step")  # run as CUDA graphs where the device captures them (runtime/graphs.py)
+GRAPH_FUNCTIONS = ("decode", "step", "step_one")  # run as CUDA graphs where the device captures them (runtime/graphs.py)
 
 
 class Engine:
@@ -224,10 +224,18 @@ class Engine:
         ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
         self.cache.plan(tables, starts, counts)
         t0 = time.perf_counter()
-        logits = self._download(self._step("step_all" if all_logits else "step", ids))[0]
+        logits = self._download(self._step(self.step_function(ids.shape[1], all_logits), ids))[0]
         self.stats["step_tokens"] += ids.shape[1]
         self.stats["step_seconds"] += time.perf_counter() - t0
         return logits
+
+    def step_function(self, tokens: int, all_logits: bool = False) -> str:
+        """The function a batched step of `tokens` tokens runs: step_one for one token (one sequence decoding; the
+        GPU presets' packages have it: the decode GEMVs with the norms and the gated product folded in), else step
+        (or step_all for every token's logits)."""
+        if all_logits:
+            return "step_all"
+        return "step_one" if tokens == 1 and "step_one" in self.vm.functions else "step"
 
     def _download(self, t: DTensor) -> np.ndarray:
         return self.device.download(t.buf, t.shape, NP[t.dtype])

@@ -37,8 +37,9 @@ def check_bytecode(bc, m: dict) -> None:
     functions = need_dict(bc["functions"], f"{B} functions", REQUIRED_FUNCTIONS)
     if ("step" in functions) != ("pool" in m["kv_cache"]):
         fail(f"{B} functions", "must have a step function exactly where manifest.json kv_cache has a pool")
-    if "step_all" in functions and "step" not in functions:
-        fail(f"{B} functions", "has step_all without step (both run on the page pool)")
+    for extra in ("step_all", "step_one"):
+        if extra in functions and "step" not in functions:
+            fail(f"{B} functions", f"has {extra} without step (both run on the page pool)")
     for name, spec in functions.items():
         if name not in FUNCTIONS:
             fail(f"{B} functions", f"has {show(name)}, which the runtime never calls (it has {', '.join(FUNCTIONS)})")

@@ -242,7 +242,9 @@ class Cache:
         bb = self.tracer.bb
         if self.page_size:
             shape = bb.emit(Call("kv.pages", (self.var,)), "kv_batch")
-            batch, width = self.tracer.sym("batch"), self.tracer.sym("pages_len")
+            width = self.tracer.sym("pages_len")
+            one = sym.as_expr(seq_len).is_const and sym.as_expr(seq_len).value == 1
+            batch = sym.as_expr(1) if one else self.tracer.sym("batch")  # one token is one sequence's
             bb.match_cast(shape, A.Shape([batch, width]), "batch")
             dims = {"pos": (seq_len,), "seq": (seq_len,), "slot": (seq_len,), "pages": (batch, width), "last": (batch,)}
             for name in self.META:
@@ -261,6 +263,8 @@ class Cache:
         n = h.shape[1]
         if not self.page_size:
             return call("strided_slice", h, shape_expr(n - 1, n), axis=1)
+        if sym.as_expr(n).is_const and sym.as_expr(n).value == 1:  # one token is its sequence's last
+            return h
         last = self.meta["last"]
         return call("take", h.reshape(n, h.shape[2]), last.reshape(1, last.shape[0]))
 

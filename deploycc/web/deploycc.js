@@ -385,7 +385,12 @@ export class Engine {
     // each kernel's WGSL file: the f16-packed variant where it has one and the adapter needs it, and of that the
     // variant with subgroup operations where the adapter has them (runtime/loaders.py variant)
     const entries = {};
+    // only the kernels this page's functions launch (STEP_FUNCTIONS): the server's steps' own (step, step_all and
+    // step_one: their page-pool attention, appends and rope tables) are never fetched or compiled here
+    const launched = new Set(STEP_FUNCTIONS.flatMap((f) => (bytecode.functions[f]?.instructions || [])
+      .filter((ins) => ins.fn === "vm.launch").map((ins) => ins.args[0].k)));
     for (const [name, e] of Object.entries(manifest.kernels.entries)) {
+      if (!launched.has(name)) continue;
       const key = gpu.f16 === "packed" && e.file_no_f16 ? "file_no_f16" : "file";
       const file = (gpu.subgroups && e[`${key}_subgroups`]) || e[key];
       entries[name] = { ...e, file };

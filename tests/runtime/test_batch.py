@@ -165,6 +165,52 @@ def test_batched_steps_match_the_single_sequence_engine(tmp_path_factory, monkey
     assert engine.cache.pages_in_use == 0
 
 
+@pytest.mark.parametrize("backend", ["webgpu", "cuda-emu", "opencl"])
+def test_a_step_of_one_token_runs_step_one(tmp_path_factory, monkeypatch, backend):
+    """The GPU presets' packages have step_one (deploycc/export.py: one_token_step), the step of one token, so of one
+    sequence decoding (a server with one client): its shapes are constants, so its linears are the decode GEMVs with
+    the norms and the gated product folded in, where step's rows are known only at run time. A prompt of 21 tokens
+    in chunks, 6 steps of its sequence alone, 3 beside a second sequence, 3 alone again: the steps of one token run
+    step_one, the others step, and every logit is within the tolerance above of the single-sequence engine's for the
+    same tokens (the sliding-window fixture: a ring of window rows in decode, the page pool here). A cpu preset's
+    package (cpu-opencl) has no step_one: its steps are what they were."""
+    if backend == "cuda-emu":
+        require_cxx()
+        monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "shuffle")
+    else:
+        require_device(backend)
+    pkg = compiled(tmp_path_factory, "qwen3-gqa2-headdim-window", PRESETS[backend], pool=256, chunk=16)
+    engine = Engine.load(pkg, paged=True)
+    if backend == "opencl":
+        assert "step_one" not in engine.vm.functions
+        return
+    ran = []
+    run = engine.vm.run
+    engine.vm.run = lambda fn, *a, **k: (ran.append(fn), run(fn, *a, **k))[1]
+    cache, rng = engine.cache, np.random.default_rng(2)
+    tables = [cache.take(cache.pages_for(40)) for _ in range(2)]
+    first, second = ([int(t) for t in rng.integers(0, engine.vocab_size, n)] for n in (21, 5))
+    got = [engine.step(first[at:at + 16], [tables[0]], [at], [len(first[at:at + 16])]) for at in (0, 16)]
+    other = engine.step(second, [tables[1]], [0], [5])
+    mine, theirs, at = [got[-1][0]], [other[0]], [21, 5]
+    for both in [False] * 6 + [True] * 3 + [False] * 3:
+        ids = [int(np.argmax(mine[-1]))] + ([int(np.argmax(theirs[-1]))] if both else [])
+        logits = engine.step(ids, tables[:len(ids)], at[:len(ids)], [1] * len(ids))
+        mine.append(logits[0])
+        if both:
+            theirs.append(logits[1])
+        at = [a + 1 for a in at[:len(ids)]] + at[len(ids):]
+    assert ran == ["step"] * 3 + ["step_one"] * 6 + ["step"] * 3 + ["step_one"] * 3, ran
+    single = Engine.load(pkg)
+    tol = 1e-3 if engine.manifest["kv_cache"]["dtype"] == "float16" else 1e-4
+    for ids, logits in ((first, mine), (second, theirs)):
+        single.reset()
+        want = [single.prefill(ids)] + [single.decode(int(np.argmax(x))) for x in logits[:-1]]
+        assert len(want) == len(logits) and max(float(np.abs(x - y).max()) for x, y in zip(want, logits)) < tol
+    for table in tables:
+        cache.give(table)
+
+
 def test_steps_respect_the_budget_and_prompts_are_chunked(tmp_path_factory):
     """A 40-token prompt arrives while three sequences decode: no step holds more than 16 tokens (the prefill
     chunk) or 4 sequences, the prompt is spread over several steps, and the decodes go on meanwhile. The steps' makeup

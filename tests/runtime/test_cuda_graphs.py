@@ -107,9 +107,10 @@ def test_a_failed_capture_launches_as_before(package, monkeypatch, capsys):
 
 def batched(engine: Engine) -> list[np.ndarray]:
     """The server's steps over the page pool: three prompts (20, 7 and 33 tokens, in chunks of the step), then 12 steps
-    decoding all three (the same launches every step: one graph, captured at the second)."""
+    decoding all three (the same launches every step: one graph, captured at the second), then 6 steps of the first
+    alone (step_one's: one graph of its own)."""
     cache, rng = engine.cache, np.random.default_rng(1)
-    tables = [cache.take(cache.pages_for(33 + 12)) for _ in range(3)]
+    tables = [cache.take(cache.pages_for(33 + 12 + 6)) for _ in range(3)]
     out, tokens = [], []
     for table, n in zip(tables, (20, 7, 33)):
         ids = rng.integers(0, engine.vocab_size, n).tolist()
@@ -120,6 +121,9 @@ def batched(engine: Engine) -> list[np.ndarray]:
     for k in range(12):
         out.append(engine.step(tokens, tables, [20 + k, 7 + k, 33 + k], [1, 1, 1]))
         tokens = [int(t) for t in np.argmax(out[-1], axis=1)]
+    for k in range(6):
+        out.append(engine.step(tokens[:1], tables[:1], [32 + k], [1]))
+        tokens = [int(np.argmax(out[-1][0]))]
     for table in tables:
         cache.give(table)
     return out
@@ -128,7 +132,8 @@ def batched(engine: Engine) -> list[np.ndarray]:
 @pytest.mark.parametrize("on", sorted(ON))
 def test_the_servers_steps_as_graphs(package, monkeypatch, on):
     """The batched step as graphs: the same logits bit for bit as launch by launch; the decode steps of three
-    sequences replay graphs, a prompt's chunks (each shape seen once) launch kernel by kernel."""
+    sequences replay graphs, and those of one (step_one) graphs of their own; a prompt's chunks (each shape seen
+    once) launch kernel by kernel."""
     def paged(graphs):
         monkeypatch.setenv("DEPLOYCC_CUDA_GRAPHS", "1" if graphs else "0")
         return Engine.load(package, paged=True)
@@ -137,9 +142,10 @@ def test_the_servers_steps_as_graphs(package, monkeypatch, on):
     got = batched(engine)
     for step, (a, b) in enumerate(zip(want, got)):
         assert np.array_equal(a, b), f"step {step}: {float(np.abs(a - b).max())}"
-    stats = engine.variants["cuda_graphs"]["step"]
-    assert stats == {"captured": 1, "replayed": 10, "kept": 1}, stats
-    assert set(engine.graphs) == {"step"}
+    graphs = engine.variants["cuda_graphs"]
+    assert graphs["step"] == {"captured": 1, "replayed": 10, "kept": 1}, graphs
+    assert graphs["step_one"] == {"captured": 1, "replayed": 4, "kept": 1}, graphs
+    assert set(engine.graphs) == {"step", "step_one"}
 
 
 def test_the_graph_variants_compile_and_assemble(package):

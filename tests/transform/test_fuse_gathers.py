@@ -10,8 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from deploycc import op  # noqa: F401  (registers ops)
-from deploycc import presets
+from deploycc import op, presets  # noqa: F401  (op registers the ops)
 from deploycc.interp import Interpreter
 from deploycc.ir import BlockBuilder, ShapeExpr, Tensor, Var, sym, tir
 from deploycc.package import compile_model

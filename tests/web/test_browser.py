@@ -391,7 +391,24 @@ def test_damaged_weights_refused(site, browser, llama_f32):
     page.close()
 
 
+def page_kernels(pkg) -> tuple[set, dict]:
+    """The kernels the page's functions launch (deploycc.js STEP_FUNCTIONS: prefill, prefill_all, decode), and each
+    kernel file of the package (any variant) -> the kernels it holds."""
+    bc = json.loads((pkg / "bytecode.json").read_text())
+    entries = json.loads((pkg / "manifest.json").read_text())["kernels"]["entries"]
+    launched = {ins["args"][0]["k"] for f in ("prefill", "prefill_all", "decode") for ins in bc["functions"][f]["instructions"]
+                if ins.get("fn") == "vm.launch"}
+    files: dict = {}
+    for name, e in entries.items():
+        for key, f in e.items():
+            if key.startswith("file"):
+                files.setdefault(f, set()).add(name)
+    return launched, files
+
+
 def test_second_load_from_cache_api(site, browser, llama_f32):
+    """A second load takes every file from the Cache API, with the same logits. The page fetches the kernels its
+    functions launch and no other: the server's steps' own (step, step_all, step_one) are never compiled there."""
     root, server = site
     context = browser.new_context()  # storage of its own: the shared page's cache is not this one's
     first, err, req1 = open_chat(browser, server.url(llama_f32.name), context)
@@ -409,6 +426,9 @@ def test_second_load_from_cache_api(site, browser, llama_f32):
     assert any(f.startswith("params/") for f in load1["fetched"])
     assert load2["fetched"] == [] and any(f.startswith("params/") for f in load2["cached"])
     assert a["all"] == b["all"] and a["dec"] == b["dec"]
+    launched, files = page_kernels(llama_f32)
+    fetched = set().union(*(files[f] for f in load1["fetched"] if f.startswith("kernels/")))
+    assert fetched == launched and launched < set().union(*files.values()), sorted(fetched ^ launched)
 
 
 def test_quota_too_small_leaves_no_cache(site, browser, llama_f32):
