@@ -30,9 +30,10 @@ def export(model: LoadedModel, context_window: int | None = None, step: int = 0,
     window + step - 1 rows instead of the whole context window (nn.Cache.rows). With a `pool`, also `step`:
     a batched step of several sequences over a page pool (continuous batching, runtime/batch.py). `kv_cache`: the
     cache's element type (float16: the keys and values rounded as they are stored, the module's attr says so).
-    `one_token_step` (the GPU presets): also `step_one`, the batched step of one token, which is one sequence's
-    decoding (a server with one client): its shapes are constants, so its linears take the decode GEMVs with the
-    norms and the gated product folded in, as `decode` does, where `step`'s rows are known only at run time."""
+    `one_token_step` (the CUDA presets: package.one_token_step): also `step_one`, the batched step of one token,
+    which is one sequence's decoding (a server with one client): its shapes are constants, so its linears take the
+    decode GEMVs with the norms and the gated product folded in, as `decode` does, where `step`'s rows are known
+    only at run time."""
     cfg = model.config
     ctx = context_window or cfg.context_window
     limit = getattr(cfg, "max_context_window", None)

@@ -101,6 +101,16 @@ def pool_of(preset: presets.Preset, ctx: int, chunk: int):
     return Pool(pages=max(-(-tokens // PAGE_SIZE), -(-ctx // PAGE_SIZE)), sequences=min(preset.max_num_sequences, chunk))
 
 
+def one_token_step(preset: presets.Preset) -> bool:
+    """Whether the package has step_one (deploycc/export.py), the server's step of one token with decode's folds: on
+    the CUDA presets, where the performance model puts it at decode's speed (SmolLM2-shaped h100: 928 tok/s against
+    step's 679 with one sequence). Not on OpenCL and WebGPU: on PoCL and lavapipe (their kernels on this CPU) the real
+    SmolLM2's step of one sequence took 64 and 466 ms with it against 50 and 357 without (the gated product folded into
+    the down projection recomputed per lane group, and decode's attention combine on lavapipe: docs/gpu.md), and no GPU
+    of theirs has measured it."""
+    return preset.target.kind == "cuda"
+
+
 def default_device() -> str:
     """The preset used when none is named: the native `cpu` target where a C compiler is found (gcc, clang,
     `python -m ziglang cc`), else `cpu-opencl` (PoCL)."""
@@ -191,7 +201,7 @@ def prepare(source: str, preset: presets.Preset, quant: str, head: str | None = 
     step("export")
     # Sliding-window layers keep rings sized for chunk-token steps; batched steps share a page pool.
     exported = export(model, ctx, chunk, pool_of(preset, ctx, chunk), preset.kv_cache,
-                      one_token_step=preset.target.workgroup_gemv)
+                      one_token_step=one_token_step(preset))
     return Prepared(model, ctx, chunk, exported, by_type)
 
 

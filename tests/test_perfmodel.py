@@ -187,15 +187,17 @@ def test_a_launch_is_charged_what_its_program_touches(package):
 
 def test_the_batched_step_reads_the_pages_its_tables_name(package):
     """The server's step over the page pool: one token for each of B sequences; the pool is read where the
-    sequences' page tables point (B x pages x page size rows), not whole."""
+    sequences' page tables point (B x pages x page size rows), not whole. One sequence's step is the package's
+    step_one (the CUDA presets'; runtime/engine.py step_function), with decode's GEMVs."""
     pred = predict(package, context=48, sequences=(1, 4, 12))
     m = json.loads((package / "manifest.json").read_text())
     kv, pool = m["kv_cache"], m["kv_cache"]["pool"]
     row = kv["kv_heads"] * kv["head_dim"] * np.dtype(kv["dtype"]).itemsize  # the preset's float16 cache: 2 bytes
     for b in (1, 4):
         step = pred["steps"][f"step{b}"]
-        launches, paired = launch_sites(package, "step", b)
-        assert len(step.launches) == launches and step.tokens == b
+        fname = "step_one" if b == 1 else "step"
+        launches, paired = launch_sites(package, fname, b)
+        assert step.function == fname and len(step.launches) == launches and step.tokens == b
         # the keys split over blocks (a few queries): one kernel that reads the pages, whose last block to arrive at
         # a row combines its partials (CUDA: no _merge launch)
         attention = [x for x in step.launches if x.kernel.startswith("attention")]
@@ -205,9 +207,13 @@ def test_the_batched_step_reads_the_pages_its_tables_name(package):
         assert all(read <= x.bytes < read + 4096 for x in attention), (read, [x.bytes for x in attention])
         assert all(x.flops > 0 for x in attention)  # the blocks do the work
     assert pred["steps"]["step1"].bytes < pred["steps"]["step4"].bytes
-    # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs, of one sequence's the decode
-    # GEMV's, timed by its instructions as decode's are (past MANY rows the tiles: the prefill of 40 above)
-    for b in (1, 4, 12):
+    # the linears of a few sequences' step are the few-row GEMVs, with their FLOPs (past MANY rows the tiles: the
+    # prefill of 40 above); one sequence's step_one has decode's GEMVs (norms folded in), timed by their instructions
+    one = [x for x in pred["steps"]["step1"].launches if x.flops > 0 and x.rule.startswith("gemv")]
+    assert one and not any(x.kernel.endswith(("_one", "_rows", f"_rows{SMALL}")) for x in pred["steps"]["step1"].launches)
+    assert {x.rule.split("|")[0] for x in one} == {x.rule for x in pred["steps"]["decode"].launches
+                                                    if x.flops > 0 and x.rule.startswith("gemv")}
+    for b in (4, 12):
         chosen = [x for x in pred["steps"][f"step{b}"].launches if x.kernel in paired and not x.kernel.startswith("attention")]
         assert chosen and all(x.kernel.endswith("_one" if b == 1 else f"_rows{SMALL}" if b <= SMALL else "_rows")
                               and x.flops > 0 for x in chosen), b
