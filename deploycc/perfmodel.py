@@ -43,8 +43,9 @@ launch:
             beside the device's; a step takes the longer of the two.
 
 The batched step (the server's, `predict(..., sequences=(1, 16))`) is modelled alike, one token for each sequence
-after `context`. A decode step's predicted tokens per second is 1 / its time, and its fraction of the HBM roofline is the bytes it
-must move over the bandwidth, divided by that time. Prefill: tokens / the step's time.
+after `context`; one sequence's runs the package's step_one where it has one (the CUDA presets'), as the engine
+does. A decode step's predicted tokens per second is 1 / its time, and its fraction of the HBM roofline is the bytes
+it must move over the bandwidth, divided by that time. Prefill: tokens / the step's time.
 """
 from __future__ import annotations
 
