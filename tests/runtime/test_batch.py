@@ -212,6 +212,29 @@ def test_a_step_of_one_token_runs_step_one(tmp_path_factory, monkeypatch, backen
         cache.give(table)
 
 
+def test_step_one_on_every_architecture(tmp_path_factory, monkeypatch, tiny_name):
+    """Every tiny architecture's h100 package (q0f32) under the CUDA emulation: a prompt of 6 tokens as a step, then
+    3 steps of one token (step_one, traced with decode's folds: GPT-2's learned positions and layer norms, Gemma's
+    softcaps and norms after the attention, sliding windows in a page pool, tied heads), each within 1e-3 of the
+    single-sequence engine's decode (the preset's float16 cache, as above)."""
+    require_cxx()
+    monkeypatch.setenv("DEPLOYCC_CUDA_EMULATE", "reverse")
+    pkg = compiled(tmp_path_factory, tiny_name, "h100", pool=64, chunk=16)
+    engine, single = Engine.load(pkg, paged=True), Engine.load(pkg)
+    ran = []
+    run = engine.vm.run
+    engine.vm.run = lambda fn, *a, **k: (ran.append(fn), run(fn, *a, **k))[1]
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, engine.vocab_size, 6)]
+    table = engine.cache.take(engine.cache.pages_for(10))
+    got = [engine.step(ids, [table], [0], [6])[0]]
+    for k in range(3):
+        got.append(engine.step([int(np.argmax(got[-1]))], [table], [6 + k], [1])[0])
+    engine.cache.give(table)
+    assert ran == ["step", "step_one", "step_one", "step_one"], ran
+    want = [single.prefill(ids)] + [single.decode(int(np.argmax(x))) for x in got[:-1]]
+    assert max(float(np.abs(x - y).max()) for x, y in zip(want, got)) < 1e-3
+
+
 def test_steps_respect_the_budget_and_prompts_are_chunked(tmp_path_factory):
     """A 40-token prompt arrives while three sequences decode: no step holds more than 16 tokens (the prefill
     chunk) or 4 sequences, the prompt is spread over several steps, and the decodes go on meanwhile. The steps' makeup
