@@ -17,7 +17,8 @@
 # Llama-3.2-1B-shaped h100 packages with float and 8-bit (--activations 8, dp4a) activations and a cpu-webgpu one,
 # verified, the decode GEMV's K split, the prefill tiles (3xTF32 against the codes' tiles, each with and without
 # prefetch) and the norms' fold A/B (gpu_gemv.py, gpu_tiles.py, gpu_fold.py), the packages benchmarked with
-# --roofline, graphs against launch by launch, and the batched step profiled (2026-11-28, evening: 314 s with
+# --roofline, graphs against launch by launch, the step of one sequence as step_one and as step (DEPLOYCC_STEP_ONE=0),
+# and the batched step profiled (2026-11-28, evening: 314 s with
 # TESTS_N=14 TESTS_S=170, which cut the last 13% of the tests; with the folds A/B and the tiles' five variants since,
 # TESTS_N=14 TESTS_S=200 should take about 550 s).
 # benchmarks/gpu_calibrate.py then compares the profiles
@@ -124,6 +125,12 @@ for k in p.get('kernels', [])[:6]: print('   ', k['kernel'][:50], round(k['launc
   DEPLOYCC_CUDA_GRAPHS=0 bench S-h100; DEPLOYCC_CUDA_GRAPHS=0 bench L-h100
   bench S-h100 --prompt-len 512 --gen-len 32; bench L-h100 --prompt-len 512 --gen-len 32
   bench S-webgpu
+  stamp "the step of one sequence: step_one against step (DEPLOYCC_STEP_ONE=0)"
+  for one in 1 0; do
+    DEPLOYCC_STEP_ONE=$one timeout 60 $PY -m deploycc bench /tmp/pkg/S-h100 --sequences 1,2 --prompt-len 128 --gen-len 64 \
+      --json 2>>"$LOGS/bench.err" | tee -a "$OUT/lease-bench.jsonl" | $PY -c "import json,sys; r=json.loads(sys.stdin.read())
+print('DEPLOYCC_STEP_ONE=$one', [(x['sequences'], x.get('function'), x['step_ms']) for x in r['rows']])" || tail -3 "$LOGS/bench.err"
+  done
   stamp "profile of the batched step, SmolLM2-135M-shaped, 1 and 16 sequences"
   timeout 90 $PY -m deploycc bench /tmp/pkg/S-h100 --sequences 1,16 --profile --prompt-len 128 --gen-len 32 \
     --json 2>>"$LOGS/bench.err" | tee "$OUT/step-profile.json" | $PY -c "import json,sys; r=json.loads(sys.stdin.read())

@@ -97,7 +97,7 @@ def batch_bench(engine, sequences: list[int], prompt_len: int = 128, gen_len: in
     for n in sequences:
         seconds = run(n, gen_len)
         rows.append({"sequences": n, "decode_tok_s": round(n * gen_len / seconds, 3),
-                     "step_ms": round(1000 * seconds / gen_len, 3)})
+                     "step_ms": round(1000 * seconds / gen_len, 3), "function": engine.step_function(n)})
     return {"package": str(engine.path), "preset": engine.manifest["preset"]["name"], "prompt_len": prompt_len,
             "gen_len": gen_len, "rows": rows}
 
@@ -105,10 +105,11 @@ def batch_bench(engine, sequences: list[int], prompt_len: int = 128, gen_len: in
 def batch_bench_lines(r: dict) -> list[str]:
     one = r["rows"][0]["decode_tok_s"] if r["rows"][0]["sequences"] == 1 else None
     out = [f"package        {r['package']} ({r['preset']}), batched decode after {r['prompt_len']}-token prompts",
-           "sequences   decode tok/s   ms / step" + ("   x 1 sequence" if one else "")]
+           "sequences   decode tok/s   ms / step   function" + ("   x 1 sequence" if one else "")]
     for row in r["rows"]:
         ratio = f"   {row['decode_tok_s'] / one:13.2f}" if one else ""
-        out.append(f"{row['sequences']:9d}   {row['decode_tok_s']:12.1f}   {row['step_ms']:9.2f}{ratio}")
+        out.append(f"{row['sequences']:9d}   {row['decode_tok_s']:12.1f}   {row['step_ms']:9.2f}   "
+                   f"{row.get('function', 'step'):8s}{ratio}")
     return out
 
 
@@ -250,7 +251,7 @@ def profile_steps(engine, sequences: list[int], prompt_len: int = 128, steps: in
         finally:
             for table in tables:
                 cache.give(table)
-        out.append({"sequences": n, **_profile_rows(timed, steps, wall, host)})
+        out.append({"sequences": n, "function": engine.step_function(n), **_profile_rows(timed, steps, wall, host)})
     return out
 
 

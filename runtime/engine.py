@@ -231,11 +231,13 @@ class Engine:
 
     def step_function(self, tokens: int, all_logits: bool = False) -> str:
         """The function a batched step of `tokens` tokens runs: step_one for one token (one sequence decoding; the
-        GPU presets' packages have it: the decode GEMVs with the norms and the gated product folded in), else step
-        (or step_all for every token's logits)."""
+        CUDA presets' packages have it: the decode GEMVs with the norms and the gated product folded in), else step
+        (or step_all for every token's logits). DEPLOYCC_STEP_ONE=0 runs step for one token too (a lease's A/B of
+        the two on one package)."""
         if all_logits:
             return "step_all"
-        return "step_one" if tokens == 1 and "step_one" in self.vm.functions else "step"
+        one = tokens == 1 and "step_one" in self.vm.functions and os.environ.get("DEPLOYCC_STEP_ONE", "1") != "0"
+        return "step_one" if one else "step"
 
     def _download(self, t: DTensor) -> np.ndarray:
         return self.device.download(t.buf, t.shape, NP[t.dtype])

@@ -172,7 +172,8 @@ def test_a_step_of_one_token_runs_step_one(tmp_path_factory, monkeypatch, backen
     the norms and the gated product folded in, where step's rows are known only at run time. A prompt of 21 tokens
     in chunks, 6 steps of its sequence alone, 3 beside a second sequence, 3 alone again: the steps of one token run
     step_one, the others step, and every logit is within the tolerance above of the single-sequence engine's for the
-    same tokens (the sliding-window fixture: a ring of window rows in decode, the page pool here). The other presets'
+    same tokens (the sliding-window fixture: a ring of window rows in decode, the page pool here); with
+    DEPLOYCC_STEP_ONE=0 a step of one token runs step, to the same logits. The other presets'
     packages (cpu-webgpu, cpu-opencl) have no step_one (deploycc/package.py: one_token_step): their steps are what
     they were."""
     if backend == "cuda-emu":
@@ -208,6 +209,12 @@ def test_a_step_of_one_token_runs_step_one(tmp_path_factory, monkeypatch, backen
         single.reset()
         want = [single.prefill(ids)] + [single.decode(int(np.argmax(x))) for x in logits[:-1]]
         assert len(want) == len(logits) and max(float(np.abs(x - y).max()) for x, y in zip(want, logits)) < tol
+    monkeypatch.setenv("DEPLOYCC_STEP_ONE", "0")  # a lease's A/B: the step of one token as step
+    again = engine.step([int(np.argmax(mine[-1]))], tables[:1], at[:1], [1])
+    assert ran[-1] == "step" and engine.step_function(1) == "step"
+    single.reset()
+    single.prefill(first + [int(np.argmax(x)) for x in mine[:-1]])
+    assert float(np.abs(single.decode(int(np.argmax(mine[-1]))) - again[0]).max()) < tol
     for table in tables:
         cache.give(table)
 
@@ -400,6 +407,7 @@ def test_bench_sequences(tmp_path_factory):
         assert r.returncode == 0, r.stderr[-2000:]
         rows = json.loads(r.stdout)["rows"]
         assert [row["sequences"] for row in rows] == [1, 3] and all(row["decode_tok_s"] > 0 for row in rows)
+        assert [row["function"] for row in rows] == ["step", "step"]  # a cpu package has no step_one
         for bad, words in ((["--sequences", "5", "--prompt-len", "5", "--gen-len", "4"], "exceeds the 4 sequences"),
                            (["--sequences", "2", "--prompt-len", "30", "--gen-len", "10"], "KV pages")):
             r = subprocess.run([str(small) if a == str(pkg) else a for a in cmd] + bad, capture_output=True, text=True,
