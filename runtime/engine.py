@@ -27,10 +27,11 @@ GRAPH_FUNCTIONS = ("decode", "step", "step_one")  # run as CUDA graphs where the
 
 class Engine:
     def __init__(self, path: Path, manifest: dict, bytecode: dict, device, params: dict, native_steps: bool = True,
-                 paged: bool = False):
+                 paged: bool = False, every_kernel: bool = False):
         """paged: run batched steps over the package's page pool (runtime/batch.py) instead of prefill and decode
         of one sequence. The decode and batched steps run as CUDA graphs where the device captures them
-        (runtime/graphs.py; DEPLOYCC_CUDA_GRAPHS=0 turns them off)."""
+        (runtime/graphs.py; DEPLOYCC_CUDA_GRAPHS=0 turns them off). Only the kernels this engine's functions launch
+        are built, unless every_kernel (verify --kernels runs each program's kernels alone)."""
         self.path = path
         self.manifest = manifest
         self.device = device
@@ -42,8 +43,13 @@ class Engine:
         requires = manifest["kernels"].get("requires")  # packages before deploycc stated them have none
         if requires is not None and self.kind.adapter_limits:
             device.check_limits(requires)
+        # the functions this engine runs (paged: the batched steps over the page pool; else prefill and decode), and
+        # of the package's kernels those they launch: a WebGPU device compiles a pipeline for each it builds
+        functions = {f: spec for f, spec in bytecode["functions"].items() if (f in PAGED_FUNCTIONS) == paged}
+        launched = {ins["args"][0]["k"] for spec in functions.values() for ins in spec["instructions"]
+                    if ins.get("fn") == "vm.launch"}
         t0 = time.perf_counter()
-        loaded = load_kernels(device, path, manifest, bytecode)
+        loaded = load_kernels(device, path, manifest, bytecode, None if every_kernel else launched)
         kernels, self.lib = loaded.kernels, loaded.library
         self.f16 = loaded.f16  # f16 variants (WebGPU): "native" (shader-f16), "packed" (from u32 words) or "none"
         self.subgroups = loaded.subgroups  # WebGPU: whether kernels with subgroup operations run (file_..._subgroups)
@@ -64,13 +70,13 @@ class Engine:
                                  kv["dtype"], kv.get("rows"), self.prefill_chunk)
             bounds = {"seq_len": self.prefill_chunk, "total_len": self.context_window}
         max_grid = manifest["target"].get("max_grid", 65535)
-        self.vm = VM(bytecode, device, kernels, storages, self.cache, max_grid, bounds=bounds)
+        self.vm = VM({**bytecode, "functions": functions}, device, kernels, storages, self.cache, max_grid, bounds=bounds)
         weights = {name: DTensor(device.upload(np.ascontiguousarray(a)), a.shape, str(a.dtype))
                    for name, a in params.items()}
         self.weights_bytes = sum(int(a.nbytes) for a in params.values())
         if hasattr(device, "weight_ids"):  # bench --roofline: the bytes of weights each launch reads
             device.weight_ids = {id(t.buf) for t in weights.values()}
-        for fname, spec in bytecode["functions"].items():
+        for fname, spec in functions.items():
             fn = self.vm.functions[fname]
             for r, name in enumerate(spec["params"][spec["num_inputs"]:], start=spec["num_inputs"]):
                 fn.preset[r] = weights[name]
@@ -102,7 +108,7 @@ class Engine:
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
     def load(cls, path, device: str | None = None, check_hashes: bool = True, native_steps: bool = True,
-             paged: bool | str = False, trust=None) -> Engine:
+             paged: bool | str = False, trust=None, every_kernel: bool = False) -> Engine:
         """paged: True for the batched step over the page pool, "auto" for it where the package has one. trust: a
         TrustPolicy (runtime/trust.py): the package must be signed by one of its keys; the signature and then every
         file's sha256 are checked before anything is built or mapped (check_hashes cannot turn that off)."""
@@ -125,7 +131,7 @@ class Engine:
             msg = str(e)
             hint = "" if "install" in msg or not KINDS[kind].install else f"; install it: {KINDS[kind].install}"
             raise DeviceError(f"no {kind} runtime on this machine ({msg}){hint}") from None
-        return cls(path, manifest, bytecode, dev, params, native_steps, paged)
+        return cls(path, manifest, bytecode, dev, params, native_steps, paged, every_kernel)
 
     def _bind_native(self, weights: dict, storages: list) -> None:
         """One context per engine with every pointer the step functions use (the module keeps none):

@@ -94,7 +94,7 @@ def check_kernels(path, seed: int = 0, on_result=None, trust=None) -> KernelRepo
 
     t0 = time.perf_counter()
     path = Path(path)
-    engine = Engine.load(path, native_steps=False, trust=trust)
+    engine = Engine.load(path, native_steps=False, trust=trust, every_kernel=True)
     doc = read_programs(path, engine.manifest)
     ranges = Ranges(engine.manifest)
     rng = np.random.default_rng(seed)

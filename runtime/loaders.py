@@ -1,7 +1,7 @@
 """How a package's kernels load, per target kind (runtime/kinds.py Kind.loader): sources built by the device, or
 one shared object compiled with the package.
 
-    load_kernels(device, path, manifest, bytecode) -> Loaded(kernels by name, native library or None, f16 mode)
+    load_kernels(device, path, manifest, bytecode, names) -> Loaded(kernels by name, native library or None, f16 mode)
 """
 from __future__ import annotations
 
@@ -30,10 +30,13 @@ def variant(entry: dict, packed: bool, subgroups: bool) -> str:
     return f"{key}_subgroups" if subgroups and f"{key}_subgroups" in entry else key
 
 
-def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) -> Loaded:
+def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict, names=None) -> Loaded:
     """Kernel sources built by the device, one build per file; with f16 variants, the files that read f16 from
-    packed words where the device has no f16, and those with subgroup operations where it has them."""
+    packed words where the device has no f16, and those with subgroup operations where it has them. `names`: only
+    those kernels (the ones the engine's functions launch), else all."""
     entries = manifest["kernels"]["entries"]
+    if names is not None:
+        entries = {n: e for n, e in entries.items() if n in names}
     packed = kind.f16_variants and not device.has_f16
     subgroups = kind.f16_variants and getattr(device, "has_subgroups", False)
     by_file: dict[str, list[str]] = {}
@@ -62,9 +65,9 @@ def load_sources(kind: Kind, device, path: Path, manifest: dict, bytecode: dict)
     return Loaded(out, f16=f16, subgroups=with_subgroups)
 
 
-def load_native(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) -> Loaded:
+def load_native(kind: Kind, device, path: Path, manifest: dict, bytecode: dict, names=None) -> Loaded:
     """One shared object compiled with the package (kernels.native), checked against the bytecode it was lowered
-    from; its kernels' launch entry points on the device."""
+    from; its kernels' launch entry points on the device (all of them: `names` saves no build here)."""
     entries = manifest["kernels"]["entries"]
     nat = manifest["kernels"]["native"]
     try:
@@ -81,6 +84,7 @@ def load_native(kind: Kind, device, path: Path, manifest: dict, bytecode: dict) 
 LOADERS = {"sources": load_sources, "native": load_native}
 
 
-def load_kernels(device, path: Path, manifest: dict, bytecode: dict) -> Loaded:
+def load_kernels(device, path: Path, manifest: dict, bytecode: dict, names=None) -> Loaded:
+    """`names`: the kernels to build (those the engine's functions launch; None: every one)."""
     kind = KINDS[manifest["target"]["kind"]]
-    return LOADERS[kind.loader](kind, device, path, manifest, bytecode)
+    return LOADERS[kind.loader](kind, device, path, manifest, bytecode, names)

@@ -383,6 +383,7 @@ def test_vm_refuses_total_len_other_than_the_cache(engine, texts):
     from deploycc.runtime.vm import VM, VMError
 
     bc = fresh(texts)[1]
+    bc = {**bc, "functions": {f: s for f, s in bc["functions"].items() if f in engine.vm.functions}}  # the engine's
     code(bc, "decode")[0]["args"][2] = {"bind": "total_len"}  # from the input's shape: 1, while the cache holds 0
     vm = VM(bc, engine.device, engine.vm.kernels, engine.vm.storages, engine.cache,
             bounds={"seq_len": engine.prefill_chunk, "total_len": engine.context_window})
@@ -401,6 +402,7 @@ def test_vm_refuses_a_grid_past_its_limit(engine, texts):
     from deploycc.runtime.vm import VM, VMError
 
     bc = fresh(texts)[1]
+    bc = {**bc, "functions": {f: s for f, s in bc["functions"].items() if f in engine.vm.functions}}  # the engine's
     vm = VM(bc, engine.device, engine.vm.kernels, engine.vm.storages, engine.cache, max_grid=1)
     for name, fn in vm.functions.items():
         fn.preset.update(engine.vm.functions[name].preset)
