@@ -174,7 +174,14 @@ class Staging:
     def __enter__(self) -> Path:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(self.out)
-        self.tmp = scratch.make(self.out.parent, f".{self.out.name}{TMP_TAG}")
+        # named before it is made: a SIGTERM or Ctrl-C as it appears (a terminated compile left it behind about once in
+        # 25 under load, 2026-11-29) raises here, and `with` calls no __exit__ when __enter__ raises
+        self.tmp = scratch.new_path(self.out.parent, f".{self.out.name}{TMP_TAG}")
+        try:
+            scratch.make(self.out.parent, "", self.tmp)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self.tmp
 
     def commit(self) -> None:
