@@ -178,7 +178,7 @@ class Staging:
         # 25 under load, 2026-11-29) raises here, and `with` calls no __exit__ when __enter__ raises
         self.tmp = scratch.new_path(self.out.parent, f".{self.out.name}{TMP_TAG}")
         try:
-            scratch.make(self.out.parent, "", self.tmp)
+            scratch.make_at(self.tmp)
         except BaseException:
             self.__exit__(None, None, None)
             raise

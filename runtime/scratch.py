@@ -19,15 +19,19 @@ MARKER = ".deploycc-partial"  # inside a scratch directory only; never part of a
 
 
 def new_path(parent: Path, prefix: str) -> Path:
-    """A fresh name `parent/PREFIX<random>` for make(): a caller that holds it before the directory exists can remove
-    whatever an interrupted make() left (deploycc/staging.py)."""
+    """A fresh name `parent/PREFIX<random>` for make_at(): a caller that holds it before the directory exists can
+    remove whatever an interrupted make_at() left (deploycc/staging.py)."""
     return parent / f"{prefix}{secrets.token_hex(4)}"
 
 
-def make(parent: Path, prefix: str, path: Path | None = None) -> Path:
-    """A new directory `parent/PREFIX<random>` (or `path`, from new_path), marked as this process's. Interrupted
-    (Ctrl-C, deploycc's SIGTERM) between its making and its marking, it is removed: an unmarked one would never be."""
-    path = path or new_path(parent, prefix)
+def make(parent: Path, prefix: str) -> Path:
+    """A new directory `parent/PREFIX<random>`, marked as this process's."""
+    return make_at(new_path(parent, prefix))
+
+
+def make_at(path: Path) -> Path:
+    """The new directory `path`, marked as this process's. Interrupted (Ctrl-C, deploycc's SIGTERM) between its
+    making and its marking, it is removed: an unmarked one would never be."""
     path.mkdir(mode=0o755)
     try:
         mark(path)

@@ -21,7 +21,7 @@ from .vm import DTYPE_BYTES, SHAPE_VARS
 QUANTIZATIONS = ("q0f32", "q0f16", "q4f16_1", "q4f32_1", "q4f16_2", "q8f16_0", "gguf")
 FUNCTIONS = ("prefill", "prefill_all", "decode", "step", "step_all", "step_one")  # what the engines call (runtime/
 # batch.py: the steps; step_all, every token's logits, for a prompt's log probabilities; step_one, a step of one token,
-# on the GPU presets) ...
+# on the CUDA presets) ...
 REQUIRED_FUNCTIONS = FUNCTIONS[:3]  # ... and what every package has (step: where kv_cache has a pool)
 PAGED_FUNCTIONS = ("step", "step_all", "step_one")  # run on the page pool (an engine loaded with paged=True)
 NUM_INPUTS = 2  # input_ids and the KV cache

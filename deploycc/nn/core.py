@@ -211,6 +211,12 @@ def ring_rows(window: int, step: int, capacity: int) -> int:
     return window + step - 1
 
 
+def _one(n) -> bool:
+    """Whether a step's token count is the constant 1 (step_one: deploycc/export.py)."""
+    e = sym.as_expr(n)
+    return e.is_const and e.value == 1
+
+
 class Cache:
     """The KV cache as seen by model code (a runtime object threaded through the function).
 
@@ -243,8 +249,7 @@ class Cache:
         if self.page_size:
             shape = bb.emit(Call("kv.pages", (self.var,)), "kv_batch")
             width = self.tracer.sym("pages_len")
-            one = sym.as_expr(seq_len).is_const and sym.as_expr(seq_len).value == 1
-            batch = sym.as_expr(1) if one else self.tracer.sym("batch")  # one token is one sequence's
+            batch = sym.as_expr(1) if _one(seq_len) else self.tracer.sym("batch")  # one token is one sequence's
             bb.match_cast(shape, A.Shape([batch, width]), "batch")
             dims = {"pos": (seq_len,), "seq": (seq_len,), "slot": (seq_len,), "pages": (batch, width), "last": (batch,)}
             for name in self.META:
@@ -263,7 +268,7 @@ class Cache:
         n = h.shape[1]
         if not self.page_size:
             return call("strided_slice", h, shape_expr(n - 1, n), axis=1)
-        if sym.as_expr(n).is_const and sym.as_expr(n).value == 1:  # one token is its sequence's last
+        if _one(n):  # one token is its sequence's last (step_one)
             return h
         last = self.meta["last"]
         return call("take", h.reshape(n, h.shape[2]), last.reshape(1, last.shape[0]))

@@ -212,7 +212,7 @@ def test_a_sigterm_as_the_staging_directory_appears_leaves_none(tmp_path, monkey
     """The SIGTERM of the test above, at the two instants it once found about one compile in 25 under load: while the
     staging directory was being marked, and between its making and Staging.__enter__'s return (`with` calls no
     __exit__ when __enter__ raises). Staging names the directory before it is made and removes it when the making
-    is interrupted (runtime/scratch.py make removes one it could not mark): nothing is left beside -o."""
+    is interrupted (runtime/scratch.py make_at removes one it could not mark): nothing is left beside -o."""
     import signal
 
     from deploycc import staging
@@ -220,7 +220,7 @@ def test_a_sigterm_as_the_staging_directory_appears_leaves_none(tmp_path, monkey
     from deploycc.runtime import scratch
 
     before = signal.signal(signal.SIGTERM, _terminated)  # deploycc's own (cli.main), restored below
-    target = "mark" if when == "marking it" else "make"
+    target = "mark" if when == "marking it" else "make_at"
     real = getattr(scratch, target)
 
     def then_sigterm(*a, **k):
