@@ -109,7 +109,7 @@ def batch_bench_lines(r: dict) -> list[str]:
     for row in r["rows"]:
         ratio = f"   {row['decode_tok_s'] / one:13.2f}" if one else ""
         out.append(f"{row['sequences']:9d}   {row['decode_tok_s']:12.1f}   {row['step_ms']:9.2f}   "
-                   f"{row.get('function', 'step'):8s}{ratio}")
+                   f"{row['function']:8s}{ratio}")
     return out
 
 
