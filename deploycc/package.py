@@ -104,10 +104,11 @@ def pool_of(preset: presets.Preset, ctx: int, chunk: int):
 def one_token_step(preset: presets.Preset) -> bool:
     """Whether the package has step_one (deploycc/export.py), the server's step of one token with decode's folds: on
     the CUDA presets, where the performance model puts it at decode's speed (SmolLM2-shaped h100: 928 tok/s against
-    step's 679 with one sequence). Not on OpenCL and WebGPU: on PoCL and lavapipe (their kernels on this CPU) the real
+    step's 679 with one sequence). Not on OpenCL and WebGPU: on PoCL and lavapipe (their kernels on the Zen 5 kind) the real
     SmolLM2's step of one sequence took 64 and 466 ms with it against 50 and 357 without (the gated product folded into
-    the down projection recomputed per lane group, and decode's attention combine on lavapipe: docs/gpu.md), and no GPU
-    of theirs has measured it."""
+    the down projection recomputed per lane group; measured again on lavapipe with runtime/devices/webgpu.py's
+    Params as storage, 1.68-1.73 s against 1.22-1.31 on the Zen 3 kind: docs/gpu.md), and no GPU of theirs has
+    measured it."""
     return preset.target.kind == "cuda"
 
 

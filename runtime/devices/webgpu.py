@@ -24,6 +24,16 @@ u32 words), which is how those kernels are tested on an adapter that has it. The
 (`has_subgroups`; `WebGPUDevice(subgroups=False)` or DEPLOYCC_WEBGPU_SUBGROUPS=0): without it packages run the
 kernels whose warp-level reductions are shared-memory trees (`file_..._no_subgroups`, targets/wgsl.py).
 
+Params live in a uniform buffer except on lavapipe (llvmpipe), where they are bound as a read-only storage
+buffer: lavapipe 22.3 inlines a uniform that a loop bound or a branch reads into the shader and re-optimizes its NIR
+at every dispatch whose values differ, for as long as that at least halves the shader's SSA values; a decode step's
+lengths change at every token, so a kernel whose loops collapse at short contexts (the split attention's combine:
+one trip at up to 256 keys) paid 10-12 ms of that a launch against 1-1.6 on the Zen 3 kind (the driver's own
+code in `perf`, not the kernel's; docs/gpu.md, "lavapipe's inlined uniforms").
+Nothing inlines a storage buffer's values. `WebGPUDevice(params="uniform")`, or DEPLOYCC_WEBGPU_PARAMS=uniform
+where params is not given, keeps them uniform on every adapter; `params="storage"` binds them as storage on any.
+A kernel whose storage bindings already reach the adapter's limit keeps its uniform.
+
 A package states what it needs of the adapter in WebGPU's limit names (manifest kernels.requires, LIMITS);
 `check_limits` refuses one that needs more than this device allows, naming the limit and the preset key.
 """
@@ -52,9 +62,11 @@ _CACHE_SIZE = 1024
 RING_BYTES = 1 << 18  # the Params ring: at 256-byte alignment (the spec's default) 1,024 launches a batch
 F16_ENV = "DEPLOYCC_WEBGPU_F16"
 SUBGROUPS_ENV = "DEPLOYCC_WEBGPU_SUBGROUPS"
+PARAMS_ENV = "DEPLOYCC_WEBGPU_PARAMS"
 # WGSL's `enable subgroups;` (Chrome's Tint requires it); wgpu's naga rejects it and takes the subgroup built-ins
 # once the device has the feature, so it is removed before naga reads the source
 _ENABLE_SUBGROUPS = re.compile(r"\benable\s+subgroups\s*;")
+_UNIFORM = re.compile(r"var\s*<\s*uniform\s*>")  # the ABI's one uniform: Params
 # WebGPU limit (GPUSupportedLimits, as in manifest kernels.requires) -> the target key that bounds it in a preset
 LIMITS = {"maxComputeInvocationsPerWorkgroup": "max_threads_per_block", "maxComputeWorkgroupSizeX": "max_threads_per_block",
           "maxComputeWorkgroupStorageSize": "max_shared_memory", "maxStorageBuffersPerShaderStage": "max_storage_buffers",
@@ -112,6 +124,19 @@ def _wanted(given: bool | None, env: str, feature: str) -> bool:
     if value not in ("0", "1"):
         raise DeviceError(f"{env} is {value!r}; set it to 0 (no {feature}) or 1 (use it where the adapter has it)")
     return value == "1"
+
+
+def _params_space(given: str | None, name: str) -> str:
+    """Where a kernel's Params are bound: "storage" on lavapipe (the module's docstring says why), else "uniform";
+    `given`, else $DEPLOYCC_WEBGPU_PARAMS, overrides."""
+    value = given if given is not None else os.environ.get(PARAMS_ENV, "").strip() or None
+    if value is None:
+        return "storage" if "llvmpipe" in name.lower() else "uniform"
+    if value not in ("uniform", "storage"):
+        where = PARAMS_ENV if given is None else "params"
+        raise DeviceError(f"{where} is {value!r}; set it to uniform or storage (the default: storage on lavapipe, "
+                          "uniform elsewhere)")
+    return value
 
 
 def enumerate_devices() -> list[dict]:
@@ -174,9 +199,10 @@ class WebGPUDevice(Device):
     kind = "webgpu"
 
     def __init__(self, adapter: str | None = None, backend: str | None = None, f16: bool | None = None,
-                 subgroups: bool | None = None):
+                 subgroups: bool | None = None, params: str | None = None):
         """f16: request shader-f16 where the adapter has it (None: unless DEPLOYCC_WEBGPU_F16=0); subgroups: the
-        subgroup feature likewise (None: unless DEPLOYCC_WEBGPU_SUBGROUPS=0)."""
+        subgroup feature likewise (None: unless DEPLOYCC_WEBGPU_SUBGROUPS=0); params: "uniform" or "storage", the
+        Params' binding (None: $DEPLOYCC_WEBGPU_PARAMS, else storage on lavapipe and uniform elsewhere)."""
         wgpu = self._wgpu = _wgpu()
         adapters = _adapters(wgpu)
         summary = [a.summary for a in adapters]
@@ -196,14 +222,17 @@ class WebGPUDevice(Device):
         self.device = self._request(features)
         self.has_f16 = "shader-f16" in self.device.features
         self.has_subgroups = "subgroup" in self.device.features
+        self.params = _params_space(params, self.name)
         self.limits = _norm_limits(self.device.limits)
         self.queue = self.device.queue
         self._storage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         self._sync_buf = self.device.create_buffer(size=4, usage=self._storage)
-        self._modules: dict[str, tuple] = {}  # source sha256 -> (shader module, bind-group layout, pipeline layout, bindings)
+        # source sha256 -> (shader module, bind-group layout, pipeline layout, bindings, the Params' binding type)
+        self._modules: dict[str, tuple] = {}
         self._groups: OrderedDict[tuple, tuple] = OrderedDict()
-        self._align = int(self.limits.get("min_uniform_buffer_offset_alignment", 256))
-        self._ring = self.device.create_buffer(size=RING_BYTES, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self._align = max(int(self.limits.get(f"min_{space}_buffer_offset_alignment", 256)) for space in ("uniform", "storage"))
+        self._ring = self.device.create_buffer(size=RING_BYTES, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.STORAGE
+                                               | wgpu.BufferUsage.COPY_DST)
         self._staged = bytearray()  # the Params of the launches encoded and not yet submitted, at their offsets
         self._encoder = self._pass = None
         self.pending = 0  # launches encoded and not yet submitted
@@ -289,7 +318,7 @@ class WebGPUDevice(Device):
         key = hashlib.sha256(source.encode()).hexdigest()
         if key not in self._modules:
             self._modules[key] = self._compile(source)
-        module, bgl, layout, bindings = self._modules[key]
+        module, bgl, layout, bindings, params_type = self._modules[key]
         sizes = _workgroup_sizes(source)
         storage = [b for b, t in bindings if t != "uniform"]
         uniform = [b for b, t in bindings if t == "uniform"]
@@ -304,20 +333,26 @@ class WebGPUDevice(Device):
                 raise DeviceError(f"WGSL entry point {name!r} failed: {_error_text(e)}") from None
             kernels[name] = Kernel(name, pipeline, self, {
                 "layout": bgl, "n_buffers": len(storage), "types": [t for _, t in bindings],
-                "has_params": bool(uniform), "workgroup_size": sizes.get(name)})
+                "has_params": bool(uniform), "params_type": params_type if uniform else None,
+                "workgroup_size": sizes.get(name)})
         return kernels
 
     def _compile(self, source: str) -> tuple:
         wgpu = self._wgpu
         bindings = parse_bindings(source)
+        n_storage = sum(t != "uniform" for _, t in bindings)
+        params = "uniform"
+        if self.params == "storage" and n_storage < self.limits.get("max_storage_buffers_per_shader_stage", 8):
+            params, source = "read-only-storage", _UNIFORM.sub("var<storage, read>", source)
         try:
             module = self.device.create_shader_module(code=source)
         except wgpu.GPUError as e:
             raise DeviceError(f"WGSL build failed on {self.name}: {_error_text(e)}") from None
         entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE,
-                    "buffer": {"type": t, "has_dynamic_offset": t == "uniform"}} for b, t in bindings]
+                    "buffer": {"type": params if t == "uniform" else t, "has_dynamic_offset": t == "uniform"}}
+                   for b, t in bindings]
         bgl = self.device.create_bind_group_layout(entries=entries)
-        return module, bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]), bindings
+        return module, bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]), bindings, params
 
     def _bind_group(self, kernel: Kernel, bufs: list, params: int):
         """The kernel's bind group over `bufs` and, with `params` bytes of Params, the ring (bound at a dynamic
