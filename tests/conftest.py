@@ -20,6 +20,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # still tested.
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
+    # lavapipe (llvmpipe) with no pool of its own: each dispatch runs on the thread that submits it (a tiny model's
+    # kernels on lavapipe beside another worker, 4 tests: 28.0 s with its pool of a thread a core, 27.0 with one
+    # thread, 25.5 with none; the Zen 3 kind, 2026-11-29)
+    os.environ.setdefault("LP_NUM_THREADS", "0")
 
 from fixtures import TINY, make_tiny  # noqa: E402
 
