@@ -14,6 +14,7 @@ from deploycc.runtime.devices import DeviceError
 from deploycc.runtime.devices.webgpu import PARAMS_ENV, WebGPUDevice
 from fixtures import make_tiny
 
+X = np.arange(1, 33, dtype=np.float32) / 8  # the looped kernel's input
 LOOP = """@group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
 struct Params {
@@ -57,9 +58,8 @@ def lavapipe():
 
 
 def run_loop(device: WebGPUDevice, n: int, m: int) -> np.ndarray:
-    x = np.arange(1, 33, dtype=np.float32) / 8
     k = device.build(LOOP, ["looped"])["looped"]
-    xb, yb = device.upload(x), device.alloc(4 * 128)
+    xb, yb = device.upload(X), device.alloc(4 * 128)
     device.launch(k, [xb, yb, n, m], (2, 1, 1), (64, 1, 1))
     return device.download(yb, (128,), np.float32)
 
@@ -74,27 +74,23 @@ def test_lavapipe_binds_params_as_storage_and_the_results_agree(lavapipe, monkey
     monkeypatch.delenv(PARAMS_ENV)
     storage = WebGPUDevice()
     assert storage.params == "storage"
-    x = np.arange(1, 33, dtype=np.float32) / 8
     for n, m in ((1, 100), (32, 128), (2, 7), (1, 100)):
         want = np.zeros(128, np.float32)
-        want[:m] = np.float32(x[:n].sum()) * (np.arange(m, dtype=np.float32) + 1)
+        want[:m] = np.float32(X[:n].sum()) * (np.arange(m, dtype=np.float32) + 1)
         for device in (storage, uniform):
             got = run_loop(device, n, m)
             np.testing.assert_allclose(got, want, rtol=1e-6)
         np.testing.assert_array_equal(run_loop(storage, n, m), run_loop(uniform, n, m))
 
 
-def test_params_choice_is_checked():
+@pytest.mark.parametrize("given, env, named", [("push", None, "params"), (None, "ubo", PARAMS_ENV)])
+def test_a_bad_params_choice_is_one_line(monkeypatch, given, env, named):
+    """A bad `params=` or $DEPLOYCC_WEBGPU_PARAMS: a one-line error naming it, its value and the two choices."""
     require_device("webgpu")
-    with pytest.raises(DeviceError, match=r"params is 'push'; set it to uniform or storage"):
-        WebGPUDevice(params="push")
-
-
-def test_a_bad_params_variable_is_one_line(monkeypatch):
-    require_device("webgpu")
-    monkeypatch.setenv(PARAMS_ENV, "ubo")
-    with pytest.raises(DeviceError, match=rf"{PARAMS_ENV} is 'ubo'; set it to uniform or storage") as e:
-        WebGPUDevice()
+    if env is not None:
+        monkeypatch.setenv(PARAMS_ENV, env)
+    with pytest.raises(DeviceError, match=rf"{named} is '{given or env}'; set it to uniform or storage") as e:
+        WebGPUDevice(params=given)
     assert "\n" not in str(e.value)
 
 
